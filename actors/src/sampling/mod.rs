@@ -1,0 +1,199 @@
+//! Samplers: who gets which element in each round.
+//!
+//! A sampler holds, for every registered job, its dataset `D` (a set of `u32` element ids) and
+//! its remaining set `R` (the elements it has not received yet in its current epoch). A
+//! *round* samples one element for each *active* job (the mask: a job without free credit is
+//! simply not active and holds nobody back). Every pick is uniform over the job's remaining
+//! set, conditionally on everything that happened before, so each job's epoch is a uniform
+//! random permutation of its dataset whatever the other jobs do. When `R` becomes empty the
+//! job's epoch ends and, unless its epoch budget is spent, the next epoch starts with `R = D`.
+//!
+//! Two implementations share the [`Sampler`] trait:
+//! - [`DependentSamplingTree`]: DSA (seed 001 §3, appendix Algorithm 1 and 2) on the dependent
+//!   sampling tree, so that concurrent jobs pick the same element as often as possible;
+//! - [`IndependentSampler`]: ISA, every job shuffles on its own (the opt-out and the baseline).
+
+mod independent;
+#[cfg(test)]
+mod reference;
+#[cfg(test)]
+mod tests;
+mod tree;
+
+pub use independent::IndependentSampler;
+pub use tree::DependentSamplingTree;
+
+use roaring::RoaringBitmap;
+
+/// An element of a base dataset (an image, a record): its dense integer id.
+pub type ElementId = u32;
+
+/// The caller's identifier of a job (or of one rank of a multi-rank job).
+pub type JobKey = u64;
+
+/// One job received one element in a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    pub job: JobKey,
+    pub element: ElementId,
+    /// The job's epoch this element belongs to (0-based).
+    pub epoch: u32,
+    /// Position of the element in the job's epoch order (0-based).
+    pub position: u32,
+}
+
+/// What happened to a job's epochs during a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobEvent {
+    /// The job received the last element of `epoch`.
+    EpochEnded { job: JobKey, epoch: u32 },
+    /// The job's epoch budget is spent: it has been removed from the sampler.
+    Finished { job: JobKey },
+}
+
+/// The output of one round: deliveries grouped by element, so that one load serves every job
+/// that received the same element.
+#[derive(Debug, Default, Clone)]
+pub struct Round {
+    /// Deliveries, grouped: all deliveries of one element are adjacent.
+    pub deliveries: Vec<Delivery>,
+    /// `groups[g]` is the range of `deliveries` that share one element.
+    pub groups: Vec<std::ops::Range<usize>>,
+    pub events: Vec<JobEvent>,
+}
+
+impl Round {
+    pub fn clear(&mut self) {
+        self.deliveries.clear();
+        self.groups.clear();
+        self.events.clear();
+    }
+
+    /// The distinct elements picked in this round, each with the deliveries that share it.
+    pub fn picks(&self) -> impl Iterator<Item = (ElementId, &[Delivery])> + '_ {
+        self.groups.iter().map(|g| {
+            let d = &self.deliveries[g.clone()];
+            (d[0].element, d)
+        })
+    }
+
+    /// Appends one delivery per `(job, epoch, position)` of a shared element, merging it into an
+    /// existing group when another job of this round already received the same element.
+    pub(crate) fn push_group(&mut self, element: ElementId, jobs: impl Iterator<Item = (JobKey, u32, u32)>) {
+        if let Some(gi) = self.groups.iter().position(|g| self.deliveries[g.start].element == element) {
+            // Coincidence across groups: keep deliveries of one element adjacent.
+            let mut extra: Vec<Delivery> = jobs
+                .map(|(job, epoch, position)| Delivery { job, element, epoch, position })
+                .collect();
+            let end = self.groups[gi].end;
+            let added = extra.len();
+            self.deliveries.splice(end..end, extra.drain(..));
+            self.groups[gi].end += added;
+            for g in &mut self.groups[gi + 1..] {
+                g.start += added;
+                g.end += added;
+            }
+            return;
+        }
+        let start = self.deliveries.len();
+        self.deliveries
+            .extend(jobs.map(|(job, epoch, position)| Delivery { job, element, epoch, position }));
+        self.groups.push(start..self.deliveries.len());
+    }
+}
+
+/// Errors of the samplers: all are caller mistakes, reported instead of panicking.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SamplerError {
+    #[error("job {0} is already registered")]
+    DuplicateJob(JobKey),
+    #[error("job {0} is not registered")]
+    UnknownJob(JobKey),
+    #[error("job {0} has an empty dataset")]
+    EmptyDataset(JobKey),
+    #[error("job {0} asked for zero epochs")]
+    ZeroEpochs(JobKey),
+}
+
+/// How a job is registered with a sampler.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    pub key: JobKey,
+    pub dataset: RoaringBitmap,
+    /// Seed of the job's randomness (see the module docs of each sampler for what it fixes).
+    pub seed: u64,
+    /// Number of epochs, or `None` for unlimited.
+    pub epochs: Option<u32>,
+}
+
+/// The common interface of the samplers; the simulator and the Sampler actor use only this.
+pub trait Sampler: Send {
+    /// Registers a job; it starts its epoch 0 at the next round it is active in.
+    fn add_job(&mut self, spec: JobSpec) -> Result<(), SamplerError>;
+    /// Removes a job at any point of its epoch.
+    fn remove_job(&mut self, key: JobKey) -> Result<(), SamplerError>;
+    /// Samples one element for each job of `active` (duplicates are ignored) into `out`
+    /// (cleared first). Jobs that finish their last epoch are removed and reported.
+    fn sample(&mut self, active: &[JobKey], out: &mut Round) -> Result<(), SamplerError>;
+    /// The elements `key` still needs in its current epoch.
+    fn remaining(&self, key: JobKey) -> Option<&RoaringBitmap>;
+    /// The job's dataset.
+    fn dataset(&self, key: JobKey) -> Option<&RoaringBitmap>;
+    /// The job's current epoch (0-based).
+    fn epoch(&self, key: JobKey) -> Option<u32>;
+    /// The registered jobs.
+    fn jobs(&self) -> Vec<JobKey>;
+    /// How many registered jobs still need `element` in their current epoch (RefCnt's count).
+    fn need_count(&self, element: ElementId) -> u32;
+    /// Checks the sampler's internal invariants against their definitions (for tests and
+    /// debugging; linear in the size of the data).
+    fn check_invariants(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Which sampler a job or a simulation uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SamplerKind {
+    /// Dependent sampling (correlated across jobs).
+    Dsa,
+    /// Independent sampling: every job shuffles on its own.
+    #[serde(alias = "independent")]
+    Isa,
+}
+
+impl SamplerKind {
+    pub fn build(self) -> Box<dyn Sampler> {
+        match self {
+            SamplerKind::Dsa => Box::new(DependentSamplingTree::new()),
+            SamplerKind::Isa => Box::new(IndependentSampler::new()),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SamplerKind::Dsa => "dsa",
+            SamplerKind::Isa => "isa",
+        }
+    }
+}
+
+impl std::str::FromStr for SamplerKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "dsa" | "dependent" => Ok(SamplerKind::Dsa),
+            "isa" | "independent" => Ok(SamplerKind::Isa),
+            other => Err(format!("unknown sampler '{other}' (expected 'dsa' or 'isa')")),
+        }
+    }
+}
+
+/// Mixes a seed into 64 well-spread bits (splitmix64's finaliser).
+pub(crate) fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

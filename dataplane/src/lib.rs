@@ -1,0 +1,1 @@
+//! joader's shared-memory data plane (see `DESIGN.md`). Work in progress under issue 3.
