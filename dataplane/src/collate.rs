@@ -1,0 +1,225 @@
+//! Copying a batch of images out of shared memory into one contiguous
+//! `(B, H, W, C)` array, optionally through the per-job augmentation.
+
+use crate::augment::RandomResizedCrop;
+use crate::error::{Error, Result};
+use crate::layout::Format;
+use crate::reader::ItemMeta;
+
+/// A collated batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Collated {
+    /// `B × H × W × C` bytes, row-major.
+    pub images: Vec<u8>,
+    /// `B` labels.
+    pub labels: Vec<i64>,
+    /// `[B, H, W, C]`.
+    pub shape: [usize; 4],
+}
+
+/// Shape `[B, H, W, C]` of the collated batch; all items must be HWC u8 of one shape.
+pub fn batch_shape(items: &[ItemMeta]) -> Result<[usize; 4]> {
+    let Some(first) = items.first() else {
+        return Ok([0, 0, 0, 0]);
+    };
+    let Format::HwcU8 {
+        height,
+        width,
+        channels,
+    } = first.format
+    else {
+        return Err(Error::Collate(format!(
+            "element {} is raw bytes; only HWC u8 images can be collated",
+            first.element_id
+        )));
+    };
+    for it in items {
+        if it.format != first.format {
+            return Err(Error::Collate(format!(
+                "element {} has format {:?}, element {} has {:?}; use the same resize for every element or read views",
+                it.element_id, it.format, first.element_id, first.format
+            )));
+        }
+    }
+    Ok([
+        items.len(),
+        height as usize,
+        width as usize,
+        channels as usize,
+    ])
+}
+
+fn check_out(shape: [usize; 4], images: &[u8], labels: &[i64]) -> Result<usize> {
+    let per = shape[1] * shape[2] * shape[3];
+    let need = per * shape[0];
+    if images.len() < need || labels.len() < shape[0] {
+        return Err(Error::Collate(format!(
+            "output too small: need {need} image bytes and {} labels, got {} and {}",
+            shape[0],
+            images.len(),
+            labels.len()
+        )));
+    }
+    Ok(per)
+}
+
+/// Copies `items` into `images` (at least `B·H·W·C` bytes) and `labels`.
+pub fn collate_into(
+    items: &[(ItemMeta, &[u8])],
+    images: &mut [u8],
+    labels: &mut [i64],
+) -> Result<[usize; 4]> {
+    let metas: Vec<ItemMeta> = items.iter().map(|i| i.0).collect();
+    let shape = batch_shape(&metas)?;
+    let per = check_out(shape, images, labels)?;
+    for (k, (meta, data)) in items.iter().enumerate() {
+        images[k * per..(k + 1) * per].copy_from_slice(data);
+        labels[k] = meta.label;
+    }
+    Ok(shape)
+}
+
+/// Allocating version of [`collate_into`].
+pub fn collate(items: &[(ItemMeta, &[u8])]) -> Result<Collated> {
+    let metas: Vec<ItemMeta> = items.iter().map(|i| i.0).collect();
+    let shape = batch_shape(&metas)?;
+    let mut images = vec![0u8; shape.iter().product()];
+    let mut labels = vec![0i64; shape[0]];
+    collate_into(items, &mut images, &mut labels)?;
+    Ok(Collated {
+        images,
+        labels,
+        shape,
+    })
+}
+
+/// Applies `aug` to every item (randomness from `seed`, the item's epoch and
+/// position) and writes `(B, aug.height, aug.width, C)` into `images`.
+/// Items may have different source sizes but must have the same channels.
+pub fn collate_augmented_into(
+    items: &[(ItemMeta, &[u8])],
+    aug: &RandomResizedCrop,
+    seed: u64,
+    images: &mut [u8],
+    labels: &mut [i64],
+) -> Result<[usize; 4]> {
+    if items.is_empty() {
+        return Ok([0, aug.height as usize, aug.width as usize, 0]);
+    }
+    let mut channels = None;
+    for (m, _) in items {
+        let Format::HwcU8 { channels: c, .. } = m.format else {
+            return Err(Error::Collate(format!(
+                "element {} is raw bytes; only HWC u8 images can be augmented",
+                m.element_id
+            )));
+        };
+        if *channels.get_or_insert(c) != c {
+            return Err(Error::Collate("items have different channel counts".into()));
+        }
+    }
+    let shape = [
+        items.len(),
+        aug.height as usize,
+        aug.width as usize,
+        channels.unwrap_or(0) as usize,
+    ];
+    let per = check_out(shape, images, labels)?;
+    aug.validate()?;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8)
+        .min(items.len());
+    let chunk = items.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for (ci, out) in images[..per * items.len()]
+            .chunks_mut(per * chunk)
+            .enumerate()
+        {
+            let mine = &items[ci * chunk..(ci * chunk + chunk).min(items.len())];
+            s.spawn(move || {
+                for ((meta, data), dst) in mine.iter().zip(out.chunks_mut(per)) {
+                    if let Format::HwcU8 {
+                        height,
+                        width,
+                        channels,
+                    } = meta.format
+                    {
+                        let key = crate::augment::item_key(seed, meta.epoch, meta.position);
+                        aug.apply(data, height, width, channels, dst, key);
+                    }
+                }
+            });
+        }
+    });
+    for (k, (meta, _)) in items.iter().enumerate() {
+        labels[k] = meta.label;
+    }
+    Ok(shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(id: u32, h: u32, w: u32) -> ItemMeta {
+        ItemMeta {
+            element_id: id,
+            label: id as i64 * 10,
+            epoch: 0,
+            position: id as u64,
+            slot: id,
+            generation: 1,
+            format: Format::HwcU8 {
+                height: h,
+                width: w,
+                channels: 3,
+            },
+            offset: 0,
+            len: (h * w * 3) as u64,
+        }
+    }
+
+    #[test]
+    fn collates_contiguously() {
+        let a = [1u8; 12];
+        let b = [2u8; 12];
+        let items = vec![(meta(1, 2, 2), &a[..]), (meta(2, 2, 2), &b[..])];
+        let c = collate(&items).unwrap();
+        assert_eq!(c.shape, [2, 2, 2, 3]);
+        assert_eq!(&c.images[..12], &a[..]);
+        assert_eq!(&c.images[12..], &b[..]);
+        assert_eq!(c.labels, vec![10, 20]);
+    }
+
+    #[test]
+    fn rejects_mixed_shapes_and_small_outputs() {
+        let a = [1u8; 12];
+        let b = [2u8; 27];
+        let items = vec![(meta(1, 2, 2), &a[..]), (meta(2, 3, 3), &b[..])];
+        assert_eq!(collate(&items).unwrap_err().code(), "collate");
+        let items = vec![(meta(1, 2, 2), &a[..])];
+        let mut out = vec![0u8; 11];
+        let mut labels = vec![0i64; 1];
+        assert!(collate_into(&items, &mut out, &mut labels).is_err());
+    }
+
+    #[test]
+    fn augmented_collate_is_deterministic_per_seed() {
+        let img: Vec<u8> = (0..(32 * 40 * 3)).map(|i| (i % 251) as u8).collect();
+        let items: Vec<_> = (0..5).map(|i| (meta(i, 32, 40), &img[..])).collect();
+        let aug = RandomResizedCrop::new(16, 16);
+        let mut o1 = vec![0u8; 5 * 16 * 16 * 3];
+        let mut o2 = o1.clone();
+        let mut o3 = o1.clone();
+        let mut l = vec![0i64; 5];
+        let shape = collate_augmented_into(&items, &aug, 7, &mut o1, &mut l).unwrap();
+        assert_eq!(shape, [5, 16, 16, 3]);
+        collate_augmented_into(&items, &aug, 7, &mut o2, &mut l).unwrap();
+        collate_augmented_into(&items, &aug, 8, &mut o3, &mut l).unwrap();
+        assert_eq!(o1, o2);
+        assert_ne!(o1, o3);
+        // Different positions get different crops even for the same image.
+        assert_ne!(o1[..768], o1[768..1536]);
+    }
+}
