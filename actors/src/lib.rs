@@ -6,6 +6,6 @@
 //! same implementations.
 #![forbid(unsafe_code)]
 
-
+pub mod cache;
 pub mod sampling;
-
+pub mod sim;

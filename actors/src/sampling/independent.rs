@@ -4,13 +4,11 @@
 //! Each job has its own random stream seeded from its seed alone, so a job's order depends
 //! only on its seed and its dataset, whatever the other jobs do.
 
-use std::collections::HashMap;
-
 use rand::rngs::Xoshiro256PlusPlus;
-use rand::{RngExt, SeedableRng};
+use rand::SeedableRng;
 use roaring::RoaringBitmap;
 
-use super::{ElementId, JobEvent, JobKey, JobSpec, Round, Sampler, SamplerError, mix64};
+use super::{ElementId, JobEvent, JobKey, JobSpec, KeyMap, Round, Sampler, SamplerError, mix64, uniform_element};
 
 #[derive(Debug, Clone)]
 struct Job {
@@ -24,7 +22,7 @@ struct Job {
 /// Independent sampling; see the module docs.
 #[derive(Debug, Clone, Default)]
 pub struct IndependentSampler {
-    jobs: HashMap<JobKey, Job>,
+    jobs: KeyMap<Job>,
     order: Vec<JobKey>,
     scratch: Vec<JobKey>,
 }
@@ -77,8 +75,7 @@ impl Sampler for IndependentSampler {
         for &key in &keys {
             let job = self.jobs.get_mut(&key).expect("checked above");
             let len = job.remaining.len();
-            let rank = job.rng.random_range(0..len) as u32;
-            let element = job.remaining.select(rank).expect("rank below the set size");
+            let element = uniform_element(&job.remaining, len, &mut job.rng);
             let position = (job.dataset.len() - len) as u32;
             job.remaining.remove(element);
             out.push_group(element, std::iter::once((key, job.epoch, position)));

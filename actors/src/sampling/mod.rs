@@ -190,6 +190,48 @@ impl std::str::FromStr for SamplerKind {
     }
 }
 
+/// Draws an element uniformly at random from `set` (of known length `len > 0`).
+///
+/// Rejection sampling over the id span first: a uniform id in `min..=max` that lies in the set
+/// is a uniform element of the set, and for the usual dense sets that takes a few membership
+/// tests. After a few misses (a sparse set) it falls back to `select` of a uniform rank, which
+/// is exact too but scans the container's words. Both branches are uniform over elements (not
+/// over roaring containers, the original prototype's bias).
+pub(crate) fn uniform_element(set: &RoaringBitmap, len: u64, rng: &mut impl rand::RngExt) -> ElementId {
+    debug_assert_eq!(set.len(), len);
+    let (lo, hi) = (set.min().expect("non-empty set"), set.max().expect("non-empty set"));
+    let span = u64::from(hi - lo) + 1;
+    if span <= len * 4 {
+        for _ in 0..12 {
+            let id = lo + rng.random_range(0..span) as u32;
+            if set.contains(id) {
+                return id;
+            }
+        }
+    }
+    set.select(rng.random_range(0..len) as u32).expect("rank below the set size")
+}
+
+/// A cheap hasher for job keys (they are already well spread or small integers).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = mix64(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = mix64(v);
+    }
+}
+
+pub(crate) type KeyMap<V> = std::collections::HashMap<JobKey, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
 /// Mixes a seed into 64 well-spread bits (splitmix64's finaliser).
 pub(crate) fn mix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -47,13 +47,11 @@
 //! mixes its seed into it, so a run is reproducible when the same jobs join in the same order
 //! and request in the same rounds; any change in cross-job timing changes the orders.
 
-use std::collections::HashMap;
-
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, RngExt, SeedableRng};
 use roaring::RoaringBitmap;
 
-use super::{ElementId, JobEvent, JobKey, JobSpec, Round, Sampler, SamplerError, mix64};
+use super::{ElementId, JobEvent, JobKey, JobSpec, KeyMap, Round, Sampler, SamplerError, mix64, uniform_element};
 
 #[derive(Debug, Clone)]
 struct Job {
@@ -93,7 +91,7 @@ pub struct DependentSamplingTree {
     jobs: Vec<Job>,
     spine: Vec<RoaringBitmap>,
     spine_len: Vec<u64>,
-    position: HashMap<JobKey, usize>,
+    position: KeyMap<usize>,
     rng: Xoshiro256PlusPlus,
     seeded: bool,
     // Scratch buffers reused across rounds.
@@ -116,7 +114,7 @@ impl DependentSamplingTree {
             jobs: Vec::new(),
             spine: Vec::new(),
             spine_len: Vec::new(),
-            position: HashMap::new(),
+            position: KeyMap::default(),
             rng: Xoshiro256PlusPlus::seed_from_u64(0),
             seeded: false,
             active: Vec::new(),
@@ -380,7 +378,7 @@ impl DependentSamplingTree {
                 let mut r = self.rng.random_range(0..len);
                 for k in lo..=hi {
                     if r < self.spine_len[k] {
-                        return self.spine[k].select(r as u32).expect("rank below the vertex size");
+                        return uniform_element(&self.spine[k], self.spine_len[k], &mut self.rng);
                     }
                     r -= self.spine_len[k];
                 }
@@ -388,8 +386,7 @@ impl DependentSamplingTree {
             }
             Source::Leaf(p) => {
                 let job = &self.jobs[p];
-                let r = self.rng.random_range(0..job.leaf_len);
-                job.leaf.select(r as u32).expect("rank below the leaf size")
+                uniform_element(&job.leaf, job.leaf_len, &mut self.rng)
             }
         }
     }

@@ -1,0 +1,4 @@
+//! joader's integration tests: one binary that runs the real `joader` executable.
+
+mod common;
+mod simulate;
