@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dataplane::{Format, ReaderStatus, RingWriter, SegmentConfig, SlotMeta, Writer, element_error};
@@ -50,9 +51,21 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
+static STDIN_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// With `--hold`, the process lives until its stdin closes (whatever it is doing).
+fn watch_stdin() {
+    std::thread::spawn(|| {
+        let stdin = std::io::stdin();
+        for _ in stdin.lock().lines() {}
+        STDIN_CLOSED.store(true, Ordering::SeqCst);
+    });
+}
+
 fn hold() {
-    let stdin = std::io::stdin();
-    for _ in stdin.lock().lines() {}
+    while !STDIN_CLOSED.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn pattern(id: u32, len: usize) -> Vec<u8> {
@@ -119,7 +132,12 @@ fn writer(m: &HashMap<String, String>) -> dataplane::Result<()> {
         rings.join(","),
         std::process::id()
     ));
+    let holding = m.contains_key("hold");
     loop {
+        if holding && STDIN_CLOSED.load(Ordering::SeqCst) {
+            say("STOPPED");
+            return Ok(());
+        }
         let mut all_done = true;
         for f in feeds.iter_mut() {
             if f.reclaimed {
@@ -178,7 +196,7 @@ fn writer(m: &HashMap<String, String>) -> dataplane::Result<()> {
         }
     }
     say("DONE");
-    if m.contains_key("hold") {
+    if holding {
         hold();
     }
     drop(feeds);
@@ -202,6 +220,9 @@ fn reader(m: &HashMap<String, String>) -> dataplane::Result<()> {
 
 fn main() {
     let (mode, m) = args();
+    if m.contains_key("hold") {
+        watch_stdin();
+    }
     let r = match mode.as_str() {
         "writer" => writer(&m),
         "reader" => reader(&m),

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds and tests the `joader` Python package against the Rust fixture writer.
+#
+#   bash dataplane/python/ci.sh          (from anywhere; idempotent)
+#
+# Installs maturin/numpy/pytest if missing, builds the fixture binary and
+# the extension (`pip install ./dataplane/python`, maturin as the PEP 517
+# backend, no build isolation so that cargo's target dir and registry are
+# reused), then runs pytest. torch is installed only when JOADER_CI_TORCH=1
+# (PyPI's wheel pulls the CUDA libraries: gigabytes); it is attempted with a
+# time limit (JOADER_CI_TORCH_TIMEOUT seconds, default 300) and the torch
+# test is skipped with a message when torch is absent.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+py="${PYTHON:-python3}"
+
+need=()
+"$py" -c "import maturin" 2>/dev/null || need+=("maturin>=1.7,<2")
+"$py" -c "import numpy" 2>/dev/null || need+=("numpy")
+"$py" -c "import pytest" 2>/dev/null || need+=("pytest")
+if [ "${#need[@]}" -gt 0 ]; then
+  "$py" -m pip install -q "${need[@]}"
+fi
+
+if [ "${JOADER_CI_TORCH:-0}" = "1" ] && ! "$py" -c "import torch" 2>/dev/null; then
+  echo "ci.sh: installing torch (limit ${JOADER_CI_TORCH_TIMEOUT:-300} s)"
+  timeout "${JOADER_CI_TORCH_TIMEOUT:-300}" "$py" -m pip install -q torch \
+    || echo "ci.sh: torch could not be installed in time; the torch test will be skipped"
+fi
+
+cargo build -q -p dataplane --bin dataplane-fixture --manifest-path "$root/Cargo.toml"
+export JOADER_FIXTURE="$CARGO_TARGET_DIR/debug/dataplane-fixture"
+
+# Reinstall only when the sources changed since the last install.
+stamp="$CARGO_TARGET_DIR/joader-python.stamp"
+sum="$(cd "$root" && find dataplane/src dataplane/Cargo.toml dataplane/python/src dataplane/python/joader \
+  dataplane/python/Cargo.toml dataplane/python/pyproject.toml -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum)"
+if ! "$py" -c "import joader._native" 2>/dev/null || [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
+  "$py" -m pip install -q --no-build-isolation --force-reinstall --no-deps "$here"
+  echo "$sum" > "$stamp"
+fi
+
+# Run from the tests folder so that the installed package, not the source tree, is imported.
+cd "$here/tests"
+"$py" -m pytest -q -p no:cacheprovider "$@" .

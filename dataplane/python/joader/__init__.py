@@ -1,0 +1,509 @@
+"""joader client: batches prepared once by the joader server, read zero-copy from shared memory.
+
+Low level::
+
+    with joader.RingReader(instance, ring) as r:
+        b = r.next_batch(256, timeout=1.0)
+        views = b.views()                  # zero-copy (H, W, C) uint8, valid until the next call
+        images, labels = b.collate()       # contiguous (B, H, W, C) uint8 and (B,) int64
+
+High level::
+
+    loader = joader.Loader(server="http://127.0.0.1:7480", dataset="imagenet", job="resnet",
+                           batch_size=256, transform=joader.RandomResizedCrop(224))
+    for epoch in range(3):
+        for images, labels in loader:      # one epoch per iteration
+            ...
+
+`joader.torch` adapts a Loader to ``torch.utils.data.IterableDataset``; it is
+imported only when used, so ``import joader`` works without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from ._native import JoaderError, LAYOUT_VERSION
+
+__version__: str = _native.__version__
+
+__all__ = [
+    "JoaderError",
+    "ServerError",
+    "ElementLoadError",
+    "ElementFailure",
+    "RandomResizedCrop",
+    "RingReader",
+    "Batch",
+    "Loader",
+    "register_job",
+    "LAYOUT_VERSION",
+]
+
+# JoaderError is created by the native module; give it readable attributes.
+JoaderError.code = property(lambda self: self.args[0] if self.args else "unknown")  # type: ignore[attr-defined]
+JoaderError.message = property(lambda self: self.args[1] if len(self.args) > 1 else "")  # type: ignore[attr-defined]
+JoaderError.__str__ = lambda self: f"[{self.code}] {self.message}"  # type: ignore[assignment]
+
+
+class ServerError(JoaderError):
+    """The REST API answered with an error: ``code`` and ``message`` come from its
+    ``{"error": {"code", "message"}}`` body, ``status`` is the HTTP status (0 if unreachable)."""
+
+    def __init__(self, code: str, message: str, status: int = 0) -> None:
+        super().__init__(code, message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ElementFailure:
+    """An element the server could not load (an error record of the ring)."""
+
+    element_id: int
+    code: int
+    code_name: str
+    epoch: int
+    position: int
+
+
+class ElementLoadError(JoaderError):
+    """Raised by `Loader` (with ``on_error="raise"``) when the server reports failed elements."""
+
+    def __init__(self, failures: List[ElementFailure]) -> None:
+        first = failures[0]
+        super().__init__(
+            "element_failed",
+            f"{len(failures)} element(s) failed to load, first: element {first.element_id} "
+            f"({first.code_name}, code {first.code}) at epoch {first.epoch} position {first.position}",
+        )
+        self.failures = failures
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Per-job augmentation applied in Rust after the shared cache: a random crop
+    (area fraction in ``scale``, aspect ratio in ``ratio``, as torchvision's
+    RandomResizedCrop) resized bilinearly to ``size``, then a horizontal flip
+    with probability ``flip``. The randomness of an element depends only on the
+    job's seed, the epoch and the element's position in the epoch."""
+
+    size: Union[int, Tuple[int, int]]
+    scale: Tuple[float, float] = (0.08, 1.0)
+    ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    flip: float = 0.5
+
+    @property
+    def height(self) -> int:
+        return self.size if isinstance(self.size, int) else self.size[0]
+
+    @property
+    def width(self) -> int:
+        return self.size if isinstance(self.size, int) else self.size[1]
+
+    def _native(self) -> Tuple[int, int, float, float, float, float, float]:
+        return (self.height, self.width, self.scale[0], self.scale[1], self.ratio[0], self.ratio[1], self.flip)
+
+    def apply(self, image: np.ndarray, seed: int = 0, epoch: int = 0, position: int = 0) -> np.ndarray:
+        """Augments one ``(H, W, C)`` uint8 image exactly as a batch item at
+        ``(epoch, position)`` of a job with ``seed`` would be."""
+        img = np.ascontiguousarray(image, dtype=np.uint8)
+        h, w, c = img.shape
+        out = _native.augment_image(img.tobytes(), h, w, c, self._native(), seed, epoch, position)
+        return np.frombuffer(bytearray(out), dtype=np.uint8).reshape(self.height, self.width, c)
+
+
+class _View:
+    """Exposes shared memory to NumPy through ``__array_interface__`` and keeps
+    the mapping alive as the array's base."""
+
+    __slots__ = ("__array_interface__", "_keep")
+
+    def __init__(self, keep: Any, address: int, shape: Tuple[int, ...]) -> None:
+        self._keep = keep
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": shape,
+            "typestr": "|u1",
+            "data": (address, True),
+        }
+
+
+class Batch:
+    """A batch taken from a ring. Its views and its bytes are valid until the
+    next ``next_batch()``, ``ack()`` or ``close()`` of its reader; after that,
+    views still point to mapped memory but may show other elements."""
+
+    def __init__(self, reader: "RingReader", raw: Dict[str, Any]) -> None:
+        self._reader = reader
+        self._raw = raw
+        self.start: int = raw["start"]
+        self.element_ids: np.ndarray = np.asarray(raw["element_ids"], dtype=np.int64)
+        self.labels: np.ndarray = np.asarray(raw["labels"], dtype=np.int64)
+        self.epochs: np.ndarray = np.asarray(raw["epochs"], dtype=np.int64)
+        self.positions: np.ndarray = np.asarray(raw["positions"], dtype=np.int64)
+        self.errors: List[ElementFailure] = [ElementFailure(*e) for e in raw["errors"]]
+        eoe = raw["end_of_epoch"]
+        #: ``(epoch, count)`` when this batch ends an epoch, else ``None``.
+        self.end_of_epoch: Optional[Tuple[int, int]] = tuple(eoe) if eoe is not None else None  # type: ignore[assignment]
+        #: True when the job is finished (nothing follows).
+        self.end_of_stream: bool = raw["end_of_stream"]
+
+    def __len__(self) -> int:
+        return len(self._raw["element_ids"])
+
+    def _check(self) -> None:
+        if self._reader._current is not self:
+            raise JoaderError("batch_released", "this batch was acknowledged; take a new one")
+
+    def views(self) -> List[np.ndarray]:
+        """Zero-copy read-only views: ``(H, W, C)`` uint8 for images, 1-D uint8 for raw payloads."""
+        self._check()
+        keep = self._reader._native.keepalive()
+        out = []
+        for addr, length, shape in zip(self._raw["addresses"], self._raw["lengths"], self._raw["shapes"]):
+            shp = tuple(shape) if shape is not None else (length,)
+            out.append(np.asarray(_View(keep, addr, shp)))
+        return out
+
+    def shape(self, transform: Optional[RandomResizedCrop] = None) -> Tuple[int, int, int, int]:
+        """Shape ``(B, H, W, C)`` that `collate` returns."""
+        shapes = self._raw["shapes"]
+        if not shapes:
+            return (0, 0, 0, 0)
+        if shapes[0] is None:
+            raise JoaderError("collate", "raw payloads cannot be collated; use views()")
+        h, w, c = shapes[0]
+        if transform is not None:
+            h, w = transform.height, transform.width
+        return (len(shapes), h, w, c)
+
+    def collate(
+        self,
+        out: Optional[np.ndarray] = None,
+        labels_out: Optional[np.ndarray] = None,
+        transform: Optional[RandomResizedCrop] = None,
+        seed: int = 0,
+    ) -> Tuple[np.ndarray, np.ndarray]:
+        """Copies the batch into a contiguous ``(B, H, W, C)`` uint8 array (``out``
+        if given: C-contiguous, writable, at least that large) and an int64 label
+        array, optionally applying ``transform`` with the job's ``seed``."""
+        self._check()
+        shape = self.shape(transform)
+        if out is None:
+            out = np.empty(shape, dtype=np.uint8)
+        else:
+            _check_out(out, np.uint8, int(np.prod(shape)))
+            out = out.reshape(-1)[: int(np.prod(shape))].reshape(shape)
+        if labels_out is None:
+            labels_out = np.empty((shape[0],), dtype=np.int64)
+        else:
+            _check_out(labels_out, np.int64, shape[0])
+            labels_out = labels_out.reshape(-1)[: shape[0]]
+        if shape[0] == 0:
+            return out, labels_out
+        aug = transform._native() if transform is not None else None
+        self._reader._native.collate_into(
+            self.start,
+            out.ctypes.data,
+            out.nbytes,
+            labels_out.ctypes.data,
+            labels_out.size,
+            aug,
+            seed,
+        )
+        return out, labels_out
+
+
+def _check_out(a: np.ndarray, dtype: Any, need: int) -> None:
+    if not isinstance(a, np.ndarray) or a.dtype != dtype:
+        raise TypeError(f"output must be a numpy array of dtype {np.dtype(dtype).name}")
+    if not a.flags.c_contiguous or not a.flags.writeable:
+        raise ValueError("output array must be C-contiguous and writeable")
+    if a.size < need:
+        raise ValueError(f"output array has {a.size} elements, need {need}")
+
+
+class RingReader:
+    """Reader of one delivery ring of a joader server instance.
+
+    ``next_batch`` acknowledges the previous batch before taking the next one,
+    so at most one batch is held at a time; its views are valid until then.
+    While waiting, the GIL is released and the server's liveness is checked
+    every 100 ms: a dead or stopped server raises ``JoaderError`` with code
+    ``server_gone`` instead of hanging."""
+
+    def __init__(self, instance: str, ring: str, open_timeout: float = 5.0) -> None:
+        self._native = _native.RingReader(instance, ring, open_timeout)
+        self._current: Optional[Batch] = None
+
+    def next_batch(self, max_items: int, timeout: Optional[float] = None) -> Batch:
+        """Waits for up to ``max_items`` elements. Returns early at the end of an
+        epoch or of the stream, when ``timeout`` seconds pass (possibly with an
+        empty batch), or when the ring is full. Raises ``JoaderError`` with code
+        ``ring_closed`` once the server closed the ring and all was read."""
+        self.ack()
+        raw = self._native.take(max_items, timeout)
+        b = Batch(self, raw)
+        self._current = b
+        return b
+
+    def ack(self) -> None:
+        """Acknowledges the current batch (its views must no longer be used)."""
+        if self._current is not None:
+            self._native.release(self._current.start)
+            self._current = None
+
+    def check_server(self) -> None:
+        """Raises ``JoaderError("server_gone")`` if the server stopped or died."""
+        self._native.check_server()
+
+    @property
+    def reader_index(self) -> int:
+        return self._native.reader_index
+
+    @property
+    def capacity(self) -> int:
+        return self._native.capacity
+
+    @property
+    def server_pid(self) -> int:
+        return self._native.server_pid
+
+    def close(self) -> None:
+        """Detaches from the ring; the server reclaims whatever was not acknowledged."""
+        self._current = None
+        self._native.close()
+
+    def __enter__(self) -> "RingReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _post_json(url: str, body: Dict[str, Any], timeout: float, token: Optional[str]) -> Dict[str, Any]:
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST")
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Accept", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read().decode() or "{}")
+    except urllib.error.HTTPError as e:
+        raw = e.read().decode(errors="replace")
+        try:
+            err = json.loads(raw)["error"]
+            raise ServerError(str(err.get("code", "http_error")), str(err.get("message", raw)), e.code) from None
+        except (ValueError, KeyError, TypeError):
+            raise ServerError("http_error", f"HTTP {e.code} from {url}: {raw[:200]}", e.code) from None
+    except urllib.error.URLError as e:
+        raise ServerError("server_unreachable", f"cannot reach joader server at {url}: {e.reason}", 0) from None
+
+
+def _subset_json(subset: Any) -> Any:
+    if subset is None:
+        return None
+    if isinstance(subset, range) and subset.step == 1:
+        return {"start": subset.start, "end": subset.stop}
+    return [int(i) for i in subset]
+
+
+def register_job(
+    server: str,
+    *,
+    name: str,
+    dataset: str,
+    batch_size: int,
+    subset: Any = None,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    epochs: Optional[int] = None,
+    pipeline: Optional[Dict[str, Any]] = None,
+    timeout: float = 10.0,
+    token: Optional[str] = None,
+) -> Dict[str, Any]:
+    """``POST {server}/v1/jobs`` (see dataplane/DESIGN.md, "Job registration") and returns the response."""
+    body = {
+        "name": name,
+        "dataset": dataset,
+        "subset": _subset_json(subset),
+        "batch_size": batch_size,
+        "seed": seed,
+        "rank": rank,
+        "world_size": world_size,
+        "epochs": epochs,
+        "pipeline": pipeline,
+        "client": {"pid": os.getpid(), "version": __version__, "layout_version": LAYOUT_VERSION},
+    }
+    return _post_json(server.rstrip("/") + "/v1/jobs", body, timeout, token)
+
+
+class Loader:
+    """Registers a job with a joader server and iterates its batches.
+
+    Each ``for`` loop over the loader is one epoch and yields
+    ``(images, labels)``: ``(B, H, W, C)`` uint8 and ``(B,)`` int64 NumPy arrays
+    (fresh arrays, safe to keep). ``transform`` is a `RandomResizedCrop`
+    applied in Rust with the job's ``seed``, or any callable
+    ``(images, labels) -> anything`` applied to each collated batch.
+    ``server`` defaults to ``$JOADER_SERVER``, else ``http://127.0.0.1:7480``.
+    ``rank`` / ``world_size`` default to the ``RANK`` / ``WORLD_SIZE``
+    environment variables (as set by torchrun), else 0 / 1.
+    ``on_error`` is ``"raise"`` (raise `ElementLoadError` when the server
+    reports elements it failed to load) or ``"skip"`` (count them in
+    ``failures`` and go on)."""
+
+    def __init__(
+        self,
+        server: Optional[str] = None,
+        dataset: str = "",
+        job: Optional[str] = None,
+        batch_size: int = 32,
+        subset: Any = None,
+        transform: Union[RandomResizedCrop, Callable[[np.ndarray, np.ndarray], Any], None] = None,
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        epochs: Optional[int] = None,
+        pipeline: Optional[Dict[str, Any]] = None,
+        drop_last: bool = False,
+        on_error: str = "raise",
+        timeout: Optional[float] = None,
+        open_timeout: float = 10.0,
+        request_timeout: float = 10.0,
+        token: Optional[str] = None,
+    ) -> None:
+        if not dataset:
+            raise ValueError("dataset is required")
+        server = server or os.environ.get("JOADER_SERVER", "http://127.0.0.1:7480")
+        if batch_size < 1:
+            raise ValueError("batch_size must be positive")
+        if on_error not in ("raise", "skip"):
+            raise ValueError('on_error must be "raise" or "skip"')
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} out of range for world size {self.world_size}")
+        self.job = job or f"job-{os.getpid()}"
+        self.batch_size = batch_size
+        self.seed = seed
+        self.transform = transform
+        self.drop_last = drop_last
+        self.on_error = on_error
+        self.timeout = timeout
+        self.failures: List[ElementFailure] = []
+        self.info = register_job(
+            server,
+            name=self.job,
+            dataset=dataset,
+            batch_size=batch_size,
+            subset=subset,
+            seed=seed,
+            rank=self.rank,
+            world_size=self.world_size,
+            epochs=epochs,
+            pipeline=pipeline,
+            timeout=request_timeout,
+            token=token,
+        )
+        mine = [r for r in self.info.get("ranks", []) if r.get("rank") == self.rank]
+        if not mine:
+            raise ServerError("bad_response", f"registration response has no entry for rank {self.rank}: {self.info}")
+        self.instance: str = mine[0]["instance"]
+        self.ring: str = mine[0]["ring"]
+        self.reader = RingReader(self.instance, self.ring, open_timeout)
+        self._finished = False
+
+    def _next(self) -> Optional[Tuple[np.ndarray, np.ndarray, bool]]:
+        """Assembles one batch; returns (images, labels, epoch_ended) or None at an empty epoch end."""
+        aug = self.transform if isinstance(self.transform, RandomResizedCrop) else None
+        images: Optional[np.ndarray] = None
+        labels: Optional[np.ndarray] = None
+        filled = 0
+        ended = False
+        while filled < self.batch_size:
+            b = self.reader.next_batch(self.batch_size - filled, self.timeout)
+            if b.errors:
+                if self.on_error == "raise":
+                    self.reader.ack()
+                    raise ElementLoadError(b.errors)
+                self.failures.extend(b.errors)
+            if len(b):
+                shape = b.shape(aug)
+                if images is None:
+                    images = np.empty((self.batch_size,) + shape[1:], dtype=np.uint8)
+                    labels = np.empty((self.batch_size,), dtype=np.int64)
+                elif images.shape[1:] != shape[1:]:
+                    raise JoaderError("collate", f"element shape changed within a batch: {images.shape[1:]} vs {shape[1:]}")
+                assert labels is not None
+                n = len(b)
+                b.collate(images[filled : filled + n], labels[filled : filled + n], aug, self.seed)
+                filled += n
+            if b.end_of_stream:
+                self._finished = True
+            if b.end_of_epoch is not None or b.end_of_stream:
+                ended = True
+                self.reader.ack()
+                break
+            if len(b) == 0 and not b.errors and self.timeout is not None:
+                self.reader.ack()
+                raise JoaderError("timeout", f"no data from the server within {self.timeout} s")
+        self.reader.ack()
+        if images is None or filled == 0:
+            return None if ended else (np.empty((0,), np.uint8), np.empty((0,), np.int64), ended)
+        assert labels is not None
+        if filled < self.batch_size:
+            images, labels = images[:filled].copy(), labels[:filled].copy()
+        return images, labels, ended
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterates one epoch."""
+        if self._finished:
+            return
+        while True:
+            got = self._next()
+            if got is None:
+                return
+            images, labels, ended = got
+            if len(labels) and not (ended and self.drop_last and len(labels) < self.batch_size):
+                if self.transform is not None and not isinstance(self.transform, RandomResizedCrop):
+                    yield self.transform(images, labels)
+                else:
+                    yield images, labels
+            if ended:
+                return
+
+    @property
+    def finished(self) -> bool:
+        """True once the server sent the end of the stream."""
+        return self._finished
+
+    def close(self) -> None:
+        """Detaches from the ring."""
+        self.reader.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def __getattr__(name: str) -> Any:
+    # `joader.torch` is imported lazily so that `import joader` needs no torch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'joader' has no attribute {name!r}")

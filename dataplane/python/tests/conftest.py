@@ -1,0 +1,100 @@
+"""Shared fixtures: a `dataplane-fixture` writer process per test, unique instance names."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import numpy as np
+import pytest
+
+_counter = itertools.count()
+
+
+def fixture_binary() -> str:
+    env = os.environ.get("JOADER_FIXTURE")
+    if env:
+        return env
+    root = Path(__file__).resolve().parents[3]
+    for target in (os.environ.get("CARGO_TARGET_DIR"), str(root / "target")):
+        if target:
+            for profile in ("debug", "release"):
+                p = Path(target) / profile / "dataplane-fixture"
+                if p.exists():
+                    return str(p)
+    raise RuntimeError(
+        "dataplane-fixture not found: run `cargo build -p dataplane --bin dataplane-fixture` "
+        "or set JOADER_FIXTURE (dataplane/python/ci.sh does both)"
+    )
+
+
+def pattern(element_id: int, shape) -> np.ndarray:
+    """Content the fixture writes for an element (byte i = (id*31 + i*7) mod 256)."""
+    n = int(np.prod(shape))
+    i = np.arange(n, dtype=np.int64)
+    return ((element_id * 31 + i * 7) % 256).astype(np.uint8).reshape(shape)
+
+
+def shm_objects(instance: str) -> List[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"joader-{instance}-"))
+
+
+class Writer:
+    def __init__(self, instance: str, args: List[str]) -> None:
+        self.instance = instance
+        self.proc = subprocess.Popen(
+            [fixture_binary(), "writer", "--instance", instance, *args, "--hold"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.line()
+        assert line.startswith("READY"), line
+        self.pid = int(line.split()[-1])
+
+    def line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def instance(request) -> str:
+    name = "".join(c for c in request.node.name if c.isalnum())[:24]
+    return f"py{name}_{os.getpid()}_{next(_counter)}_{time.monotonic_ns() % 1000000}"
+
+
+@pytest.fixture
+def writer(instance) -> Iterator:
+    started: List[Writer] = []
+
+    def start(rings: str = "r", elements: int = 10, height: int = 4, width: int = 5, epochs: int = 1,
+              capacity: int = 16, error_every: int = 0, inst: Optional[str] = None) -> Writer:
+        args = ["--rings", rings, "--elements", str(elements), "--height", str(height), "--width", str(width),
+                "--epochs", str(epochs), "--capacity", str(capacity), "--error-every", str(error_every)]
+        w = Writer(inst or instance, args)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+    for w in started:
+        assert shm_objects(w.instance) == [], f"segments left behind: {shm_objects(w.instance)}"

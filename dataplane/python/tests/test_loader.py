@@ -1,0 +1,159 @@
+"""joader.Loader against a fake REST server that hands out a fixture writer's ring."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+import pytest
+
+import joader
+from conftest import pattern
+
+
+class FakeServer:
+    def __init__(self, reply: Tuple[int, Dict[str, Any]]) -> None:
+        self.reply = reply
+        self.requests: List[Tuple[str, Dict[str, Any]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                n = int(self.headers.get("Content-Length", "0"))
+                outer.requests.append((self.path, json.loads(self.rfile.read(n))))
+                status, body = outer.reply
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def registration(instance: str, ring: str, rank: int = 0, world: int = 1) -> Dict[str, Any]:
+    return {
+        "job": {"name": "j", "dataset": "d", "batch_size": 4, "seed": 3, "world_size": world},
+        "layout_version": joader.LAYOUT_VERSION,
+        "ranks": [
+            {"rank": rank, "instance": instance, "data_segment": f"joader-{instance}-data",
+             "ring": ring, "ring_segment": f"joader-{instance}-ring-{ring}"}
+        ],
+    }
+
+
+@pytest.fixture
+def fake():
+    servers: List[FakeServer] = []
+
+    def make(reply):
+        s = FakeServer(reply)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def test_loader_registers_and_iterates_epochs(writer, fake, monkeypatch):
+    w = writer(rings="j.r1", elements=10, height=4, width=5, epochs=2, capacity=8)
+    srv = fake((201, registration(w.instance, "j.r1", rank=1, world=2)))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = joader.Loader(server=srv.url, dataset="d", job="j", batch_size=4, seed=3,
+                           subset=range(0, 10), pipeline={"resize": [4, 5]}, epochs=2)
+    path, body = srv.requests[0]
+    assert path == "/v1/jobs"
+    assert body["name"] == "j" and body["dataset"] == "d" and body["batch_size"] == 4 and body["seed"] == 3
+    assert body["rank"] == 1 and body["world_size"] == 2 and body["epochs"] == 2
+    assert body["subset"] == {"start": 0, "end": 10}
+    assert body["pipeline"] == {"resize": [4, 5]}
+    assert body["client"]["layout_version"] == joader.LAYOUT_VERSION
+    for epoch in range(2):
+        sizes, ids = [], []
+        for images, labels in loader:
+            assert images.dtype == np.uint8 and labels.dtype == np.int64
+            assert images.shape[1:] == (4, 5, 3)
+            sizes.append(len(labels))
+            for img, lab in zip(images, labels):
+                ids.append(int(lab) - 1000)
+                np.testing.assert_array_equal(img, pattern(int(lab) - 1000, (4, 5, 3)))
+        assert sizes == [4, 4, 2], f"epoch {epoch}"
+        assert sorted(ids) == list(range(10))
+    assert list(loader) == [] and loader.finished
+    loader.close()
+
+
+def test_loader_drop_last_and_transform(writer, fake):
+    w = writer(rings="t", elements=10, height=8, width=8, capacity=16)
+    srv = fake((200, registration(w.instance, "t")))
+    loader = joader.Loader(server=srv.url, dataset="d", job="t", batch_size=4, drop_last=True,
+                           transform=joader.RandomResizedCrop(3), rank=0, world_size=1)
+    batches = list(loader)
+    assert [b[0].shape for b in batches] == [(4, 3, 3, 3), (4, 3, 3, 3)]
+    loader.close()
+
+
+def test_loader_callable_transform(writer, fake):
+    w = writer(rings="c", elements=3)
+    srv = fake((200, registration(w.instance, "c")))
+    with joader.Loader(server=srv.url, dataset="d", job="c", batch_size=8,
+                       transform=lambda x, y: (x.astype(np.float32) / 255, y)) as loader:
+        (x, y), = list(loader)
+        assert x.dtype == np.float32 and x.shape == (3, 4, 5, 3)
+
+
+def test_loader_reports_server_errors(fake):
+    srv = fake((404, {"error": {"code": "dataset_not_found", "message": "no dataset 'x'"}}))
+    with pytest.raises(joader.ServerError) as e:
+        joader.Loader(server=srv.url, dataset="x", job="j", batch_size=4)
+    assert e.value.code == "dataset_not_found"
+    assert e.value.status == 404
+    assert "no dataset" in e.value.message
+    assert isinstance(e.value, joader.JoaderError)
+
+
+def test_loader_unreachable_server():
+    with pytest.raises(joader.ServerError) as e:
+        joader.Loader(server="http://127.0.0.1:9", dataset="x", job="j", batch_size=4, request_timeout=2)
+    assert e.value.code == "server_unreachable"
+
+
+def test_loader_element_errors(writer, fake):
+    w = writer(rings="e", elements=6, error_every=3)
+    srv = fake((200, registration(w.instance, "e")))
+    loader = joader.Loader(server=srv.url, dataset="d", job="e", batch_size=2)
+    with pytest.raises(joader.ElementLoadError) as e:
+        list(loader)
+    assert e.value.code == "element_failed"
+    assert e.value.failures[0].element_id == 2
+    loader.close()
+
+    w2 = writer(rings="s", elements=6, error_every=3, inst=w.instance + "b")
+    srv2 = fake((200, registration(w2.instance, "s")))
+    with joader.Loader(server=srv2.url, dataset="d", job="s", batch_size=2, on_error="skip") as loader:
+        labels = np.concatenate([y for _, y in loader])
+        assert sorted(labels - 1000) == [0, 1, 3, 4]
+        assert [f.element_id for f in loader.failures] == [2, 5]
+
+
+def test_loader_validates_arguments():
+    with pytest.raises(ValueError):
+        joader.Loader(server="http://x", dataset="", batch_size=1)
+    with pytest.raises(ValueError):
+        joader.Loader(server="http://x", dataset="d", batch_size=1, rank=2, world_size=2)

@@ -1,0 +1,165 @@
+"""The low-level reader against a writer process (the Rust fixture)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import joader
+from conftest import pattern
+
+
+def test_views_are_zero_copy_and_collate_matches(writer):
+    w = writer(elements=10, height=4, width=5)
+    with joader.RingReader(w.instance, "r") as r:
+        assert r.server_pid == w.pid
+        b = r.next_batch(4, timeout=5)
+        assert len(b) == 4
+        assert list(b.element_ids) == [0, 1, 2, 3]
+        assert list(b.labels) == [1000, 1001, 1002, 1003]
+        assert list(b.positions) == [0, 1, 2, 3]
+        views = b.views()
+        for i, v in enumerate(views):
+            assert v.shape == (4, 5, 3) and v.dtype == np.uint8
+            assert not v.flags.writeable
+            np.testing.assert_array_equal(v, pattern(i, (4, 5, 3)))
+        # Zero-copy: two views of one item share the same address.
+        assert b.views()[0].ctypes.data == views[0].ctypes.data
+        images, labels = b.collate()
+        assert images.shape == (4, 4, 5, 3) and images.flags.c_contiguous
+        np.testing.assert_array_equal(images, np.stack(views))
+        assert labels.dtype == np.int64 and list(labels) == [1000, 1001, 1002, 1003]
+        # Into a caller-provided buffer.
+        out = np.zeros((8, 4, 5, 3), np.uint8)
+        lab = np.zeros(8, np.int64)
+        got, _ = b.collate(out=out, labels_out=lab)
+        assert np.shares_memory(got, out)
+        np.testing.assert_array_equal(out[:4], images)
+        with pytest.raises(ValueError):
+            b.collate(out=np.zeros((2, 4, 5, 3), np.uint8))
+        with pytest.raises(TypeError):
+            b.collate(out=np.zeros((4, 4, 5, 3), np.float32))
+        b2 = r.next_batch(100, timeout=5)
+        assert list(b2.element_ids) == list(range(4, 10))
+        assert b2.end_of_epoch == (0, 10)
+        # The previous batch was acknowledged by next_batch.
+        with pytest.raises(joader.JoaderError) as e:
+            b.views()
+        assert e.value.code == "batch_released"
+        b3 = r.next_batch(10, timeout=5)
+        assert len(b3) == 0 and b3.end_of_stream
+
+
+def test_epochs_cover_the_dataset_and_views_survive_close(writer):
+    w = writer(elements=7, epochs=3, capacity=4)
+    r = joader.RingReader(w.instance, "r")
+    seen = {0: [], 1: [], 2: []}
+    ends = []
+    while True:
+        b = r.next_batch(3, timeout=5)
+        for e, i in zip(b.epochs, b.element_ids):
+            seen[int(e)].append(int(i))
+        if b.end_of_epoch:
+            ends.append(b.end_of_epoch)
+        if b.end_of_stream:
+            break
+    assert ends == [(0, 7), (1, 7), (2, 7)]
+    for e in range(3):
+        assert sorted(seen[e]) == list(range(7))
+    keep = r.next_batch(1, timeout=0.05).views()
+    r.close()
+    assert keep == [] or keep[0].sum() >= 0  # still mapped, no crash
+    with pytest.raises(joader.JoaderError) as e:
+        r.next_batch(1)
+    assert e.value.code == "reader_closed"
+
+
+def test_error_records_are_reported(writer):
+    w = writer(elements=6, error_every=3)
+    with joader.RingReader(w.instance, "r") as r:
+        b = r.next_batch(10, timeout=5)
+        assert list(b.element_ids) == [0, 1, 3, 4]
+        assert [(f.element_id, f.code_name, f.position) for f in b.errors] == [(2, "decode", 2), (5, "decode", 5)]
+        assert b.end_of_epoch == (0, 6)
+
+
+def test_timeout_returns_empty_batch_and_releases_the_gil(writer):
+    w = writer(elements=2, capacity=2)
+    with joader.RingReader(w.instance, "r") as r:
+        assert len(r.next_batch(2, timeout=5)) == 2
+        # The ring is full from our side until we ack; ack by taking again, then wait on an empty ring.
+        r.ack()
+        r.next_batch(8, timeout=5)  # end-of-epoch + end-of-stream records
+        counter = [0]
+        stop = threading.Event()
+
+        def spin():
+            while not stop.is_set():
+                counter[0] += 1
+
+        t = threading.Thread(target=spin)
+        t.start()
+        t0 = time.monotonic()
+        b = r.next_batch(4, timeout=0.3)
+        waited = time.monotonic() - t0
+        stop.set()
+        t.join()
+        assert len(b) == 0
+        assert counter[0] > 1000, "the GIL was held while waiting"
+        assert waited < 2
+
+
+def test_dead_server_is_reported_quickly(writer):
+    w = writer(elements=4, capacity=4)
+    r = joader.RingReader(w.instance, "r")
+    assert len(r.next_batch(4, timeout=5)) == 4
+    w.kill()
+    t0 = time.monotonic()
+    with pytest.raises(joader.JoaderError) as e:
+        r.next_batch(4)
+        r.next_batch(4)
+    assert e.value.code == "server_gone"
+    assert "exited" in e.value.message
+    assert time.monotonic() - t0 < 3
+    r.close()
+    # Clean the dead writer's segments the way a restarted server would.
+    w2 = writer(elements=1, inst=w.instance)
+    assert w2.pid != w.pid
+
+
+def test_open_errors_have_codes(instance):
+    with pytest.raises(joader.JoaderError) as e:
+        joader.RingReader(instance, "r", open_timeout=0.05)
+    assert e.value.code == "segment_not_found"
+    with pytest.raises(joader.JoaderError) as e:
+        joader.RingReader("bad-name", "r", open_timeout=0.05)
+    assert e.value.code == "invalid_name"
+
+
+def test_augmentation_is_per_seed_and_position(writer):
+    w = writer(elements=6, height=12, width=10)
+    crop = joader.RandomResizedCrop((6, 5))
+    with joader.RingReader(w.instance, "r") as r:
+        b = r.next_batch(6, timeout=5)
+        views = b.views()
+        a1, _ = b.collate(transform=crop, seed=1)
+        a2, _ = b.collate(transform=crop, seed=1)
+        a3, _ = b.collate(transform=crop, seed=2)
+        assert a1.shape == (6, 6, 5, 3)
+        np.testing.assert_array_equal(a1, a2)
+        assert not np.array_equal(a1, a3)
+        for k in range(6):
+            ref = crop.apply(views[k], seed=1, epoch=int(b.epochs[k]), position=int(b.positions[k]))
+            np.testing.assert_array_equal(a1[k], ref)
+
+
+def test_import_does_not_need_torch():
+    code = "import sys, joader; assert 'torch' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
