@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! dataplane-fixture writer --instance I --rings a,b [--elements 32] [--height 8] [--width 8]
-//!                          [--epochs 1] [--capacity 16] [--error-every 0] [--hold]
+//!                          [--epochs 1] [--capacity 16] [--error-every 0] [--pace-us 0] [--hold]
 //! dataplane-fixture reader --instance I --ring a [--take 8] [--hold]
 //! ```
 //!
@@ -93,6 +93,10 @@ fn writer(m: &HashMap<String, String>) -> dataplane::Result<()> {
     let epochs = num(m, "epochs", 1);
     let capacity = num(m, "capacity", 16) as u32;
     let error_every = num(m, "error-every", 0);
+    // Benchmark mode: pace data pushes (50..250 µs apart when 0 < pace) and
+    // send CLOCK_MONOTONIC nanoseconds of the push as the position.
+    let pace = num(m, "pace-us", 0);
+    let mut jitter = 0x2545f4914f6cdd1du64;
     let len = (h * w * 3) as u64;
     let mut cfg = SegmentConfig::new(
         instance.clone(),
@@ -176,6 +180,16 @@ fn writer(m: &HashMap<String, String>) -> dataplane::Result<()> {
                     if error_every > 0 && f.pos % error_every == error_every - 1 {
                         f.ring
                             .push_error(id as u32, element_error::DECODE, f.epoch, f.pos)?;
+                    } else if pace > 0 {
+                        jitter ^= jitter << 13;
+                        jitter ^= jitter >> 7;
+                        jitter ^= jitter << 17;
+                        std::thread::sleep(Duration::from_micros(pace / 2 + jitter % (pace * 2)));
+                        let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+                        let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+                        f.ring.push_data(slots[id], f.epoch, now)?;
+                        f.pos += 1;
+                        break;
                     } else {
                         f.ring.push_data(slots[id], f.epoch, f.pos)?;
                     }
