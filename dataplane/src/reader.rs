@@ -265,9 +265,6 @@ impl RawReader {
                 ring: ring_name.into(),
             });
         }
-        let head = ring_ctl
-            .atomic_u64(ring::HEAD - ring::CONSUMER_PAGE)
-            .load(Ordering::Relaxed);
         let ack = ring_ctl
             .atomic_u64(ring::ACK - ring::CONSUMER_PAGE)
             .load(Ordering::Relaxed);
@@ -299,7 +296,6 @@ impl RawReader {
                 ..Cursor::default()
             },
         };
-        debug_assert!(head >= ack || head == 0);
         r.check_server()?;
         Ok(r)
     }
@@ -575,7 +571,7 @@ impl RawReader {
                     Ok(_) => {}
                     Err(e) => break Err(e),
                 }
-                if out.end - out.start == 0 && self.cur.head == out.start {
+                if self.cur.head == out.start {
                     break Err(Error::RingClosed {
                         ring: self.maps.ring.clone(),
                     });

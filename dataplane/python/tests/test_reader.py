@@ -163,3 +163,32 @@ def test_import_does_not_need_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_killed_python_reader_is_reclaimed_and_others_continue(writer):
+    w = writer(rings="victim,other", elements=12, capacity=8, epochs=2)
+    code = (
+        "import sys, time, joader\n"
+        f"r = joader.RingReader({w.instance!r}, 'victim')\n"
+        "b = r.next_batch(5, timeout=5)\n"
+        "print('TOOK', len(b), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    victim = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert victim.stdout.readline().strip() == "TOOK 5"
+        victim.kill()  # SIGKILL mid-batch
+        victim.wait()
+        # 5 taken + 3 pushed and not taken: all 8 records' slots come back, no bit stays set.
+        assert w.line() == "RECLAIMED victim status=Dead slots=8 still_pinned=0"
+    finally:
+        victim.kill()
+        victim.wait()
+    with joader.RingReader(w.instance, "other") as r:
+        ids = []
+        while True:
+            b = r.next_batch(5, timeout=5)
+            ids += [int(i) for i in b.element_ids]
+            if b.end_of_stream:
+                break
+    assert sorted(ids) == sorted(list(range(12)) * 2)
