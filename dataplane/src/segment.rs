@@ -417,7 +417,21 @@ impl Writer {
         sh.map
             .atomic_u32(base + slot::STATE)
             .store(slot_state::WRITING, Ordering::Relaxed);
+        // If `fill` panics, give the slot and its block back before unwinding on.
+        struct Undo<'a>(&'a Shared, u32, u64, u64, bool);
+        impl Drop for Undo<'_> {
+            fn drop(&mut self) {
+                if self.4 {
+                    let mut st = self.0.lock();
+                    st.slots[self.1 as usize].state = slot_state::FREE;
+                    st.arena.free(self.2, self.3);
+                    st.free_slots.push(self.1);
+                }
+            }
+        }
+        let mut undo = Undo(sh, s, offset, len, true);
         self.fill_block(offset, len, fill);
+        undo.4 = false;
         let (h, w, c) = match meta.format {
             Format::Raw => (0, 0, 0),
             Format::HwcU8 {

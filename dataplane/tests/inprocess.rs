@@ -446,3 +446,29 @@ fn too_many_readers() {
     drop(rings);
     assert!(w.create_ring("extra", 2).is_ok());
 }
+
+#[test]
+fn a_panicking_fill_gives_the_slot_back() {
+    let w = writer("panic", 2, 4096);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        w.write_slot_with(raw(1), 100, |_| panic!("decoder failed"))
+            .unwrap();
+    }));
+    assert!(r.is_err());
+    assert_eq!(w.free_slots(), 2);
+    assert_eq!(w.arena_stats().allocations, 0);
+    let s = w.write_slot_with(raw(2), 4096, |b| b.fill(9)).unwrap();
+    assert_eq!(w.slot_meta(s).unwrap().element_id, 2);
+}
+
+#[test]
+fn handles_can_move_between_threads() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<Writer>();
+    sync::<Writer>();
+    send::<dataplane::RingWriter>();
+    send::<Reader>();
+    send::<dataplane::RawReader>();
+    sync::<dataplane::RawReader>();
+}
