@@ -21,6 +21,7 @@ need=()
 "$py" -c "import maturin" 2>/dev/null || need+=("maturin>=1.7,<2")
 "$py" -c "import numpy" 2>/dev/null || need+=("numpy")
 "$py" -c "import pytest" 2>/dev/null || need+=("pytest")
+"$py" -c "import mypy" 2>/dev/null || need+=("mypy")
 if [ "${#need[@]}" -gt 0 ]; then
   "$py" -m pip install -q "${need[@]}"
 fi
@@ -42,6 +43,10 @@ if ! "$py" -c "import joader._native" 2>/dev/null || [ "$(cat "$stamp" 2>/dev/nu
   "$py" -m pip install -q --no-build-isolation --force-reinstall --no-deps "$here"
   echo "$sum" > "$stamp"
 fi
+
+# Types: the package is shipped with py.typed and stubs; keep them honest.
+(cd "$here" && "$py" -m mypy --strict --ignore-missing-imports --no-incremental \
+  joader/__init__.py joader/_native.pyi joader/torch.py)
 
 # Run from the tests folder so that the installed package, not the source tree, is imported.
 cd "$here/tests"

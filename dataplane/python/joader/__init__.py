@@ -49,9 +49,9 @@ __all__ = [
 ]
 
 # JoaderError is created by the native module; give it readable attributes.
-JoaderError.code = property(lambda self: self.args[0] if self.args else "unknown")  # type: ignore[attr-defined]
-JoaderError.message = property(lambda self: self.args[1] if len(self.args) > 1 else "")  # type: ignore[attr-defined]
-JoaderError.__str__ = lambda self: f"[{self.code}] {self.message}"  # type: ignore[assignment]
+setattr(JoaderError, "code", property(lambda self: self.args[0] if self.args else "unknown"))
+setattr(JoaderError, "message", property(lambda self: self.args[1] if len(self.args) > 1 else ""))
+setattr(JoaderError, "__str__", lambda self: f"[{self.code}] {self.message}")
 
 
 class ServerError(JoaderError):
@@ -152,7 +152,7 @@ class Batch:
         self.errors: List[ElementFailure] = [ElementFailure(*e) for e in raw["errors"]]
         eoe = raw["end_of_epoch"]
         #: ``(epoch, count)`` when this batch ends an epoch, else ``None``.
-        self.end_of_epoch: Optional[Tuple[int, int]] = tuple(eoe) if eoe is not None else None  # type: ignore[assignment]
+        self.end_of_epoch: Optional[Tuple[int, int]] = (int(eoe[0]), int(eoe[1])) if eoe is not None else None
         #: True when the job is finished (nothing follows).
         self.end_of_stream: bool = raw["end_of_stream"]
 
@@ -298,7 +298,8 @@ def _post_json(url: str, body: Dict[str, Any], timeout: float, token: Optional[s
         req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read().decode() or "{}")
+            answer: Dict[str, Any] = json.loads(resp.read().decode() or "{}")
+            return answer
     except urllib.error.HTTPError as e:
         raw = e.read().decode(errors="replace")
         try:
@@ -468,7 +469,8 @@ class Loader:
         return images, labels, ended
 
     def __iter__(self) -> Iterator[Any]:
-        """Iterates one epoch."""
+        """Iterates one epoch. Breaking out of the loop and iterating again
+        continues the same epoch (the server's order cannot be rewound)."""
         if self._finished:
             return
         while True:
