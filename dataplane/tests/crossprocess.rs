@@ -62,6 +62,16 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // On a failed assertion, let a `--hold` writer exit cleanly (and
+        // unlink its segments) before resorting to SIGKILL.
+        drop(self.child.stdin.take());
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(2) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
