@@ -4,11 +4,14 @@
 //! Each job has its own random stream seeded from its seed alone, so a job's order depends
 //! only on its seed and its dataset, whatever the other jobs do.
 
-use rand::rngs::Xoshiro256PlusPlus;
 use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
 use roaring::RoaringBitmap;
 
-use super::{ElementId, JobEvent, JobKey, JobSpec, KeyMap, Round, Sampler, SamplerError, mix64, uniform_element};
+use super::{
+    ElementId, JobEvent, JobKey, JobSpec, KeyMap, Round, Sampler, SamplerError, mix64,
+    uniform_element,
+};
 
 #[derive(Debug, Clone)]
 struct Job {
@@ -57,7 +60,9 @@ impl Sampler for IndependentSampler {
     }
 
     fn remove_job(&mut self, key: JobKey) -> Result<(), SamplerError> {
-        self.jobs.remove(&key).ok_or(SamplerError::UnknownJob(key))?;
+        self.jobs
+            .remove(&key)
+            .ok_or(SamplerError::UnknownJob(key))?;
         self.order.retain(|&k| k != key);
         Ok(())
     }
@@ -80,7 +85,10 @@ impl Sampler for IndependentSampler {
             job.remaining.remove(element);
             out.push_group(element, std::iter::once((key, job.epoch, position)));
             if len == 1 {
-                out.events.push(JobEvent::EpochEnded { job: key, epoch: job.epoch });
+                out.events.push(JobEvent::EpochEnded {
+                    job: key,
+                    epoch: job.epoch,
+                });
                 if job.epochs.is_some_and(|e| job.epoch + 1 >= e) {
                     out.events.push(JobEvent::Finished { job: key });
                     self.jobs.remove(&key);
@@ -112,6 +120,9 @@ impl Sampler for IndependentSampler {
     }
 
     fn need_count(&self, element: ElementId) -> u32 {
-        self.jobs.values().filter(|j| j.remaining.contains(element)).count() as u32
+        self.jobs
+            .values()
+            .filter(|j| j.remaining.contains(element))
+            .count() as u32
     }
 }

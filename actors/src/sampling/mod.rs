@@ -79,11 +79,24 @@ impl Round {
 
     /// Appends one delivery per `(job, epoch, position)` of a shared element, merging it into an
     /// existing group when another job of this round already received the same element.
-    pub(crate) fn push_group(&mut self, element: ElementId, jobs: impl Iterator<Item = (JobKey, u32, u32)>) {
-        if let Some(gi) = self.groups.iter().position(|g| self.deliveries[g.start].element == element) {
+    pub(crate) fn push_group(
+        &mut self,
+        element: ElementId,
+        jobs: impl Iterator<Item = (JobKey, u32, u32)>,
+    ) {
+        if let Some(gi) = self
+            .groups
+            .iter()
+            .position(|g| self.deliveries[g.start].element == element)
+        {
             // Coincidence across groups: keep deliveries of one element adjacent.
             let mut extra: Vec<Delivery> = jobs
-                .map(|(job, epoch, position)| Delivery { job, element, epoch, position })
+                .map(|(job, epoch, position)| Delivery {
+                    job,
+                    element,
+                    epoch,
+                    position,
+                })
                 .collect();
             let end = self.groups[gi].end;
             let added = extra.len();
@@ -97,7 +110,12 @@ impl Round {
         }
         let start = self.deliveries.len();
         self.deliveries
-            .extend(jobs.map(|(job, epoch, position)| Delivery { job, element, epoch, position }));
+            .extend(jobs.map(|(job, epoch, position)| Delivery {
+                job,
+                element,
+                epoch,
+                position,
+            }));
         self.groups.push(start..self.deliveries.len());
     }
 }
@@ -185,7 +203,9 @@ impl std::str::FromStr for SamplerKind {
         match s {
             "dsa" | "dependent" => Ok(SamplerKind::Dsa),
             "isa" | "independent" => Ok(SamplerKind::Isa),
-            other => Err(format!("unknown sampler '{other}' (expected 'dsa' or 'isa')")),
+            other => Err(format!(
+                "unknown sampler '{other}' (expected 'dsa' or 'isa')"
+            )),
         }
     }
 }
@@ -197,9 +217,16 @@ impl std::str::FromStr for SamplerKind {
 /// tests. After a few misses (a sparse set) it falls back to `select` of a uniform rank, which
 /// is exact too but scans the container's words. Both branches are uniform over elements (not
 /// over roaring containers, the original prototype's bias).
-pub(crate) fn uniform_element(set: &RoaringBitmap, len: u64, rng: &mut impl rand::RngExt) -> ElementId {
+pub(crate) fn uniform_element(
+    set: &RoaringBitmap,
+    len: u64,
+    rng: &mut impl rand::RngExt,
+) -> ElementId {
     debug_assert_eq!(set.len(), len);
-    let (lo, hi) = (set.min().expect("non-empty set"), set.max().expect("non-empty set"));
+    let (lo, hi) = (
+        set.min().expect("non-empty set"),
+        set.max().expect("non-empty set"),
+    );
     let span = u64::from(hi - lo) + 1;
     if span <= len * 4 {
         for _ in 0..12 {
@@ -209,7 +236,8 @@ pub(crate) fn uniform_element(set: &RoaringBitmap, len: u64, rng: &mut impl rand
             }
         }
     }
-    set.select(rng.random_range(0..len) as u32).expect("rank below the set size")
+    set.select(rng.random_range(0..len) as u32)
+        .expect("rank below the set size")
 }
 
 /// A cheap hasher for job keys (they are already well spread or small integers).
@@ -230,7 +258,8 @@ impl std::hash::Hasher for KeyHasher {
     }
 }
 
-pub(crate) type KeyMap<V> = std::collections::HashMap<JobKey, V, std::hash::BuildHasherDefault<KeyHasher>>;
+pub(crate) type KeyMap<V> =
+    std::collections::HashMap<JobKey, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// Mixes a seed into 64 well-spread bits (splitmix64's finaliser).
 pub(crate) fn mix64(mut z: u64) -> u64 {

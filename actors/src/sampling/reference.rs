@@ -9,7 +9,10 @@ use std::collections::{BTreeSet, HashMap};
 /// each job, in the same order) to its probability.
 pub fn exact_round(sets: &[BTreeSet<u32>]) -> HashMap<Vec<u32>, f64> {
     for w in sets.windows(2) {
-        assert!(w[0].len() <= w[1].len(), "the reference needs jobs sorted by size");
+        assert!(
+            w[0].len() <= w[1].len(),
+            "the reference needs jobs sorted by size"
+        );
     }
     let mut out = HashMap::new();
     let jobs: Vec<usize> = (0..sets.len()).collect();
@@ -50,16 +53,15 @@ fn select(
         let branch = reach * (1.0 - p_accept);
         if branch > 0.0 {
             let mut chosen = chosen.clone();
-            let rest;
-            if t == 0 {
+            let rest = if t == 0 {
                 // Lines 16–19: the first job selects D[0] − S − I.
                 let own: BTreeSet<u32> = sets[jobs[0]].difference(&new_s).copied().collect();
                 chosen.push((vec![jobs[0]], own));
-                rest = jobs[1..].to_vec();
+                jobs[1..].to_vec()
             } else {
                 chosen.push((jobs[..t].to_vec(), inter.clone()));
-                rest = jobs[t..].to_vec();
-            }
+                jobs[t..].to_vec()
+            };
             select(sets, rest, new_s.clone(), chosen, prob * branch, out);
         }
         if t < jobs.len() {
@@ -73,9 +75,13 @@ fn select(
 }
 
 /// Algorithm 2: each group of jobs shares one uniform draw from the subset it selected.
-fn sample(n: usize, chosen: &[(Vec<usize>, BTreeSet<u32>)], prob: f64, out: &mut HashMap<Vec<u32>, f64>) {
+fn sample(
+    n: usize,
+    chosen: &[(Vec<usize>, BTreeSet<u32>)],
+    prob: f64,
+    out: &mut HashMap<Vec<u32>, f64>,
+) {
     fn rec(
-        n: usize,
         chosen: &[(Vec<usize>, BTreeSet<u32>)],
         pick: &mut Vec<u32>,
         prob: f64,
@@ -91,9 +97,9 @@ fn sample(n: usize, chosen: &[(Vec<usize>, BTreeSet<u32>)], prob: f64, out: &mut
             for &j in jobs {
                 pick[j] = e;
             }
-            rec(n, rest, pick, p, out);
+            rec(rest, pick, p, out);
         }
     }
     let mut pick = vec![u32::MAX; n];
-    rec(n, chosen, &mut pick, prob, out);
+    rec(chosen, &mut pick, prob, out);
 }

@@ -16,7 +16,12 @@ fn bitmap(ids: impl IntoIterator<Item = u32>) -> RoaringBitmap {
 }
 
 fn spec(key: JobKey, dataset: RoaringBitmap, seed: u64) -> JobSpec {
-    JobSpec { key, dataset, seed, epochs: None }
+    JobSpec {
+        key,
+        dataset,
+        seed,
+        epochs: None,
+    }
 }
 
 /// Upper critical value of the chi-square distribution at p = 0.001 (Wilson–Hilferty).
@@ -29,9 +34,16 @@ fn chi2_critical(df: usize) -> f64 {
 
 /// Chi-square statistic of observed counts against expected probabilities, merging outcomes
 /// with small expected counts into one bin. Returns (statistic, degrees of freedom).
-fn chi2(observed: &HashMap<Vec<u32>, u64>, expected: &HashMap<Vec<u32>, f64>, n: u64) -> (f64, usize) {
+fn chi2(
+    observed: &HashMap<Vec<u32>, u64>,
+    expected: &HashMap<Vec<u32>, f64>,
+    n: u64,
+) -> (f64, usize) {
     for k in observed.keys() {
-        assert!(expected.contains_key(k), "outcome {k:?} is impossible under the reference");
+        assert!(
+            expected.contains_key(k),
+            "outcome {k:?} is impossible under the reference"
+        );
     }
     let mut stat = 0.0;
     let mut bins = 0usize;
@@ -59,7 +71,10 @@ fn assert_uniform_counts(counts: &[u64], what: &str) {
     let e = n as f64 / counts.len() as f64;
     let stat: f64 = counts.iter().map(|&o| (o as f64 - e).powi(2) / e).sum();
     let crit = chi2_critical(counts.len() - 1);
-    assert!(stat < crit, "{what}: chi2 {stat:.1} >= {crit:.1}, counts {counts:?}");
+    assert!(
+        stat < crit,
+        "{what}: chi2 {stat:.1} >= {crit:.1}, counts {counts:?}"
+    );
 }
 
 /// Runs a sampler round by round and checks that each job gets its dataset exactly once per
@@ -71,7 +86,12 @@ struct EpochChecker {
 }
 
 impl EpochChecker {
-    fn observe(&mut self, s: &dyn Sampler, round: &Round, datasets: &HashMap<JobKey, RoaringBitmap>) {
+    fn observe(
+        &mut self,
+        s: &dyn Sampler,
+        round: &Round,
+        datasets: &HashMap<JobKey, RoaringBitmap>,
+    ) {
         for g in &round.groups {
             let ds = &round.deliveries[g.clone()];
             let mut seen = BTreeSet::new();
@@ -82,8 +102,17 @@ impl EpochChecker {
         }
         for d in &round.deliveries {
             let cur = self.current.entry(d.job).or_default();
-            assert_eq!(d.position as usize, cur.len(), "position of job {} is wrong", d.job);
-            assert!(datasets[&d.job].contains(d.element), "job {} got a foreign element", d.job);
+            assert_eq!(
+                d.position as usize,
+                cur.len(),
+                "position of job {} is wrong",
+                d.job
+            );
+            assert!(
+                datasets[&d.job].contains(d.element),
+                "job {} got a foreign element",
+                d.job
+            );
             cur.push(d.element);
         }
         for ev in &round.events {
@@ -91,14 +120,28 @@ impl EpochChecker {
                 JobEvent::EpochEnded { job, epoch } => {
                     let order = self.current.remove(&job).unwrap_or_default();
                     let got: RoaringBitmap = order.iter().copied().collect();
-                    assert_eq!(got.len() as usize, order.len(), "job {job} got an element twice in epoch {epoch}");
-                    assert_eq!(got, datasets[&job], "job {job} epoch {epoch} is not its dataset");
+                    assert_eq!(
+                        got.len() as usize,
+                        order.len(),
+                        "job {job} got an element twice in epoch {epoch}"
+                    );
+                    assert_eq!(
+                        got, datasets[&job],
+                        "job {job} epoch {epoch} is not its dataset"
+                    );
                     let done = self.done.entry(job).or_default();
-                    assert_eq!(done.len() as u32, epoch, "epochs of job {job} are not consecutive");
+                    assert_eq!(
+                        done.len() as u32,
+                        epoch,
+                        "epochs of job {job} are not consecutive"
+                    );
                     done.push(order);
                 }
                 JobEvent::Finished { job } => {
-                    assert!(s.remaining(job).is_none(), "finished job {job} is still registered");
+                    assert!(
+                        s.remaining(job).is_none(),
+                        "finished job {job} is still registered"
+                    );
                 }
             }
         }
@@ -119,8 +162,14 @@ fn dataset_strategy() -> impl Strategy<Value = Vec<u32>> {
         // random subsets of a small universe
         proptest::collection::btree_set(0u32..60, 1..40).prop_map(|s| s.into_iter().collect()),
         // dense in one container, sparse across others
-        (proptest::collection::btree_set(0u32..20, 1..15), proptest::collection::btree_set(1u32..6, 0..4))
-            .prop_map(|(d, s)| d.into_iter().chain(s.into_iter().map(|c| c << 16)).collect()),
+        (
+            proptest::collection::btree_set(0u32..20, 1..15),
+            proptest::collection::btree_set(1u32..6, 0..4)
+        )
+            .prop_map(|(d, s)| d
+                .into_iter()
+                .chain(s.into_iter().map(|c| c << 16))
+                .collect()),
     ]
 }
 
@@ -132,16 +181,29 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run_ops(kind: SamplerKind, initial: Vec<Vec<u32>>, ops: Vec<Op>, seed: u64, epochs: Option<u32>) {
+fn run_ops(
+    kind: SamplerKind,
+    initial: Vec<Vec<u32>>,
+    ops: Vec<Op>,
+    seed: u64,
+    epochs: Option<u32>,
+) {
     let mut s = kind.build();
     let mut datasets = HashMap::new();
     let mut next_key = 0u64;
-    let mut add = |s: &mut Box<dyn Sampler>, datasets: &mut HashMap<JobKey, RoaringBitmap>, ids: Vec<u32>| {
-        let d = bitmap(ids);
-        s.add_job(JobSpec { key: next_key, dataset: d.clone(), seed: seed ^ next_key, epochs }).unwrap();
-        datasets.insert(next_key, d);
-        next_key += 1;
-    };
+    let mut add =
+        |s: &mut Box<dyn Sampler>, datasets: &mut HashMap<JobKey, RoaringBitmap>, ids: Vec<u32>| {
+            let d = bitmap(ids);
+            s.add_job(JobSpec {
+                key: next_key,
+                dataset: d.clone(),
+                seed: seed ^ next_key,
+                epochs,
+            })
+            .unwrap();
+            datasets.insert(next_key, d);
+            next_key += 1;
+        };
     for ids in initial {
         add(&mut s, &mut datasets, ids);
     }
@@ -151,8 +213,12 @@ fn run_ops(kind: SamplerKind, initial: Vec<Vec<u32>>, ops: Vec<Op>, seed: u64, e
         match op {
             Op::Sample(mask) => {
                 let jobs = s.jobs();
-                let active: Vec<JobKey> =
-                    jobs.iter().enumerate().filter(|(i, _)| mask[i % mask.len()]).map(|(_, &k)| k).collect();
+                let active: Vec<JobKey> = jobs
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask[i % mask.len()])
+                    .map(|(_, &k)| k)
+                    .collect();
                 s.sample(&active, &mut round).unwrap();
                 let mut served: Vec<JobKey> = round.deliveries.iter().map(|d| d.job).collect();
                 served.sort_unstable();
@@ -174,11 +240,17 @@ fn run_ops(kind: SamplerKind, initial: Vec<Vec<u32>>, ops: Vec<Op>, seed: u64, e
         s.check_invariants().unwrap();
         let jobs = s.jobs();
         for probe in [0u32, 7, 33, 1 << 16] {
-            let want = jobs.iter().filter(|&&k| s.remaining(k).unwrap().contains(probe)).count();
+            let want = jobs
+                .iter()
+                .filter(|&&k| s.remaining(k).unwrap().contains(probe))
+                .count();
             assert_eq!(s.need_count(probe) as usize, want, "need_count({probe})");
         }
         for key in jobs {
-            assert!(!s.remaining(key).unwrap().is_empty(), "a registered job has an empty remaining set");
+            assert!(
+                !s.remaining(key).unwrap().is_empty(),
+                "a registered job has an empty remaining set"
+            );
         }
     }
 }
@@ -220,7 +292,12 @@ proptest! {
 fn compare_with_reference(datasets: &[Vec<u32>], warmup_rounds: usize, trials: u64, seed: u64) {
     let mut tree = DependentSamplingTree::new();
     for (i, d) in datasets.iter().enumerate() {
-        tree.add_job(spec(i as JobKey, bitmap(d.iter().copied()), seed + i as u64)).unwrap();
+        tree.add_job(spec(
+            i as JobKey,
+            bitmap(d.iter().copied()),
+            seed + i as u64,
+        ))
+        .unwrap();
     }
     let mut round = Round::default();
     for _ in 0..warmup_rounds {
@@ -229,10 +306,16 @@ fn compare_with_reference(datasets: &[Vec<u32>], warmup_rounds: usize, trials: u
         assert!(round.events.is_empty(), "warm-up must not end an epoch");
     }
     let order = tree.order();
-    let sets: Vec<BTreeSet<u32>> = order.iter().map(|&k| tree.remaining(k).unwrap().iter().collect()).collect();
+    let sets: Vec<BTreeSet<u32>> = order
+        .iter()
+        .map(|&k| tree.remaining(k).unwrap().iter().collect())
+        .collect();
     let exact = exact_round(&sets);
     let total: f64 = exact.values().sum();
-    assert!((total - 1.0).abs() < 1e-9, "reference probabilities sum to {total}");
+    assert!(
+        (total - 1.0).abs() < 1e-9,
+        "reference probabilities sum to {total}"
+    );
     let mut counts: HashMap<Vec<u32>, u64> = HashMap::new();
     for t in 0..trials {
         let mut c = tree.clone();
@@ -247,7 +330,10 @@ fn compare_with_reference(datasets: &[Vec<u32>], warmup_rounds: usize, trials: u
     }
     let (stat, df) = chi2(&counts, &exact, trials);
     let crit = chi2_critical(df.max(1));
-    assert!(stat < crit, "tree vs reference: chi2 {stat:.1} >= {crit:.1} (df {df}) for {datasets:?}");
+    assert!(
+        stat < crit,
+        "tree vs reference: chi2 {stat:.1} >= {crit:.1} (df {df}) for {datasets:?}"
+    );
 }
 
 #[test]
@@ -283,7 +369,8 @@ fn same_pick_rate(datasets: &[RoaringBitmap], kind: SamplerKind, trials: u64) ->
     for t in 0..trials {
         let mut s = kind.build();
         for (i, d) in datasets.iter().enumerate() {
-            s.add_job(spec(i as JobKey, d.clone(), t * 31 + i as u64)).unwrap();
+            s.add_job(spec(i as JobKey, d.clone(), t * 31 + i as u64))
+                .unwrap();
         }
         let jobs = s.jobs();
         s.sample(&jobs, &mut round).unwrap();
@@ -302,28 +389,44 @@ fn two_jobs_share_with_optimal_probability() {
         let want = (&d1 & &d2).len() as f64 / d1.len().max(d2.len()) as f64;
         let got = same_pick_rate(&[d1.clone(), d2.clone()], SamplerKind::Dsa, trials);
         let sd = (want * (1.0 - want) / trials as f64).sqrt();
-        assert!((got - want).abs() < 4.5 * sd + 1e-9, "DSA shared {got}, optimum {want}");
+        assert!(
+            (got - want).abs() < 4.5 * sd + 1e-9,
+            "DSA shared {got}, optimum {want}"
+        );
         let isa = same_pick_rate(&[d1.clone(), d2.clone()], SamplerKind::Isa, trials);
         let isa_want = (&d1 & &d2).len() as f64 / (d1.len() * d2.len()) as f64;
-        assert!(isa < isa_want + 0.01, "ISA shared {isa}, expected about {isa_want}");
+        assert!(
+            isa < isa_want + 0.01,
+            "ISA shared {isa}, expected about {isa_want}"
+        );
     }
 }
 
 #[test]
 fn n_jobs_all_share_with_probability_intersection_over_largest() {
     // Equation (10): p(all jobs pick the same) = |I| / max |D_i|.
-    let ds = [bitmap(0..500), bitmap(100..700), bitmap((0..900).filter(|x| x % 3 != 0))];
+    let ds = [
+        bitmap(0..500),
+        bitmap(100..700),
+        bitmap((0..900).filter(|x| x % 3 != 0)),
+    ];
     let inter = ds.iter().skip(1).fold(ds[0].clone(), |acc, d| acc & d);
     let want = inter.len() as f64 / ds.iter().map(|d| d.len()).max().unwrap() as f64;
     let trials = 20_000;
     let got = same_pick_rate(&ds, SamplerKind::Dsa, trials);
     let sd = (want * (1.0 - want) / trials as f64).sqrt();
-    assert!((got - want).abs() < 4.5 * sd, "all shared {got}, want {want}");
+    assert!(
+        (got - want).abs() < 4.5 * sd,
+        "all shared {got}, want {want}"
+    );
 }
 
 /// Index of a permutation of `elems` (lexicographic by position in `elems`).
 fn perm_index(order: &[u32], elems: &[u32]) -> usize {
-    let mut idx: Vec<usize> = order.iter().map(|e| elems.iter().position(|x| x == e).unwrap()).collect();
+    let mut idx: Vec<usize> = order
+        .iter()
+        .map(|e| elems.iter().position(|x| x == e).unwrap())
+        .collect();
     let mut code = 0;
     for i in 0..idx.len() {
         code = code * (idx.len() - i) + idx[i];
@@ -340,7 +443,13 @@ fn perm_index(order: &[u32], elems: &[u32]) -> usize {
 /// Runs `runs` independent simulations of `datasets` (job 0 is observed) with a random mask
 /// per round (`p_active` per job, job 0 forced active in every round when `force0`), and
 /// returns job 0's epoch-0 orders.
-fn epoch_orders(kind: SamplerKind, datasets: &[RoaringBitmap], runs: u64, p_active: f64, seed: u64) -> Vec<Vec<u32>> {
+fn epoch_orders(
+    kind: SamplerKind,
+    datasets: &[RoaringBitmap],
+    runs: u64,
+    p_active: f64,
+    seed: u64,
+) -> Vec<Vec<u32>> {
     use rand::{RngExt, SeedableRng};
     let mut out = Vec::with_capacity(runs as usize);
     let mut round = Round::default();
@@ -348,14 +457,28 @@ fn epoch_orders(kind: SamplerKind, datasets: &[RoaringBitmap], runs: u64, p_acti
         let mut mask_rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(seed ^ (r << 20));
         let mut s = kind.build();
         for (i, d) in datasets.iter().enumerate() {
-            s.add_job(spec(i as JobKey, d.clone(), seed.wrapping_add(r * 97 + i as u64))).unwrap();
+            s.add_job(spec(
+                i as JobKey,
+                d.clone(),
+                seed.wrapping_add(r * 97 + i as u64),
+            ))
+            .unwrap();
         }
         let mut order = Vec::new();
         while order.len() < datasets[0].len() as usize {
-            let active: Vec<JobKey> =
-                s.jobs().into_iter().filter(|_| mask_rng.random_bool(p_active)).collect();
+            let active: Vec<JobKey> = s
+                .jobs()
+                .into_iter()
+                .filter(|_| mask_rng.random_bool(p_active))
+                .collect();
             s.sample(&active, &mut round).unwrap();
-            order.extend(round.deliveries.iter().filter(|d| d.job == 0 && d.epoch == 0).map(|d| d.element));
+            order.extend(
+                round
+                    .deliveries
+                    .iter()
+                    .filter(|d| d.job == 0 && d.epoch == 0)
+                    .map(|d| d.element),
+            );
         }
         out.push(order);
     }
@@ -365,9 +488,17 @@ fn epoch_orders(kind: SamplerKind, datasets: &[RoaringBitmap], runs: u64, p_acti
 #[test]
 fn permutations_are_uniform_under_concurrency_and_masks() {
     let x = bitmap([0, 1, 70_000, 200_000]);
-    let others = [bitmap([0, 1, 2, 3, 70_000, 5]), bitmap([1, 200_000, 9]), bitmap([0, 70_000])];
+    let others = [
+        bitmap([0, 1, 2, 3, 70_000, 5]),
+        bitmap([1, 200_000, 9]),
+        bitmap([0, 70_000]),
+    ];
     let elems: Vec<u32> = x.iter().collect();
-    for (kind, p_active, seed) in [(SamplerKind::Dsa, 1.0, 11), (SamplerKind::Dsa, 0.6, 12), (SamplerKind::Isa, 0.6, 13)] {
+    for (kind, p_active, seed) in [
+        (SamplerKind::Dsa, 1.0, 11),
+        (SamplerKind::Dsa, 0.6, 12),
+        (SamplerKind::Isa, 0.6, 13),
+    ] {
         let mut ds = vec![x.clone()];
         ds.extend(others.iter().cloned());
         let orders = epoch_orders(kind, &ds, 24_000, p_active, seed);
@@ -375,7 +506,10 @@ fn permutations_are_uniform_under_concurrency_and_masks() {
         for o in &orders {
             counts[perm_index(o, &elems)] += 1;
         }
-        assert_uniform_counts(&counts, &format!("{kind:?} p_active={p_active}: permutations"));
+        assert_uniform_counts(
+            &counts,
+            &format!("{kind:?} p_active={p_active}: permutations"),
+        );
     }
 }
 
@@ -385,11 +519,24 @@ fn positions_are_uniform_for_dense_and_sparse_ids() {
     // uniform over containers instead of elements would favour the sparse ones.
     let x: RoaringBitmap = (0..30).chain((1..=10).map(|c| c << 16)).collect();
     let y: RoaringBitmap = (10..50).chain((1..=5).map(|c| c << 16)).collect();
-    let z: RoaringBitmap = (0..60).filter(|i| i % 2 == 0).chain([3 << 16, 7 << 16, 11 << 16]).collect();
+    let z: RoaringBitmap = (0..60)
+        .filter(|i| i % 2 == 0)
+        .chain([3 << 16, 7 << 16, 11 << 16])
+        .collect();
     let elems: Vec<u32> = x.iter().collect();
     let n = elems.len();
-    for (kind, p_active, seed) in [(SamplerKind::Dsa, 1.0, 21), (SamplerKind::Dsa, 0.7, 22), (SamplerKind::Isa, 1.0, 23)] {
-        let orders = epoch_orders(kind, &[x.clone(), y.clone(), z.clone()], 6_000, p_active, seed);
+    for (kind, p_active, seed) in [
+        (SamplerKind::Dsa, 1.0, 21),
+        (SamplerKind::Dsa, 0.7, 22),
+        (SamplerKind::Isa, 1.0, 23),
+    ] {
+        let orders = epoch_orders(
+            kind,
+            &[x.clone(), y.clone(), z.clone()],
+            6_000,
+            p_active,
+            seed,
+        );
         let mut first = vec![0u64; n];
         let mut sparse_pos = vec![0u64; n];
         let mut dense_pos = vec![0u64; n];
@@ -408,10 +555,16 @@ fn positions_are_uniform_for_dense_and_sparse_ids() {
         assert_uniform_counts(&first, &format!("{what}: first positions"));
         assert_uniform_counts(&sparse_pos, &format!("{what}: position of a sparse id"));
         assert_uniform_counts(&dense_pos, &format!("{what}: position of a dense id"));
-        assert_uniform_counts(&[before, orders.len() as u64 - before], &format!("{what}: pair order"));
+        assert_uniform_counts(
+            &[before, orders.len() as u64 - before],
+            &format!("{what}: pair order"),
+        );
         // Sparse ids are 10 of 40: a container-uniform pick would put one first ~90% of the time.
         let frac = sparse_first as f64 / orders.len() as f64;
-        assert!((frac - 0.25).abs() < 0.03, "{what}: a sparse id came first in {frac:.3} of runs");
+        assert!(
+            (frac - 0.25).abs() < 0.03,
+            "{what}: a sparse id came first in {frac:.3} of runs"
+        );
     }
 }
 
@@ -419,13 +572,27 @@ fn positions_are_uniform_for_dense_and_sparse_ids() {
 fn errors_are_reported_not_panics() {
     for kind in [SamplerKind::Dsa, SamplerKind::Isa] {
         let mut s = kind.build();
-        assert_eq!(s.add_job(spec(1, RoaringBitmap::new(), 0)), Err(SamplerError::EmptyDataset(1)));
+        assert_eq!(
+            s.add_job(spec(1, RoaringBitmap::new(), 0)),
+            Err(SamplerError::EmptyDataset(1))
+        );
         s.add_job(spec(1, bitmap(0..3), 0)).unwrap();
-        assert_eq!(s.add_job(spec(1, bitmap(0..3), 0)), Err(SamplerError::DuplicateJob(1)));
-        let zero = JobSpec { key: 2, dataset: bitmap(0..3), seed: 0, epochs: Some(0) };
+        assert_eq!(
+            s.add_job(spec(1, bitmap(0..3), 0)),
+            Err(SamplerError::DuplicateJob(1))
+        );
+        let zero = JobSpec {
+            key: 2,
+            dataset: bitmap(0..3),
+            seed: 0,
+            epochs: Some(0),
+        };
         assert_eq!(s.add_job(zero), Err(SamplerError::ZeroEpochs(2)));
         let mut round = Round::default();
-        assert_eq!(s.sample(&[1, 9], &mut round), Err(SamplerError::UnknownJob(9)));
+        assert_eq!(
+            s.sample(&[1, 9], &mut round),
+            Err(SamplerError::UnknownJob(9))
+        );
         assert_eq!(s.remove_job(9), Err(SamplerError::UnknownJob(9)));
         s.remove_job(1).unwrap();
         s.sample(&[], &mut round).unwrap();
@@ -453,7 +620,11 @@ fn identical_datasets_in_lockstep_always_share() {
     let mut round = Round::default();
     for _ in 0..d.len() * 2 {
         s.sample(&[0, 1, 2, 3], &mut round).unwrap();
-        assert_eq!(round.groups.len(), 1, "equal datasets in lockstep must share every pick");
+        assert_eq!(
+            round.groups.len(),
+            1,
+            "equal datasets in lockstep must share every pick"
+        );
     }
     assert_eq!(s.epoch(0), Some(2));
 }

@@ -51,7 +51,10 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand::{Rng, RngExt, SeedableRng};
 use roaring::RoaringBitmap;
 
-use super::{ElementId, JobEvent, JobKey, JobSpec, KeyMap, Round, Sampler, SamplerError, mix64, uniform_element};
+use super::{
+    ElementId, JobEvent, JobKey, JobSpec, KeyMap, Round, Sampler, SamplerError, mix64,
+    uniform_element,
+};
 
 #[derive(Debug, Clone)]
 struct Job {
@@ -155,7 +158,10 @@ impl DependentSamplingTree {
     fn check_tree(&self) -> Result<(), String> {
         let n = self.jobs.len();
         if self.spine.len() != n || self.spine_len.len() != n {
-            return Err(format!("spine has {} vertices for {n} jobs", self.spine.len()));
+            return Err(format!(
+                "spine has {} vertices for {n} jobs",
+                self.spine.len()
+            ));
         }
         for (p, j) in self.jobs.iter().enumerate() {
             if self.position.get(&j.key) != Some(&p) {
@@ -185,7 +191,11 @@ impl DependentSamplingTree {
             t = Some(tm);
         }
         for m in 0..n {
-            let v = if m == 0 { ts[0].clone() } else { &ts[m] - &ts[m - 1] };
+            let v = if m == 0 {
+                ts[0].clone()
+            } else {
+                &ts[m] - &ts[m - 1]
+            };
             if v != self.spine[m] {
                 return Err(format!("spine vertex {m} differs from its definition"));
             }
@@ -201,13 +211,18 @@ impl DependentSamplingTree {
     }
 
     fn pos(&self, key: JobKey) -> Result<usize, SamplerError> {
-        self.position.get(&key).copied().ok_or(SamplerError::UnknownJob(key))
+        self.position
+            .get(&key)
+            .copied()
+            .ok_or(SamplerError::UnknownJob(key))
     }
 
     /// Inserts `job` at its sorted position, the vertex of that position starting empty.
     /// Leaves `T` of the higher positions unchanged; the caller rebuilds the prefix.
     fn insert_at_sorted(&mut self, job: Job) -> usize {
-        let p = self.jobs.partition_point(|j| j.remaining_len <= job.remaining_len);
+        let p = self
+            .jobs
+            .partition_point(|j| j.remaining_len <= job.remaining_len);
         self.jobs.insert(p, job);
         self.spine.insert(p, RoaringBitmap::new());
         self.spine_len.insert(p, 0);
@@ -259,7 +274,11 @@ impl DependentSamplingTree {
         }
         ts.reverse();
         for m in 0..=hi {
-            let v = if m == 0 { ts[0].clone() } else { &ts[m] - &ts[m - 1] };
+            let v = if m == 0 {
+                ts[0].clone()
+            } else {
+                &ts[m] - &ts[m - 1]
+            };
             self.spine_len[m] = v.len();
             self.spine[m] = v;
             let job = &mut self.jobs[m];
@@ -336,7 +355,8 @@ impl DependentSamplingTree {
     fn take_element(&mut self, element: ElementId, pickers: &[usize]) {
         let n = self.jobs.len();
         self.need.clear();
-        self.need.extend(self.jobs.iter().map(|j| j.remaining.contains(element)));
+        self.need
+            .extend(self.jobs.iter().map(|j| j.remaining.contains(element)));
         let old_k = Self::spine_index(&self.need);
         for &p in pickers {
             debug_assert!(self.need[p], "a job picked an element it did not need");
@@ -416,10 +436,18 @@ impl DependentSamplingTree {
                 }
             }
             if k == i {
-                self.groups.push(Group { source: Source::Leaf(m), first: i, end: i + 1 });
+                self.groups.push(Group {
+                    source: Source::Leaf(m),
+                    first: i,
+                    end: i + 1,
+                });
                 i += 1;
             } else {
-                self.groups.push(Group { source: Source::Spine { lo, hi: m, len: c }, first: i, end: k });
+                self.groups.push(Group {
+                    source: Source::Spine { lo, hi: m, len: c },
+                    first: i,
+                    end: k,
+                });
                 i = k;
             }
             offered_to = Some(m);
@@ -529,7 +557,11 @@ impl Sampler for DependentSamplingTree {
         for gi in 0..out.groups.len() {
             let range = out.groups[gi].clone();
             pickers.clear();
-            pickers.extend(out.deliveries[range.clone()].iter().map(|d| self.position[&d.job]));
+            pickers.extend(
+                out.deliveries[range.clone()]
+                    .iter()
+                    .map(|d| self.position[&d.job]),
+            );
             self.take_element(out.deliveries[range.start].element, &pickers);
         }
         self.pickers = pickers;
@@ -564,7 +596,10 @@ impl Sampler for DependentSamplingTree {
     }
 
     fn need_count(&self, element: ElementId) -> u32 {
-        self.jobs.iter().filter(|j| j.remaining.contains(element)).count() as u32
+        self.jobs
+            .iter()
+            .filter(|j| j.remaining.contains(element))
+            .count() as u32
     }
 
     fn check_invariants(&self) -> Result<(), String> {

@@ -1,0 +1,216 @@
+//! The Loader: reads elements from storage and runs the shared pipelines on a bounded pool of
+//! worker threads, never on an actix arbiter thread.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use actix::prelude::*;
+use crossbeam_channel::{Sender, unbounded};
+
+use super::messages::{Load, Loaded};
+use super::stats::CacheStats;
+
+/// See the module docs. The queue is unbounded but its length is bounded by the jobs' credit:
+/// a job never has more outstanding deliveries than its rings hold.
+pub struct Loader {
+    tx: Option<Sender<Load>>,
+    workers: Vec<JoinHandle<()>>,
+    stats: Arc<CacheStats>,
+}
+
+impl Loader {
+    /// Starts `workers` threads that send their results to `downstream`.
+    pub fn new(workers: usize, downstream: Recipient<Loaded>, stats: Arc<CacheStats>) -> Self {
+        let (tx, rx) = unbounded::<Load>();
+        let workers = (0..workers.max(1))
+            .map(|i| {
+                let rx = rx.clone();
+                let downstream = downstream.clone();
+                let stats = stats.clone();
+                std::thread::Builder::new()
+                    .name(format!("joader-loader-{i}"))
+                    .spawn(move || {
+                        while let Ok(load) = rx.recv() {
+                            stats.loader_queue.fetch_sub(1, Relaxed);
+                            let loaded = run_load(&load, &stats);
+                            downstream.do_send(loaded);
+                        }
+                    })
+                    .expect("spawn a loader thread")
+            })
+            .collect();
+        Self {
+            tx: Some(tx),
+            workers,
+            stats,
+        }
+    }
+}
+
+/// Reads once, prepares for every pipeline.
+fn run_load(load: &Load, stats: &CacheStats) -> Loaded {
+    let start = Instant::now();
+    let label = load.source.label(load.element);
+    let (results, bytes_read) = match load.source.read(load.element) {
+        Ok(bytes) => {
+            let results = load
+                .pipelines
+                .iter()
+                .map(|(id, p)| {
+                    if p.decodes() {
+                        stats.decodes.fetch_add(1, Relaxed);
+                    }
+                    (*id, p.prepare(&bytes))
+                })
+                .collect();
+            (results, bytes.len() as u64)
+        }
+        Err(e) => (
+            load.pipelines
+                .iter()
+                .map(|(id, _)| (*id, Err(e.clone())))
+                .collect(),
+            0,
+        ),
+    };
+    stats.loads.fetch_add(1, Relaxed);
+    stats.bytes_read.fetch_add(bytes_read, Relaxed);
+    let busy = start.elapsed();
+    stats
+        .loader_busy_us
+        .fetch_add(busy.as_micros() as u64, Relaxed);
+    Loaded {
+        dataset: load.dataset,
+        element: load.element,
+        label,
+        results,
+        bytes_read,
+        busy,
+    }
+}
+
+impl Actor for Loader {
+    type Context = Context<Self>;
+}
+
+impl Handler<Load> for Loader {
+    type Result = ();
+    fn handle(&mut self, msg: Load, _: &mut Context<Self>) {
+        if let Some(tx) = &self.tx {
+            self.stats.loader_queue.fetch_add(1, Relaxed);
+            // Workers only stop when the sender is dropped, so this cannot fail while we hold it.
+            let _ = tx.send(msg);
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.tx.take();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::messages::{ElementSource, LoadFailure, Prepare, Prepared};
+    use std::sync::Mutex;
+
+    struct Source;
+    impl ElementSource for Source {
+        fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure> {
+            if element == 13 {
+                return Err(LoadFailure {
+                    code: 1,
+                    kind: "read_failed".into(),
+                    message: "unlucky".into(),
+                });
+            }
+            Ok(element.to_le_bytes().to_vec())
+        }
+        fn label(&self, element: u32) -> i64 {
+            i64::from(element % 3)
+        }
+    }
+    struct Twice;
+    impl Prepare for Twice {
+        fn prepare(&self, bytes: &[u8]) -> Result<Prepared, LoadFailure> {
+            Ok(Prepared {
+                bytes: bytes.repeat(2),
+                format: dataplane::Format::Raw,
+            })
+        }
+        fn decodes(&self) -> bool {
+            true
+        }
+    }
+
+    struct Capture(Arc<Mutex<Vec<Loaded>>>);
+    impl Actor for Capture {
+        type Context = Context<Self>;
+    }
+    impl Handler<Loaded> for Capture {
+        type Result = ();
+        fn handle(&mut self, msg: Loaded, _: &mut Context<Self>) {
+            self.0.lock().unwrap().push(msg);
+        }
+    }
+
+    #[actix::test]
+    async fn loads_once_per_element_for_all_pipelines() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let capture = Capture(got.clone()).start();
+        let stats = Arc::new(CacheStats::default());
+        let loader = Loader::new(2, capture.recipient(), stats.clone()).start();
+        let source: Arc<dyn ElementSource> = Arc::new(Source);
+        for element in [1u32, 13, 7] {
+            loader
+                .send(Load {
+                    dataset: 3,
+                    element,
+                    source: source.clone(),
+                    pipelines: vec![
+                        (0, Arc::new(Twice) as Arc<dyn Prepare>),
+                        (1, Arc::new(Twice)),
+                    ],
+                })
+                .await
+                .unwrap();
+        }
+        for _ in 0..200 {
+            if got.lock().unwrap().len() == 3 {
+                break;
+            }
+            actix::clock::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let mut got = got.lock().unwrap().clone();
+        got.sort_by_key(|l| l.element);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0].element, 1);
+        assert_eq!(got[0].results.len(), 2);
+        assert_eq!(
+            got[0].results[1].1.as_ref().unwrap().bytes,
+            [1, 0, 0, 0, 1, 0, 0, 0]
+        );
+        assert_eq!(got[0].label, 1);
+        assert!(got[1].results.iter().all(|(_, r)| r.is_ok()));
+        assert_eq!(got[2].element, 13);
+        assert!(
+            got[2]
+                .results
+                .iter()
+                .all(|(_, r)| r.as_ref().unwrap_err().kind == "read_failed")
+        );
+        assert_eq!(stats.loads.load(Relaxed), 3);
+        assert_eq!(
+            stats.decodes.load(Relaxed),
+            4,
+            "two pipelines for each element that was read"
+        );
+    }
+}

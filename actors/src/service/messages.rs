@@ -1,0 +1,187 @@
+//! Messages between the actors, and the two seams through which the server plugs storage and
+//! the shared pipeline into them ([`ElementSource`], [`Prepare`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use roaring::RoaringBitmap;
+
+use super::stats::JobStats;
+use crate::sampling::{JobKey, SamplerError, SamplerKind};
+
+pub type DatasetId = u16;
+pub type PipelineId = u16;
+pub type JobId = JobKey;
+
+/// Cache key: an element of a base dataset prepared by one pipeline.
+pub fn cache_key(dataset: DatasetId, pipeline: PipelineId, element: u32) -> u64 {
+    (u64::from(dataset) << 48) | (u64::from(pipeline) << 32) | u64::from(element)
+}
+
+/// Why an element could not be prepared; `code` is a dataplane element error code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadFailure {
+    pub code: u32,
+    /// Machine-readable kind (`read_failed`, `corrupt_image`, …), for metrics and the API.
+    pub kind: String,
+    pub message: String,
+}
+
+/// A prepared element, ready to be copied into a slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub bytes: Vec<u8>,
+    pub format: dataplane::Format,
+}
+
+/// Reads the stored bytes of an element of one base dataset.
+pub trait ElementSource: Send + Sync {
+    fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure>;
+    fn label(&self, element: u32) -> i64;
+}
+
+/// The shared, deterministic part of the preparation (decode, resize, crop).
+pub trait Prepare: Send + Sync {
+    fn prepare(&self, bytes: &[u8]) -> Result<Prepared, LoadFailure>;
+    /// Whether this pipeline decodes (counted as a decode in metrics).
+    fn decodes(&self) -> bool;
+}
+
+/// One job's share of a sampled element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliverItem {
+    pub job: JobId,
+    pub epoch: u32,
+    pub position: u32,
+}
+
+/// An element sampled in a round, with every job that received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliverGroup {
+    pub element: u32,
+    /// Jobs that still need the element in their current epoch, after this round (RefCnt).
+    pub need: u32,
+    pub items: Vec<DeliverItem>,
+}
+
+/// Sampler → Cache: the rounds of one pass, in order.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct Deliver {
+    pub dataset: DatasetId,
+    pub groups: Vec<DeliverGroup>,
+    /// Epochs and jobs that ended during the pass, each placed after the group that ended it.
+    pub ends: Vec<EndAt>,
+}
+
+/// An end of epoch (or of a job) that happens after `groups[..after]` of a [`Deliver`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndAt {
+    pub after: usize,
+    pub job: JobId,
+    pub epoch: u32,
+    /// The job's last epoch ended: nothing follows.
+    pub finished: bool,
+}
+
+/// Cache → Loader: read an element once and run every pipeline that needs it.
+#[derive(Clone, Message)]
+#[rtype(result = "()")]
+pub struct Load {
+    pub dataset: DatasetId,
+    pub element: u32,
+    pub source: Arc<dyn ElementSource>,
+    pub pipelines: Vec<(PipelineId, Arc<dyn Prepare>)>,
+}
+
+impl std::fmt::Debug for Load {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Load")
+            .field("dataset", &self.dataset)
+            .field("element", &self.element)
+            .finish()
+    }
+}
+
+/// Loader → Cache.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct Loaded {
+    pub dataset: DatasetId,
+    pub element: u32,
+    pub label: i64,
+    pub results: Vec<(PipelineId, Result<Prepared, LoadFailure>)>,
+    pub bytes_read: u64,
+    pub busy: Duration,
+}
+
+/// Cache → Sampler: news about a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub enum JobSignal {
+    /// The client acknowledged `n` deliveries: the job may receive `n` more.
+    Credit { job: JobId, n: u32 },
+    /// The job's client is gone or broke the protocol: stop sampling for it.
+    Gone { job: JobId },
+}
+
+/// Control → Sampler: register a job.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), SamplerError>")]
+pub struct AddJob {
+    pub job: JobId,
+    pub subset: Arc<RoaringBitmap>,
+    pub seed: u64,
+    pub epochs: Option<u32>,
+    pub sampler: SamplerKind,
+    /// Deliveries the job may have outstanding (its rings' capacity).
+    pub credit: u32,
+    pub stats: Arc<JobStats>,
+}
+
+/// Control → Sampler: forget a job.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct RemoveJob {
+    pub job: JobId,
+}
+
+/// Description of one delivery ring, as the client needs it to open it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RingInfo {
+    pub rank: u32,
+    pub ring: String,
+    pub segment: String,
+    pub capacity: u32,
+}
+
+/// Control → Cache: create a job's rings.
+#[derive(Clone, Message)]
+#[rtype(result = "Result<Vec<RingInfo>, String>")]
+pub struct OpenJob {
+    pub job: JobId,
+    pub dataset: DatasetId,
+    pub source: Arc<dyn ElementSource>,
+    pub pipeline: PipelineId,
+    pub prepare: Arc<dyn Prepare>,
+    pub subset: Arc<RoaringBitmap>,
+    /// Ring names are `<ring_prefix>-r<rank>`.
+    pub ring_prefix: String,
+    pub ranks: u32,
+    pub capacity: u32,
+    pub stats: Arc<JobStats>,
+    pub sampler: Recipient<JobSignal>,
+}
+
+/// Control → Cache: drop a job's rings and release what it held.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct CloseJob {
+    pub job: JobId,
+}
+
+/// Control → Cache: remove the shared-memory segments now (graceful shutdown).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;

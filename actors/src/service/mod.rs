@@ -1,0 +1,25 @@
+//! The server's actors (actix): Sampler, Loader and Cache, and the messages between them.
+//!
+//! ```text
+//!   Sampler (one per base dataset) --Deliver--> Cache --Load--> Loader (worker pool)
+//!        ^                                        |  ^               |
+//!        +-------------JobSignal (credit, gone)---+  +----Loaded-----+
+//! ```
+//! Each actor receives its downstream as an injected `Recipient<M>`, so a test can run one
+//! actor alone and capture what it sends. The sampling and caching decisions are the plain data
+//! structures of [`crate::sampling`] and [`crate::cache`]; the actors only schedule them.
+
+pub mod cache;
+pub mod loader;
+pub mod messages;
+pub mod sampler;
+pub mod stats;
+
+pub use cache::{CacheActor, CacheConfig};
+pub use loader::Loader;
+pub use messages::*;
+pub use sampler::SamplerActor;
+pub use stats::{CacheStats, JobState, JobStats};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,369 @@
+//! The Sampler actor: one per base dataset. It owns the dataset's dependent sampling tree (and
+//! an independent sampler for jobs that opted out) and samples rounds for the jobs that have
+//! credit. A job's credit is the number of deliveries it may have outstanding (the free places
+//! of its rings): fast jobs never wait for slow ones, and a job without credit is masked, not
+//! dropped.
+//!
+//! Rounds are sampled in passes, on a short tick: jobs that consume at the same pace gain
+//! credit within the same tick and are therefore sampled together, which is what lets DSA make
+//! them share elements.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use super::messages::{
+    AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, EndAt, JobId, JobSignal, RemoveJob,
+};
+use super::stats::{CacheStats, JobStats};
+use crate::sampling::{
+    DependentSamplingTree, IndependentSampler, JobEvent, JobSpec, Round, Sampler, SamplerError,
+    SamplerKind,
+};
+
+/// Rounds per pass at most, so that one pass never holds the arbiter for long.
+const MAX_ROUNDS_PER_PASS: usize = 4096;
+
+struct JobEntry {
+    kind: SamplerKind,
+    credit: i64,
+    stats: Arc<JobStats>,
+}
+
+/// See the module docs.
+pub struct SamplerActor {
+    dataset: DatasetId,
+    dsa: DependentSamplingTree,
+    isa: IndependentSampler,
+    jobs: HashMap<JobId, JobEntry>,
+    downstream: Recipient<Deliver>,
+    tick: Duration,
+    stats: Arc<CacheStats>,
+    round: Round,
+}
+
+impl SamplerActor {
+    pub fn new(
+        dataset: DatasetId,
+        downstream: Recipient<Deliver>,
+        tick: Duration,
+        stats: Arc<CacheStats>,
+    ) -> Self {
+        Self {
+            dataset,
+            dsa: DependentSamplingTree::new(),
+            isa: IndependentSampler::new(),
+            jobs: HashMap::new(),
+            downstream,
+            tick,
+            stats,
+            round: Round::default(),
+        }
+    }
+
+    /// Samples rounds while some job has credit, and sends them downstream in one message.
+    fn pass(&mut self) {
+        let mut out = Deliver {
+            dataset: self.dataset,
+            groups: Vec::new(),
+            ends: Vec::new(),
+        };
+        let mut active: Vec<JobId> = Vec::new();
+        for _ in 0..MAX_ROUNDS_PER_PASS {
+            let mut any = false;
+            for kind in [SamplerKind::Dsa, SamplerKind::Isa] {
+                active.clear();
+                active.extend(
+                    self.jobs
+                        .iter()
+                        .filter(|(_, j)| j.kind == kind && j.credit > 0)
+                        .map(|(k, _)| *k),
+                );
+                if active.is_empty() {
+                    continue;
+                }
+                any = true;
+                active.sort_unstable();
+                let sampler: &mut dyn Sampler = match kind {
+                    SamplerKind::Dsa => &mut self.dsa,
+                    SamplerKind::Isa => &mut self.isa,
+                };
+                if let Err(e) = sampler.sample(&active, &mut self.round) {
+                    tracing::error!(error = %e, dataset = self.dataset, "sampler refused a round");
+                    return;
+                }
+                self.stats.rounds.fetch_add(1, Relaxed);
+                self.stats
+                    .round_deliveries
+                    .fetch_add(self.round.deliveries.len() as u64, Relaxed);
+                self.stats
+                    .round_elements
+                    .fetch_add(self.round.groups.len() as u64, Relaxed);
+                for (element, ds) in self.round.picks() {
+                    let need = sampler.need_count(element);
+                    let items = ds
+                        .iter()
+                        .map(|d| DeliverItem {
+                            job: d.job,
+                            epoch: d.epoch,
+                            position: d.position,
+                        })
+                        .collect();
+                    out.groups.push(DeliverGroup {
+                        element,
+                        need,
+                        items,
+                    });
+                }
+                for d in &self.round.deliveries {
+                    if let Some(j) = self.jobs.get_mut(&d.job) {
+                        j.credit -= 1;
+                        j.stats.sampled.fetch_add(1, Relaxed);
+                        j.stats.epoch.store(u64::from(d.epoch), Relaxed);
+                        j.stats.position.store(u64::from(d.position), Relaxed);
+                    }
+                }
+                let after = out.groups.len();
+                for ev in &self.round.events {
+                    match *ev {
+                        JobEvent::EpochEnded { job, epoch } => {
+                            out.ends.push(EndAt {
+                                after,
+                                job,
+                                epoch,
+                                finished: false,
+                            });
+                        }
+                        JobEvent::Finished { job } => {
+                            self.jobs.remove(&job);
+                            if let Some(last) = out.ends.last_mut().filter(|e| e.job == job) {
+                                last.finished = true;
+                            }
+                        }
+                    }
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        if !out.groups.is_empty() || !out.ends.is_empty() {
+            self.downstream.do_send(out);
+        }
+    }
+}
+
+impl Actor for SamplerActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.tick, |act, _| act.pass());
+    }
+}
+
+impl Handler<AddJob> for SamplerActor {
+    type Result = Result<(), SamplerError>;
+    fn handle(&mut self, msg: AddJob, _: &mut Context<Self>) -> Self::Result {
+        if self.jobs.contains_key(&msg.job) {
+            return Err(SamplerError::DuplicateJob(msg.job));
+        }
+        let spec = JobSpec {
+            key: msg.job,
+            dataset: (*msg.subset).clone(),
+            seed: msg.seed,
+            epochs: msg.epochs,
+        };
+        match msg.sampler {
+            SamplerKind::Dsa => self.dsa.add_job(spec)?,
+            SamplerKind::Isa => self.isa.add_job(spec)?,
+        }
+        self.jobs.insert(
+            msg.job,
+            JobEntry {
+                kind: msg.sampler,
+                credit: i64::from(msg.credit),
+                stats: msg.stats,
+            },
+        );
+        Ok(())
+    }
+}
+
+impl Handler<RemoveJob> for SamplerActor {
+    type Result = ();
+    fn handle(&mut self, msg: RemoveJob, _: &mut Context<Self>) {
+        if let Some(j) = self.jobs.remove(&msg.job) {
+            let _ = match j.kind {
+                SamplerKind::Dsa => self.dsa.remove_job(msg.job),
+                SamplerKind::Isa => self.isa.remove_job(msg.job),
+            };
+        }
+    }
+}
+
+impl Handler<JobSignal> for SamplerActor {
+    type Result = ();
+    fn handle(&mut self, msg: JobSignal, ctx: &mut Context<Self>) {
+        match msg {
+            JobSignal::Credit { job, n } => {
+                if let Some(j) = self.jobs.get_mut(&job) {
+                    j.credit += i64::from(n);
+                }
+            }
+            JobSignal::Gone { job } => {
+                <Self as Handler<RemoveJob>>::handle(self, RemoveJob { job }, ctx);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roaring::RoaringBitmap;
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    struct Capture(Arc<Mutex<Vec<Deliver>>>);
+    impl Actor for Capture {
+        type Context = Context<Self>;
+    }
+    impl Handler<Deliver> for Capture {
+        type Result = ();
+        fn handle(&mut self, msg: Deliver, _: &mut Context<Self>) {
+            self.0.lock().unwrap().push(msg);
+        }
+    }
+
+    fn add(
+        job: JobId,
+        ids: std::ops::Range<u32>,
+        kind: SamplerKind,
+        credit: u32,
+        epochs: Option<u32>,
+    ) -> AddJob {
+        AddJob {
+            job,
+            subset: Arc::new(ids.collect::<RoaringBitmap>()),
+            seed: job,
+            epochs,
+            sampler: kind,
+            credit,
+            stats: Arc::new(JobStats::default()),
+        }
+    }
+
+    async fn settle() {
+        actix::clock::sleep(Duration::from_millis(30)).await;
+    }
+
+    #[actix::test]
+    async fn samples_within_credit_and_resumes_on_credit() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let cap = Capture(got.clone()).start();
+        let s = SamplerActor::new(
+            1,
+            cap.recipient(),
+            Duration::from_millis(2),
+            Arc::new(CacheStats::default()),
+        )
+        .start();
+        s.send(add(1, 0..100, SamplerKind::Dsa, 10, Some(1)))
+            .await
+            .unwrap()
+            .unwrap();
+        s.send(add(2, 50..150, SamplerKind::Dsa, 4, Some(1)))
+            .await
+            .unwrap()
+            .unwrap();
+        s.send(add(3, 0..20, SamplerKind::Isa, 5, Some(1)))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            s.send(add(3, 0..20, SamplerKind::Isa, 5, None))
+                .await
+                .unwrap(),
+            Err(SamplerError::DuplicateJob(3))
+        );
+        settle().await;
+        let count = |job: JobId, got: &[Deliver]| -> usize {
+            got.iter()
+                .flat_map(|d| &d.groups)
+                .flat_map(|g| &g.items)
+                .filter(|i| i.job == job)
+                .count()
+        };
+        {
+            let g = got.lock().unwrap();
+            assert_eq!(
+                (count(1, &g), count(2, &g), count(3, &g)),
+                (10, 4, 5),
+                "credit caps deliveries"
+            );
+            for d in g.iter() {
+                for grp in &d.groups {
+                    assert!(grp.items.len() <= 2);
+                }
+            }
+        }
+        // Job 3 (independent, 20 elements) gets the rest of its epoch and finishes.
+        s.do_send(JobSignal::Credit { job: 3, n: 100 });
+        s.do_send(JobSignal::Gone { job: 2 });
+        s.do_send(JobSignal::Credit { job: 2, n: 100 });
+        settle().await;
+        let g = got.lock().unwrap();
+        assert_eq!(count(2, &g), 4, "a gone job receives nothing more");
+        let ids: BTreeSet<u32> = g
+            .iter()
+            .flat_map(|d| &d.groups)
+            .filter(|grp| grp.items.iter().any(|i| i.job == 3))
+            .map(|grp| grp.element)
+            .collect();
+        assert_eq!(
+            ids,
+            (0..20).collect(),
+            "job 3 received its whole subset once"
+        );
+        let end = g
+            .iter()
+            .flat_map(|d| &d.ends)
+            .find(|e| e.job == 3)
+            .expect("job 3's epoch ended");
+        assert_eq!((end.epoch, end.finished), (0, true));
+    }
+
+    #[actix::test]
+    async fn jobs_with_credit_in_the_same_tick_share_elements() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let cap = Capture(got.clone()).start();
+        let s = SamplerActor::new(
+            1,
+            cap.recipient(),
+            Duration::from_millis(20),
+            Arc::new(CacheStats::default()),
+        )
+        .start();
+        s.send(add(1, 0..1000, SamplerKind::Dsa, 200, None))
+            .await
+            .unwrap()
+            .unwrap();
+        s.send(add(2, 0..1000, SamplerKind::Dsa, 200, None))
+            .await
+            .unwrap()
+            .unwrap();
+        actix::clock::sleep(Duration::from_millis(60)).await;
+        let g = got.lock().unwrap();
+        let groups: Vec<&DeliverGroup> = g.iter().flat_map(|d| &d.groups).collect();
+        assert_eq!(groups.len(), 200);
+        assert!(
+            groups
+                .iter()
+                .all(|grp| grp.items.len() == 2 && grp.need == 0),
+            "identical jobs share every pick"
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! Counters shared between the actors and the control plane (lock-free reads for the API and
+//! the metrics exporter).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Life cycle of a job as the API reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "state", content = "reason")]
+pub enum JobState {
+    /// Registered; its client has not attached yet.
+    Waiting,
+    Running,
+    /// All epochs delivered.
+    Finished,
+    /// Stopped: the client died, broke the protocol, or the job was deleted.
+    Failed(String),
+}
+
+/// Counters of one job.
+#[derive(Debug)]
+pub struct JobStats {
+    /// Deliveries decided by the sampler.
+    pub sampled: AtomicU64,
+    /// Records pushed into the job's rings (data and error records).
+    pub delivered: AtomicU64,
+    /// Records the client acknowledged.
+    pub acknowledged: AtomicU64,
+    /// Deliveries served by a slot that was cached or already being loaded for another job.
+    pub hits: AtomicU64,
+    /// Deliveries that needed a load of their own.
+    pub misses: AtomicU64,
+    /// Elements that failed to load.
+    pub errors: AtomicU64,
+    pub epoch: AtomicU64,
+    /// Position in the current epoch (of the last sampled element).
+    pub position: AtomicU64,
+    /// Microseconds the client waited on an empty ring (as reported by the ring).
+    pub stall_us: AtomicU64,
+    pub state: Mutex<JobState>,
+}
+
+impl Default for JobStats {
+    fn default() -> Self {
+        Self {
+            sampled: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+            acknowledged: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            position: AtomicU64::new(0),
+            stall_us: AtomicU64::new(0),
+            state: Mutex::new(JobState::Waiting),
+        }
+    }
+}
+
+impl JobStats {
+    pub fn state(&self) -> JobState {
+        self.state
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or(JobState::Failed("poisoned".into()))
+    }
+
+    /// Moves to `next` unless the job already finished or failed.
+    pub fn set_state(&self, next: JobState) {
+        if let Ok(mut s) = self.state.lock()
+            && matches!(*s, JobState::Waiting | JobState::Running)
+        {
+            *s = next;
+        }
+    }
+
+    pub fn hit_ratio(&self) -> f64 {
+        let h = self.hits.load(Relaxed) as f64;
+        let m = self.misses.load(Relaxed) as f64;
+        if h + m == 0.0 { 0.0 } else { h / (h + m) }
+    }
+}
+
+/// Counters of the cache and the loader.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub requests: AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub loads: AtomicU64,
+    pub decodes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub load_errors: AtomicU64,
+    pub evictions: AtomicU64,
+    pub slots_in_use: AtomicU64,
+    pub bytes_in_use: AtomicU64,
+    pub capacity_bytes: AtomicU64,
+    pub slot_capacity: AtomicU64,
+    /// Payloads decoded but waiting for room because everything cached is unread.
+    pub waiting_for_space: AtomicU64,
+    pub loader_queue: AtomicU64,
+    pub loader_busy_us: AtomicU64,
+    pub rounds: AtomicU64,
+    /// Σ over rounds of deliveries, and of distinct elements: their ratio is the mean share size.
+    pub round_deliveries: AtomicU64,
+    pub round_elements: AtomicU64,
+}

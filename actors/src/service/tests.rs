@@ -1,0 +1,342 @@
+//! The actors together over a real data segment and real readers, with a fake storage and
+//! pipeline so that every byte and every load can be checked.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use dataplane::{Reader, SegmentConfig, Writer};
+use roaring::RoaringBitmap;
+
+use super::*;
+use crate::cache::PolicyKind;
+use crate::sampling::SamplerKind;
+
+fn instance(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("t_{tag}_{}_{}", std::process::id(), N.fetch_add(1, Relaxed))
+}
+
+/// Element `e` is 32 bytes derived from `e`; element 7 cannot be read.
+struct Source {
+    reads: AtomicU64,
+}
+impl ElementSource for Source {
+    fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure> {
+        self.reads.fetch_add(1, Relaxed);
+        if element == 7 {
+            return Err(LoadFailure {
+                code: dataplane::element_error::IO,
+                kind: "read_failed".into(),
+                message: "bad sector".into(),
+            });
+        }
+        Ok(payload(element))
+    }
+    fn label(&self, element: u32) -> i64 {
+        i64::from(element % 5)
+    }
+}
+
+fn payload(element: u32) -> Vec<u8> {
+    (0..32u32)
+        .map(|i| (element.wrapping_mul(31).wrapping_add(i * 7) % 251) as u8)
+        .collect()
+}
+
+struct Identity;
+impl Prepare for Identity {
+    fn prepare(&self, bytes: &[u8]) -> Result<Prepared, LoadFailure> {
+        Ok(Prepared {
+            bytes: bytes.to_vec(),
+            format: dataplane::Format::Raw,
+        })
+    }
+    fn decodes(&self) -> bool {
+        true
+    }
+}
+
+struct World {
+    sampler: Addr<SamplerActor>,
+    cache: Addr<CacheActor>,
+    stats: Arc<CacheStats>,
+    source: Arc<Source>,
+    instance: String,
+}
+
+fn world(tag: &str, slots: u32, arena: u64) -> World {
+    let instance = instance(tag);
+    let mut cfg = SegmentConfig::new(instance.clone(), slots, arena);
+    cfg.reserve = false;
+    let writer = Writer::create(&cfg).unwrap();
+    let stats = Arc::new(CacheStats::default());
+    let cache_cfg = CacheConfig {
+        policy: PolicyKind::RefCnt,
+        tick: Duration::from_millis(1),
+    };
+    let st = stats.clone();
+    let cache = CacheActor::create(move |ctx| {
+        let loader = Loader::new(2, ctx.address().recipient(), st.clone()).start();
+        CacheActor::new(writer, &cache_cfg, loader.recipient(), st)
+    });
+    let sampler = SamplerActor::new(
+        1,
+        cache.clone().recipient(),
+        Duration::from_millis(2),
+        stats.clone(),
+    )
+    .start();
+    World {
+        sampler,
+        cache,
+        stats,
+        source: Arc::new(Source {
+            reads: AtomicU64::new(0),
+        }),
+        instance,
+    }
+}
+
+impl World {
+    async fn job(
+        &self,
+        job: JobId,
+        subset: RoaringBitmap,
+        epochs: u32,
+        capacity: u32,
+    ) -> (Arc<JobStats>, String) {
+        let stats = Arc::new(JobStats::default());
+        let subset = Arc::new(subset);
+        let rings = self
+            .cache
+            .send(OpenJob {
+                job,
+                dataset: 1,
+                source: self.source.clone(),
+                pipeline: 0,
+                prepare: Arc::new(Identity),
+                subset: subset.clone(),
+                ring_prefix: format!("job{job}"),
+                ranks: 1,
+                capacity,
+                stats: stats.clone(),
+                sampler: self.sampler.clone().recipient(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        let credit = rings.iter().map(|r| r.capacity).sum();
+        self.sampler
+            .send(AddJob {
+                job,
+                subset,
+                seed: job,
+                epochs: Some(epochs),
+                sampler: SamplerKind::Dsa,
+                credit,
+                stats: stats.clone(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        (stats, rings[0].ring.clone())
+    }
+}
+
+/// What a reader thread saw: per epoch, the (element, label, bytes-ok) of data items and the
+/// element ids of error records.
+type Seen = Vec<(Vec<(u32, i64, bool)>, Vec<u32>)>;
+
+fn read_all(instance: String, ring: String, pause: Duration) -> std::thread::JoinHandle<Seen> {
+    std::thread::spawn(move || {
+        let reader = Reader::open(&instance, &ring).unwrap();
+        let mut seen: Seen = Vec::new();
+        let mut ended = 0u64;
+        loop {
+            let batch = reader.next_batch(4, Some(Duration::from_secs(20))).unwrap();
+            for item in batch.items() {
+                let ok = item.data == payload(item.meta.element_id).as_slice();
+                let epoch = item.meta.epoch as usize;
+                assert!(item.meta.epoch >= ended, "an item of an ended epoch");
+                seen.resize_with(seen.len().max(epoch + 1), Default::default);
+                seen[epoch]
+                    .0
+                    .push((item.meta.element_id, item.meta.label, ok));
+            }
+            for e in batch.errors() {
+                let epoch = e.epoch as usize;
+                seen.resize_with(seen.len().max(epoch + 1), Default::default);
+                seen[epoch].1.push(e.element_id);
+            }
+            if let Some(end) = batch.end_of_epoch() {
+                let (items, errors) = &seen[end.epoch as usize];
+                assert_eq!(
+                    end.count,
+                    (items.len() + errors.len()) as u64,
+                    "end-of-epoch count"
+                );
+                ended = end.epoch + 1;
+            }
+            let done = batch.end_of_stream();
+            drop(batch);
+            if done {
+                return seen;
+            }
+            std::thread::sleep(pause);
+        }
+    })
+}
+
+fn check_epochs(seen: &Seen, subset: &RoaringBitmap, epochs: usize) {
+    assert_eq!(seen.len(), epochs, "epochs seen");
+    for (items, errors) in seen {
+        let mut ids: Vec<u32> = items
+            .iter()
+            .map(|i| i.0)
+            .chain(errors.iter().copied())
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(
+            ids,
+            subset.iter().collect::<Vec<_>>(),
+            "an epoch is exactly the subset"
+        );
+        for &(e, label, ok) in items {
+            assert!(ok, "element {e}: wrong bytes");
+            assert_eq!(label, i64::from(e % 5));
+        }
+    }
+}
+
+#[actix::test]
+async fn two_jobs_decode_each_element_once_and_get_exact_epochs() {
+    let w = world("share", 64, 1 << 20);
+    let subset: RoaringBitmap = (0..40).collect();
+    let (s1, r1) = w.job(1, subset.clone(), 2, 16).await;
+    let (s2, r2) = w.job(2, subset.clone(), 2, 16).await;
+    let h1 = read_all(w.instance.clone(), r1, Duration::ZERO);
+    let h2 = read_all(w.instance.clone(), r2, Duration::ZERO);
+    let (a, b) = loop {
+        if h1.is_finished() && h2.is_finished() {
+            break (h1.join().unwrap(), h2.join().unwrap());
+        }
+        actix::clock::sleep(Duration::from_millis(5)).await;
+    };
+    let mut without7 = subset.clone();
+    without7.remove(7);
+    check_epochs(&a, &subset, 2);
+    check_epochs(&b, &subset, 2);
+    for (items, errors) in a.iter().chain(&b) {
+        assert_eq!(
+            errors,
+            &vec![7],
+            "the unreadable element is reported, not dropped"
+        );
+        assert_eq!(
+            items.iter().map(|i| i.0).collect::<RoaringBitmap>(),
+            without7
+        );
+    }
+    // 40 elements fit in the cache: every element is read once for both jobs and both epochs,
+    // except the failed one, which is retried when requested again after its failure.
+    let reads = w.source.reads.load(Relaxed);
+    assert!((40..=43).contains(&reads), "{reads} reads for 40 elements");
+    assert_eq!(w.stats.requests.load(Relaxed), 160);
+    assert_eq!(s1.delivered.load(Relaxed), 80);
+    assert_eq!(s2.acknowledged.load(Relaxed), 80);
+    assert_eq!(s1.state(), JobState::Finished);
+    assert!(w.stats.hits.load(Relaxed) >= 160 - 43);
+    w.cache.send(Shutdown).await.unwrap();
+}
+
+#[actix::test]
+async fn a_small_cache_applies_back_pressure_and_evicts() {
+    let w = world("small", 12, 64 * 1024);
+    let subset: RoaringBitmap = (100..180).collect();
+    let (_s, r) = w.job(1, subset.clone(), 1, 8).await;
+    let h = read_all(w.instance.clone(), r, Duration::from_millis(1));
+    let seen = loop {
+        if h.is_finished() {
+            break h.join().unwrap();
+        }
+        actix::clock::sleep(Duration::from_millis(5)).await;
+    };
+    check_epochs(&seen, &subset, 1);
+    assert!(
+        w.stats.evictions.load(Relaxed) >= 80 - 12,
+        "a 12-slot cache evicts"
+    );
+    w.cache.send(Shutdown).await.unwrap();
+}
+
+#[actix::test]
+async fn jobs_beyond_the_cache_budget_are_refused() {
+    let w = world("budget", 16, 64 * 1024);
+    let subset: RoaringBitmap = (0..10).collect();
+    let _ = w.job(1, subset.clone(), 1, 8).await;
+    let err = w
+        .cache
+        .send(OpenJob {
+            job: 2,
+            dataset: 1,
+            source: w.source.clone(),
+            pipeline: 0,
+            prepare: Arc::new(Identity),
+            subset: Arc::new(subset),
+            ring_prefix: "job2".into(),
+            ranks: 2,
+            capacity: 8,
+            stats: Arc::new(JobStats::default()),
+            sampler: w.sampler.clone().recipient(),
+        })
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(err.contains("does not fit"), "{err}");
+    w.cache.send(Shutdown).await.unwrap();
+}
+
+#[actix::test]
+async fn closing_a_job_unpins_its_slots_and_stops_its_sampling() {
+    let w = world("close", 32, 1 << 20);
+    let (s, ring) = w.job(1, (0..100).collect(), 1, 16).await;
+    let inst = w.instance.clone();
+    // A reader that takes a batch and never acknowledges it.
+    let held = Arc::new(Mutex::new(None::<u32>));
+    let h2 = held.clone();
+    let t = std::thread::spawn(move || {
+        let reader = Reader::open(&inst, &ring).unwrap();
+        let batch = reader
+            .next_batch(16, Some(Duration::from_secs(10)))
+            .unwrap();
+        *h2.lock().unwrap() = Some(batch.len() as u32);
+        std::mem::forget(batch);
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    actix::clock::sleep(Duration::from_millis(100)).await;
+    assert_eq!(s.acknowledged.load(Relaxed), 0);
+    w.cache.send(CloseJob { job: 1 }).await.unwrap();
+    w.sampler.send(RemoveJob { job: 1 }).await.unwrap();
+    let sampled = s.sampled.load(Relaxed);
+    actix::clock::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        s.sampled.load(Relaxed),
+        sampled,
+        "nothing is sampled for a closed job"
+    );
+    // Every slot is evictable again: a new job can fill the whole cache.
+    let (_s2, r2) = w.job(2, (200..264).collect(), 1, 16).await;
+    let h = read_all(w.instance.clone(), r2, Duration::ZERO);
+    let seen = loop {
+        if h.is_finished() {
+            break h.join().unwrap();
+        }
+        actix::clock::sleep(Duration::from_millis(5)).await;
+    };
+    check_epochs(&seen, &(200..264).collect(), 1);
+    t.join().unwrap();
+    assert!(held.lock().unwrap().is_some());
+    w.cache.send(Shutdown).await.unwrap();
+}
