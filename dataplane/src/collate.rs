@@ -72,8 +72,9 @@ pub fn collate_into(
     let metas: Vec<ItemMeta> = items.iter().map(|i| i.0).collect();
     let shape = batch_shape(&metas)?;
     let per = check_out(shape, images, labels)?;
+    let stream = per * items.len() >= crate::copy::STREAM_THRESHOLD;
     for (k, (meta, data)) in items.iter().enumerate() {
-        images[k * per..(k + 1) * per].copy_from_slice(data);
+        crate::copy::copy(&mut images[k * per..(k + 1) * per], data, stream);
         labels[k] = meta.label;
     }
     Ok(shape)

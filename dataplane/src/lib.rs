@@ -24,6 +24,7 @@ mod alloc;
 pub mod augment;
 pub mod bench;
 pub mod collate;
+mod copy;
 mod error;
 mod futex;
 mod layout;
