@@ -7,5 +7,6 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod pipeline;
 pub mod sampling;
 pub mod sim;

@@ -1,0 +1,304 @@
+//! The shared, deterministic part of data preparation: what the Loader runs once per element
+//! and the Cache shares between every job that asked for the same element with the same
+//! pipeline.
+//!
+//! A [`Pipeline`] is either `raw` (the stored bytes, unchanged) or `decode`: JPEG (zune-jpeg)
+//! or PNG (zune-png) to RGB8, then an optional resize of the shorter side (fast_image_resize),
+//! then an optional center crop, giving HWC `u8` RGB.
+//!
+//! Decisions, and why:
+//! - **Resize filter: antialiased bilinear** (`Convolution(Bilinear)`), the filter of PIL's
+//!   and torchvision's default `Resize` on images, so models see what they would see with a
+//!   torchvision input pipeline. The other side is `round(other * target / shorter)`.
+//! - **Resize and crop are fused**: the center crop is expressed as a source crop box, so only
+//!   the kept pixels are computed. The crop offset is an integer in resized coordinates
+//!   (`(resized - crop) / 2`, rounded down), which makes the result the same as resizing the
+//!   whole image and cutting the crop out of it.
+//! - **Everything is deterministic**: the same bytes give the same pixels on the same
+//!   machine (SIMD paths are picked from the CPU's features, so two different CPUs may
+//!   differ in the last bit; the cache never leaves the machine).
+//! - **Corruption is an error, not a grey patch**: the JPEG decoder runs in strict mode, so a
+//!   truncated file is [`PipelineError::Corrupt`] rather than an image padded with grey.
+//! - **Alpha is dropped**, as PIL's `convert("RGB")` does; grayscale is replicated into the
+//!   three channels, CMYK/YCCK JPEGs are converted by the decoder.
+//! - **Size limits are checked on the header, before any pixel is decoded**, and again on the
+//!   output size of the resize.
+//!
+//! Random augmentation never happens here: it is per job, after the cache.
+
+mod decode;
+mod resize;
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+/// Largest width, height, resize target or crop side a pipeline may ask for.
+pub const MAX_SIDE: u32 = 16384;
+
+/// The shared preparation of an element, part of the cache key.
+///
+/// JSON: `{"kind": "raw"}` or `{"kind": "decode", "resize_shorter": 256, "center_crop": [224,
+/// 224]}`; unknown fields are refused.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+// serde ignores `deny_unknown_fields` for the unit variant of an internally tagged enum, so
+// deserialization goes through a flat wire form that refuses unknown fields for every kind.
+#[serde(try_from = "PipelineWire")]
+pub enum Pipeline {
+    /// The stored bytes, unchanged.
+    Raw,
+    /// Decode to RGB8, then optionally resize the shorter side, then optionally center crop.
+    Decode {
+        /// Target length of the shorter side; the other side keeps the aspect ratio.
+        #[serde(default)]
+        resize_shorter: Option<u32>,
+        /// `[height, width]` of a center crop, taken after the resize.
+        #[serde(default)]
+        center_crop: Option<[u32; 2]>,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PipelineKind {
+    Raw,
+    Decode,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PipelineWire {
+    kind: PipelineKind,
+    #[serde(default)]
+    resize_shorter: Option<u32>,
+    #[serde(default)]
+    center_crop: Option<[u32; 2]>,
+}
+
+impl TryFrom<PipelineWire> for Pipeline {
+    type Error = String;
+
+    fn try_from(w: PipelineWire) -> Result<Self, String> {
+        match w.kind {
+            PipelineKind::Raw if w.resize_shorter.is_some() || w.center_crop.is_some() => {
+                Err("the raw pipeline takes no resize_shorter or center_crop".into())
+            }
+            PipelineKind::Raw => Ok(Pipeline::Raw),
+            PipelineKind::Decode => Ok(Pipeline::Decode {
+                resize_shorter: w.resize_shorter,
+                center_crop: w.center_crop,
+            }),
+        }
+    }
+}
+
+/// Limits that protect the server from hostile or broken input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest number of pixels (width × height) decoded or produced for one element.
+    pub max_pixels: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_pixels: 100_000_000,
+        }
+    }
+}
+
+/// What a pipeline produces for one element.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// The stored bytes ([`Pipeline::Raw`]).
+    Raw(Vec<u8>),
+    /// Pixels in HWC order, `u8`, RGB (`channels` is always 3).
+    Hwc {
+        data: Vec<u8>,
+        height: u32,
+        width: u32,
+        channels: u32,
+    },
+}
+
+impl Output {
+    /// Number of bytes of the payload.
+    pub fn len(&self) -> usize {
+        match self {
+            Output::Raw(b) => b.len(),
+            Output::Hwc { data, .. } => data.len(),
+        }
+    }
+
+    /// True if the payload has no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Why a pipeline could not prepare an element (or why a pipeline is invalid).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PipelineError {
+    #[error("not an image: neither jpeg nor png")]
+    NotAnImage,
+    #[error("corrupt image: {0}")]
+    Corrupt(String),
+    #[error("image too large: {width}x{height} is more than {max_pixels} pixels")]
+    TooLarge {
+        width: u64,
+        height: u64,
+        max_pixels: u64,
+    },
+    #[error("unsupported image: {0}")]
+    Unsupported(String),
+    #[error("center crop {crop_height}x{crop_width} is larger than the image {height}x{width}")]
+    CropTooLarge {
+        crop_height: u32,
+        crop_width: u32,
+        height: u32,
+        width: u32,
+    },
+    #[error("bad pipeline: {0}")]
+    BadParameters(String),
+}
+
+impl PipelineError {
+    /// Stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            PipelineError::NotAnImage => "not_an_image",
+            PipelineError::Corrupt(_) => "corrupt_image",
+            PipelineError::TooLarge { .. } => "image_too_large",
+            PipelineError::Unsupported(_) => "unsupported_image",
+            PipelineError::CropTooLarge { .. } => "crop_too_large",
+            PipelineError::BadParameters(_) => "bad_pipeline",
+        }
+    }
+}
+
+impl Pipeline {
+    /// Checks the parameters: every size in `1..=MAX_SIDE`, and a crop that can fit at least
+    /// some image after the resize.
+    pub fn validate(&self) -> Result<(), PipelineError> {
+        let Pipeline::Decode {
+            resize_shorter,
+            center_crop,
+        } = self
+        else {
+            return Ok(());
+        };
+        let check = |what: &str, v: u32| {
+            if v == 0 || v > MAX_SIDE {
+                Err(PipelineError::BadParameters(format!(
+                    "{what} must be between 1 and {MAX_SIDE}, got {v}"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        if let Some(r) = resize_shorter {
+            check("resize_shorter", *r)?;
+        }
+        if let Some([h, w]) = center_crop {
+            check("center_crop height", *h)?;
+            check("center_crop width", *w)?;
+            if let Some(r) = resize_shorter
+                && (*h).min(*w) > *r
+            {
+                // After the resize one side equals `r`, so both crop sides being longer can
+                // never fit any image.
+                return Err(PipelineError::BadParameters(format!(
+                    "center_crop {h}x{w} can never fit an image whose shorter side is {r}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A short, stable text id of the pipeline (part of cache keys and metric labels), e.g.
+    /// `raw`, `decode`, `decode-r256`, `decode-c224x224`, `decode-r256-c224x224`.
+    pub fn key(&self) -> String {
+        match self {
+            Pipeline::Raw => "raw".to_owned(),
+            Pipeline::Decode {
+                resize_shorter,
+                center_crop,
+            } => {
+                let mut k = "decode".to_owned();
+                if let Some(r) = resize_shorter {
+                    k.push_str(&format!("-r{r}"));
+                }
+                if let Some([h, w]) = center_crop {
+                    k.push_str(&format!("-c{h}x{w}"));
+                }
+                k
+            }
+        }
+    }
+}
+
+/// Runs the pipeline on the stored bytes of one element.
+pub fn run(p: &Pipeline, bytes: &[u8], limits: &Limits) -> Result<Output, PipelineError> {
+    match p {
+        Pipeline::Raw => Ok(Output::Raw(bytes.to_vec())),
+        Pipeline::Decode {
+            resize_shorter,
+            center_crop,
+        } => {
+            p.validate()?;
+            let img = decode::decode_rgb(bytes, limits)?;
+            let out = resize::resize_crop(img, *resize_shorter, *center_crop, limits)?;
+            Ok(Output::Hwc {
+                data: out.data,
+                height: out.height,
+                width: out.width,
+                channels: 3,
+            })
+        }
+    }
+}
+
+/// Single-threaded micro benchmark for `joader bench`: reads every file into memory first,
+/// then times the pipeline over all of them once.
+///
+/// Returns images per second and the number of source pixels decoded. Files that cannot be
+/// read or prepared are left out of both figures (and of the timing).
+pub fn bench_decode(paths: &[PathBuf], pipeline: &Pipeline) -> (f64, u64) {
+    if pipeline.validate().is_err() {
+        return (0.0, 0);
+    }
+    let files: Vec<Vec<u8>> = paths.iter().filter_map(|p| std::fs::read(p).ok()).collect();
+    let limits = Limits::default();
+    let mut images = 0u64;
+    let mut pixels = 0u64;
+    let start = Instant::now();
+    for bytes in &files {
+        let ok = match pipeline {
+            Pipeline::Raw => run(pipeline, bytes, &limits).is_ok(),
+            Pipeline::Decode {
+                resize_shorter,
+                center_crop,
+            } => decode::decode_rgb(bytes, &limits)
+                .and_then(|img| {
+                    let px = u64::from(img.width) * u64::from(img.height);
+                    resize::resize_crop(img, *resize_shorter, *center_crop, &limits).map(|_| px)
+                })
+                .map(|px| pixels += px)
+                .is_ok(),
+        };
+        if ok {
+            images += 1;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let rate = if images == 0 || secs <= 0.0 {
+        0.0
+    } else {
+        images as f64 / secs
+    };
+    (rate, pixels)
+}

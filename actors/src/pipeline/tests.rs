@@ -1,0 +1,452 @@
+//! Tests of the shared pipeline on generated JPEGs and PNGs.
+
+use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
+use zune_core::bit_depth::BitDepth;
+use zune_core::colorspace::ColorSpace;
+use zune_core::options::EncoderOptions;
+use zune_png::PngEncoder;
+
+use super::*;
+
+/// A smooth test picture with some detail, `channels` interleaved bytes per pixel.
+fn pattern(width: u32, height: u32, channels: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(width as usize * height as usize * channels);
+    for y in 0..height {
+        for x in 0..width {
+            let r = (x * 255 / width.max(1)) as u8;
+            let g = (y * 255 / height.max(1)) as u8;
+            let b = ((x / 8 + y / 8) % 2 * 120 + 60) as u8;
+            let px = [r, g, b, 255 - r / 2];
+            out.extend_from_slice(&px[..channels.min(4)]);
+        }
+    }
+    out
+}
+
+fn jpeg(data: &[u8], width: u32, height: u32, color: ColorType, quality: u8) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut enc = Encoder::new(&mut out, quality);
+    enc.set_sampling_factor(SamplingFactor::F_2_2);
+    enc.encode(data, width as u16, height as u16, color)
+        .unwrap();
+    out
+}
+
+fn jpeg_rgb(width: u32, height: u32) -> Vec<u8> {
+    jpeg(
+        &pattern(width, height, 3),
+        width,
+        height,
+        ColorType::Rgb,
+        95,
+    )
+}
+
+fn png(data: &[u8], width: u32, height: u32, colorspace: ColorSpace) -> Vec<u8> {
+    let options = EncoderOptions::new(width as usize, height as usize, colorspace, BitDepth::Eight);
+    let mut out = Vec::new();
+    PngEncoder::new(data, options).encode(&mut out).unwrap();
+    out
+}
+
+fn decode(resize_shorter: Option<u32>, center_crop: Option<[u32; 2]>) -> Pipeline {
+    Pipeline::Decode {
+        resize_shorter,
+        center_crop,
+    }
+}
+
+/// Runs and unpacks an `Hwc` output as (data, height, width).
+fn hwc(p: &Pipeline, bytes: &[u8]) -> (Vec<u8>, u32, u32) {
+    match run(p, bytes, &Limits::default()).unwrap() {
+        Output::Hwc {
+            data,
+            height,
+            width,
+            channels,
+        } => {
+            assert_eq!(channels, 3);
+            assert_eq!(data.len(), height as usize * width as usize * 3);
+            (data, height, width)
+        }
+        Output::Raw(_) => panic!("decode pipeline returned raw bytes"),
+    }
+}
+
+fn mean_abs_diff(a: &[u8], b: &[u8]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let sum: u64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| u64::from(x.abs_diff(*y)))
+        .sum();
+    sum as f64 / a.len() as f64
+}
+
+#[test]
+fn raw_returns_the_bytes() {
+    let bytes = b"not even an image".to_vec();
+    assert_eq!(
+        run(&Pipeline::Raw, &bytes, &Limits::default()).unwrap(),
+        Output::Raw(bytes.clone())
+    );
+}
+
+#[test]
+fn jpeg_round_trip_keeps_size_and_pixels() {
+    let (w, h) = (64, 48);
+    let (data, height, width) = hwc(&decode(None, None), &jpeg_rgb(w, h));
+    assert_eq!((height, width), (h, w));
+    let err = mean_abs_diff(&data, &pattern(w, h, 3));
+    assert!(err < 6.0, "mean abs error {err}");
+}
+
+#[test]
+fn png_round_trip_is_exact() {
+    let (w, h) = (37, 21);
+    let src = pattern(w, h, 3);
+    let (data, height, width) = hwc(&decode(None, None), &png(&src, w, h, ColorSpace::RGB));
+    assert_eq!((height, width), (h, w));
+    assert_eq!(data, src);
+}
+
+#[test]
+fn png_alpha_is_dropped_and_gray_replicated() {
+    let (w, h) = (20, 10);
+    let rgba = pattern(w, h, 4);
+    let (data, _, _) = hwc(&decode(None, None), &png(&rgba, w, h, ColorSpace::RGBA));
+    let expected: Vec<u8> = rgba.chunks(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
+    assert_eq!(data, expected);
+
+    let gray = pattern(w, h, 1);
+    let (data, _, _) = hwc(&decode(None, None), &png(&gray, w, h, ColorSpace::Luma));
+    let expected: Vec<u8> = gray.iter().flat_map(|g| [*g; 3]).collect();
+    assert_eq!(data, expected);
+
+    let gray_alpha: Vec<u8> = gray.iter().flat_map(|g| [*g, 7]).collect();
+    let (data, _, _) = hwc(
+        &decode(None, None),
+        &png(&gray_alpha, w, h, ColorSpace::LumaA),
+    );
+    assert_eq!(data, expected);
+}
+
+#[test]
+fn grayscale_and_cmyk_jpegs_become_rgb() {
+    let (w, h) = (32, 24);
+    let gray = pattern(w, h, 1);
+    let (data, height, width) = hwc(&decode(None, None), &jpeg(&gray, w, h, ColorType::Luma, 95));
+    assert_eq!((height, width), (h, w));
+    assert!(data.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]));
+    let err = mean_abs_diff(&data.chunks(3).map(|p| p[0]).collect::<Vec<_>>(), &gray);
+    assert!(err < 4.0, "mean abs error {err}");
+
+    let cmyk = pattern(w, h, 4);
+    let (_, height, width) = hwc(&decode(None, None), &jpeg(&cmyk, w, h, ColorType::Cmyk, 95));
+    assert_eq!((height, width), (h, w));
+}
+
+#[test]
+fn resize_keeps_aspect_ratio_and_rounds() {
+    let landscape = jpeg_rgb(500, 375);
+    let (_, h, w) = hwc(&decode(Some(256), None), &landscape);
+    // 500 * 256 / 375 = 341.33
+    assert_eq!((h, w), (256, 341));
+
+    let portrait = jpeg_rgb(375, 500);
+    let (_, h, w) = hwc(&decode(Some(256), None), &portrait);
+    assert_eq!((h, w), (341, 256));
+
+    // 100 * 64 / 30 = 213.33; 101 * 64 / 30 = 215.47 -> 215; 10 * 64 / 30 = 21.33 (upscale)
+    assert_eq!(resize::resized_size(100, 30, 64), (213, 64));
+    assert_eq!(resize::resized_size(30, 101, 64), (64, 215));
+    assert_eq!(resize::resized_size(10, 30, 64), (64, 192));
+    assert_eq!(resize::resized_size(3000, 1, 1), (3000, 1));
+    assert_eq!(resize::resized_size(1, 3000, 2), (2, 6000));
+}
+
+#[test]
+fn center_crop_gives_exact_size() {
+    let img = jpeg_rgb(500, 375);
+    let (_, h, w) = hwc(&decode(Some(256), Some([224, 224])), &img);
+    assert_eq!((h, w), (224, 224));
+    let (_, h, w) = hwc(&decode(Some(256), Some([200, 300])), &img);
+    assert_eq!((h, w), (200, 300));
+}
+
+#[test]
+fn crop_without_resize_cuts_the_center() {
+    let (w, h) = (40, 30);
+    let src = pattern(w, h, 3);
+    let (data, ch, cw) = hwc(
+        &decode(None, Some([10, 20])),
+        &png(&src, w, h, ColorSpace::RGB),
+    );
+    assert_eq!((ch, cw), (10, 20));
+    let mut expected = Vec::new();
+    for y in 10..20 {
+        let row = (y * w as usize + 10) * 3;
+        expected.extend_from_slice(&src[row..row + 60]);
+    }
+    assert_eq!(data, expected);
+}
+
+#[test]
+fn fused_crop_equals_resize_then_crop() {
+    for (w, h, target, crop) in [
+        (500u32, 375u32, 256u32, [224u32, 224u32]),
+        (375, 500, 256, [224, 224]),
+        (333, 517, 100, [90, 61]),
+        (64, 48, 96, [80, 100]),
+    ] {
+        let bytes = png(&pattern(w, h, 3), w, h, ColorSpace::RGB);
+        let (full, fh, fw) = hwc(&decode(Some(target), None), &bytes);
+        let (cut, ch, cw) = hwc(&decode(Some(target), Some(crop)), &bytes);
+        assert_eq!([ch, cw], crop);
+        let (x0, y0) = ((fw - cw) / 2, (fh - ch) / 2);
+        let mut expected = Vec::new();
+        for y in y0..y0 + ch {
+            let row = (y * fw + x0) as usize * 3;
+            expected.extend_from_slice(&full[row..row + cw as usize * 3]);
+        }
+        assert_eq!(cut, expected, "{w}x{h} r{target} c{crop:?}");
+    }
+}
+
+#[test]
+fn resize_of_a_flat_image_stays_flat_and_downscale_averages() {
+    let (w, h) = (90, 60);
+    let flat: Vec<u8> = [200u8, 100, 50].repeat((w * h) as usize);
+    let (data, _, _) = hwc(&decode(Some(17), None), &png(&flat, w, h, ColorSpace::RGB));
+    assert!(data.chunks(3).all(|p| p == [200, 100, 50]));
+
+    // A fine checkerboard of 0 and 250 shrunk 10x averages to about 125 everywhere
+    // (antialiased filter, not a point sample).
+    let checker: Vec<u8> = (0..w * h)
+        .flat_map(|i| {
+            let (x, y) = (i % w, i / w);
+            [if (x + y) % 2 == 0 { 0 } else { 250 }; 3]
+        })
+        .collect();
+    let (data, _, _) = hwc(
+        &decode(Some(6), None),
+        &png(&checker, w, h, ColorSpace::RGB),
+    );
+    assert!(data.iter().all(|v| (115..=135).contains(v)), "{data:?}");
+}
+
+#[test]
+fn crop_larger_than_image_is_an_error() {
+    let img = jpeg_rgb(64, 48);
+    let err = run(&decode(None, Some([50, 50])), &img, &Limits::default()).unwrap_err();
+    assert_eq!(err.code(), "crop_too_large");
+    let err = run(&decode(Some(32), Some([32, 50])), &img, &Limits::default()).unwrap_err();
+    assert_eq!(
+        err,
+        PipelineError::CropTooLarge {
+            crop_height: 32,
+            crop_width: 50,
+            height: 32,
+            width: 43
+        }
+    );
+}
+
+#[test]
+fn truncated_jpeg_is_corrupt() {
+    let img = jpeg_rgb(64, 48);
+    for keep in [img.len() / 2, img.len() - 10, 200] {
+        let err = run(&decode(None, None), &img[..keep], &Limits::default()).unwrap_err();
+        assert_eq!(err.code(), "corrupt_image", "{keep} bytes: {err}");
+        assert!(matches!(err, PipelineError::Corrupt(_)));
+    }
+    let err = run(&decode(None, None), &img[..3], &Limits::default()).unwrap_err();
+    assert_eq!(err.code(), "corrupt_image");
+}
+
+#[test]
+fn truncated_png_is_corrupt() {
+    let (w, h) = (64, 48);
+    let img = png(&pattern(w, h, 3), w, h, ColorSpace::RGB);
+    let err = run(
+        &decode(None, None),
+        &img[..img.len() / 2],
+        &Limits::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), "corrupt_image", "{err}");
+}
+
+#[test]
+fn random_bytes_are_not_an_image() {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let bytes: Vec<u8> = (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    for input in [&bytes[..], b"", b"\xff"] {
+        let err = run(&decode(Some(10), None), input, &Limits::default()).unwrap_err();
+        assert_eq!(err, PipelineError::NotAnImage);
+        assert_eq!(err.code(), "not_an_image");
+    }
+    let err = run(
+        &decode(None, None),
+        b"GIF89a\x01\x00\x01\x00",
+        &Limits::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), "unsupported_image");
+}
+
+/// Rewrites the frame size in a baseline JPEG's SOF0 header.
+fn patch_jpeg_size(bytes: &mut [u8], width: u16, height: u16) {
+    let sof = bytes
+        .windows(2)
+        .position(|w| w == [0xFF, 0xC0])
+        .expect("baseline jpeg has an sof0 marker");
+    bytes[sof + 5..sof + 7].copy_from_slice(&height.to_be_bytes());
+    bytes[sof + 7..sof + 9].copy_from_slice(&width.to_be_bytes());
+}
+
+#[test]
+fn too_large_is_refused_from_the_header() {
+    let img = jpeg_rgb(100, 80);
+    let small = Limits { max_pixels: 7_999 };
+    let err = run(&decode(None, None), &img, &small).unwrap_err();
+    assert_eq!(
+        err,
+        PipelineError::TooLarge {
+            width: 100,
+            height: 80,
+            max_pixels: 7_999
+        }
+    );
+    assert_eq!(err.code(), "image_too_large");
+    assert!(run(&decode(None, None), &img, &Limits { max_pixels: 8_000 }).is_ok());
+
+    // A header claiming 60000x60000 followed by far too little data: decoding would fail as
+    // corrupt, so `TooLarge` proves the check happens before decoding.
+    let mut huge = img.clone();
+    patch_jpeg_size(&mut huge, 60_000, 60_000);
+    let err = run(&decode(Some(224), None), &huge, &Limits::default()).unwrap_err();
+    assert_eq!(err.code(), "image_too_large", "{err}");
+
+    // Same for PNG.
+    let (w, h) = (50, 40);
+    let p = png(&pattern(w, h, 3), w, h, ColorSpace::RGB);
+    let err = run(&decode(None, None), &p, &Limits { max_pixels: 1_999 }).unwrap_err();
+    assert_eq!(err.code(), "image_too_large");
+
+    // The output of an upscale counts as well.
+    let err = run(
+        &decode(Some(1000), None),
+        &p,
+        &Limits {
+            max_pixels: 1_000_000,
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        PipelineError::TooLarge {
+            width: 1250,
+            height: 1000,
+            max_pixels: 1_000_000
+        }
+    );
+}
+
+#[test]
+fn same_bytes_give_same_pixels() {
+    let img = jpeg_rgb(500, 375);
+    let p = decode(Some(256), Some([224, 224]));
+    let a = run(&p, &img, &Limits::default()).unwrap();
+    let b = run(&p, &img, &Limits::default()).unwrap();
+    assert_eq!(a, b);
+    let c = std::thread::spawn(move || run(&p, &img, &Limits::default()).unwrap())
+        .join()
+        .unwrap();
+    assert_eq!(a, c);
+}
+
+#[test]
+fn validate_checks_sizes() {
+    assert!(Pipeline::Raw.validate().is_ok());
+    assert!(decode(None, None).validate().is_ok());
+    assert!(decode(Some(256), Some([224, 224])).validate().is_ok());
+    assert!(decode(Some(256), Some([300, 224])).validate().is_ok());
+    assert!(decode(Some(MAX_SIDE), None).validate().is_ok());
+    for bad in [
+        decode(Some(0), None),
+        decode(Some(MAX_SIDE + 1), None),
+        decode(None, Some([0, 10])),
+        decode(None, Some([10, MAX_SIDE + 1])),
+        decode(Some(256), Some([300, 300])),
+    ] {
+        let err = bad.validate().unwrap_err();
+        assert_eq!(err.code(), "bad_pipeline", "{bad:?}");
+        let err = run(&bad, &jpeg_rgb(8, 8), &Limits::default()).unwrap_err();
+        assert_eq!(err.code(), "bad_pipeline");
+    }
+}
+
+#[test]
+fn keys_are_short_and_distinct() {
+    assert_eq!(Pipeline::Raw.key(), "raw");
+    assert_eq!(decode(None, None).key(), "decode");
+    assert_eq!(decode(Some(256), None).key(), "decode-r256");
+    assert_eq!(decode(None, Some([224, 200])).key(), "decode-c224x200");
+    assert_eq!(
+        decode(Some(256), Some([224, 224])).key(),
+        "decode-r256-c224x224"
+    );
+}
+
+#[test]
+fn serde_form() {
+    let p: Pipeline = serde_json::from_str(r#"{"kind":"raw"}"#).unwrap();
+    assert_eq!(p, Pipeline::Raw);
+    let p: Pipeline = serde_json::from_str(r#"{"kind":"decode"}"#).unwrap();
+    assert_eq!(p, decode(None, None));
+    let p: Pipeline =
+        serde_json::from_str(r#"{"kind":"decode","resize_shorter":256,"center_crop":[224,200]}"#)
+            .unwrap();
+    assert_eq!(p, decode(Some(256), Some([224, 200])));
+    let back: Pipeline = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back, p);
+    for bad in [
+        r#"{"kind":"decode","resize":256}"#,
+        r#"{"kind":"raw","x":1}"#,
+        r#"{"kind":"raw","resize_shorter":1}"#,
+        r#"{"kind":"decode","resize_shorter":-1}"#,
+        r#"{"kind":"blur"}"#,
+        r#"{"resize_shorter":256}"#,
+        r#"{"kind":"decode","center_crop":[224]}"#,
+    ] {
+        assert!(serde_json::from_str::<Pipeline>(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn bench_decode_counts_images_and_pixels() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths = Vec::new();
+    for i in 0..3 {
+        let p = dir.path().join(format!("{i}.jpg"));
+        std::fs::write(&p, jpeg_rgb(50 + i, 40)).unwrap();
+        paths.push(p);
+    }
+    let junk = dir.path().join("junk.jpg");
+    std::fs::write(&junk, b"junk").unwrap();
+    paths.push(junk);
+    paths.push(dir.path().join("missing.jpg"));
+    let (rate, pixels) = bench_decode(&paths, &decode(Some(32), Some([30, 30])));
+    assert!(rate > 0.0);
+    assert_eq!(pixels, (50 + 51 + 52) * 40);
+    let (rate, pixels) = bench_decode(&paths[3..], &decode(None, None));
+    assert_eq!((rate, pixels), (0.0, 0));
+}
