@@ -194,6 +194,31 @@ mod tests {
     }
 
     #[test]
+    fn large_batches_use_streaming_copies_exactly() {
+        // 4 × 1024×1024×3 = 12 MiB, above the streaming threshold.
+        let imgs: Vec<Vec<u8>> = (0..4u32)
+            .map(|k| {
+                (0..3 << 20)
+                    .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8 ^ k as u8)
+                    .collect()
+            })
+            .collect();
+        let items: Vec<_> = (0..4)
+            .map(|k| (meta(k, 1024, 1024), &imgs[k as usize][..]))
+            .collect();
+        let mut out = vec![0u8; 12 << 20];
+        let mut labels = vec![0i64; 4];
+        assert!(out.len() >= crate::copy::STREAM_THRESHOLD);
+        collate_into(&items, &mut out, &mut labels).unwrap();
+        for k in 0..4 {
+            assert!(
+                out[k * (3 << 20)..(k + 1) * (3 << 20)] == imgs[k][..],
+                "item {k}"
+            );
+        }
+    }
+
+    #[test]
     fn rejects_mixed_shapes_and_small_outputs() {
         let a = [1u8; 12];
         let b = [2u8; 27];
