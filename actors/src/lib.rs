@@ -10,3 +10,4 @@ pub mod cache;
 pub mod pipeline;
 pub mod sampling;
 pub mod sim;
+pub mod storage;

@@ -1,0 +1,348 @@
+//! Storage backends: turn a dataset source into a [`DatasetIndex`] (a dense list of items,
+//! each a location and a label) once, then read any item's stored bytes by id.
+//!
+//! Plain blocking code, no actix: indexing runs in the background and reads run on the
+//! Loader's worker pool.
+//!
+//! Three source kinds ([`SourceSpec`]):
+//! - `image_folder`: the torchvision `ImageFolder` layout. Classes are the sub-folders of the
+//!   root, sorted by name; an image's label is its class's position. Files are found
+//!   recursively in each class folder, ordered like torchvision (by folder, then file name),
+//!   and kept when their extension is `.jpg`, `.jpeg` or `.png` (any case). Unlike
+//!   torchvision, hidden entries (names starting with `.`) are skipped, so that
+//!   `.ipynb_checkpoints` or `._x.jpg` never become classes or images.
+//! - `tar_shards`: the WebDataset convention. Members are grouped into samples by key (the
+//!   member path up to the first dot of its file name), consecutive members with one key
+//!   forming one sample; a sample is its first `.jpg`/`.jpeg`/`.png` member plus a `.cls`
+//!   member holding a decimal label. Samples without an image are skipped; an image without
+//!   a label is an error. Byte offsets are recorded once, so reads are random access.
+//! - `manifest`: a CSV (`path,label`, optional `path,label` header, RFC 4180 quoting) or
+//!   JSON lines (`{"path": ..., "label": ...}`, extra fields ignored; a `.json` file may also
+//!   be one JSON array of such objects). Relative paths resolve against the manifest's
+//!   folder. Items keep the manifest's order.
+//!
+//! Labels and classes: **`classes[label]` is always the name of `label`.** Folder classes
+//! are folder names. Numeric labels (tar `.cls`, numeric manifest labels) must lie in
+//! `0..MAX_NUMERIC_LABEL`, and `classes` is then `"0", "1", ..., "max"`. Text manifest labels
+//! are class names: sorted, and the label is the position.
+//!
+//! **Every path is canonicalized (symlinks and `..` resolved) and must lie under one of the
+//! allowed roots**: the source paths, each manifest entry and each symlink target met while
+//! walking. The check happens at indexing time; items record canonical paths.
+
+mod folder;
+mod manifest;
+mod roots;
+mod tar_shards;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use roots::Roots;
+
+/// Numeric labels must be below this (their class list is `0..=max`).
+pub const MAX_NUMERIC_LABEL: i64 = 1 << 20;
+
+/// Largest tar member read into memory (guards against a damaged persisted index).
+const MAX_MEMBER_LEN: u64 = 1 << 32;
+
+/// How often (in items) indexing reports progress.
+const PROGRESS_EVERY: u64 = 256;
+
+/// Where a dataset comes from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceSpec {
+    /// torchvision `ImageFolder`: one folder per class.
+    ImageFolder { path: PathBuf },
+    /// WebDataset tar shards: each path is a `.tar` file or a folder of them.
+    TarShards { paths: Vec<PathBuf> },
+    /// A CSV or JSON-lines list of `path, label`.
+    Manifest { path: PathBuf },
+}
+
+/// The result of indexing a source: items in a deterministic order (item id = position).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DatasetIndex {
+    pub items: Vec<Item>,
+    /// `classes[label]` names the label.
+    pub classes: Vec<String>,
+    /// The shard files `Location::TarMember::shard` refers to (empty for other sources).
+    pub shards: Vec<PathBuf>,
+}
+
+/// One element of a dataset.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Item {
+    pub location: Location,
+    pub label: i64,
+}
+
+/// Where an item's bytes are.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Location {
+    /// A whole file (canonical path).
+    File(PathBuf),
+    /// `len` bytes at `offset` in shard number `shard`.
+    TarMember { shard: u32, offset: u64, len: u64 },
+}
+
+/// Why indexing or reading failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("path {} is outside the allowed roots", path.display())]
+    OutsideRoots { path: PathBuf },
+    #[error("not found: {}", path.display())]
+    NotFound { path: PathBuf },
+    #[error("not a directory: {}", path.display())]
+    NotADirectory { path: PathBuf },
+    #[error("the dataset is empty: no image found")]
+    Empty,
+    #[error("bad manifest {} line {line}: {reason}", path.display())]
+    BadManifest {
+        path: PathBuf,
+        line: u64,
+        reason: String,
+    },
+    #[error("bad shard {}: {reason}", path.display())]
+    BadShard { path: PathBuf, reason: String },
+    #[error("bad label for {what}: {reason}")]
+    BadLabel { what: String, reason: String },
+    #[error("too many items: a dataset holds at most {} items", u32::MAX)]
+    TooManyItems,
+    #[error("no item {id}: the dataset has {len} items")]
+    NoSuchItem { id: u32, len: usize },
+    #[error("cannot read {}: {source}", path.display())]
+    ReadFailed {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("i/o error on {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl StorageError {
+    /// Stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StorageError::OutsideRoots { .. } => "outside_roots",
+            StorageError::NotFound { .. } => "not_found",
+            StorageError::NotADirectory { .. } => "not_a_directory",
+            StorageError::Empty => "empty_dataset",
+            StorageError::BadManifest { .. } => "bad_manifest",
+            StorageError::BadShard { .. } => "bad_shard",
+            StorageError::BadLabel { .. } => "bad_label",
+            StorageError::TooManyItems => "too_many_items",
+            StorageError::NoSuchItem { .. } => "no_such_item",
+            StorageError::ReadFailed { .. } => "read_failed",
+            StorageError::Io { .. } => "io_error",
+        }
+    }
+
+    /// An I/O error met while indexing `path`.
+    fn io(path: &Path, source: io::Error) -> Self {
+        if source.kind() == io::ErrorKind::NotFound {
+            StorageError::NotFound {
+                path: path.to_owned(),
+            }
+        } else {
+            StorageError::Io {
+                path: path.to_owned(),
+                source,
+            }
+        }
+    }
+
+    /// An I/O error met while reading an item from `path`.
+    fn read(path: &Path, source: io::Error) -> Self {
+        if source.kind() == io::ErrorKind::NotFound {
+            StorageError::NotFound {
+                path: path.to_owned(),
+            }
+        } else {
+            StorageError::ReadFailed {
+                path: path.to_owned(),
+                source,
+            }
+        }
+    }
+}
+
+/// Indexes a source. `progress` is called with the number of items indexed so far, every
+/// few hundred items and once at the end.
+pub fn index(
+    spec: &SourceSpec,
+    allowed_roots: &[PathBuf],
+    progress: &mut dyn FnMut(u64),
+) -> Result<DatasetIndex, StorageError> {
+    let roots = Roots::new(allowed_roots);
+    let mut counter = Progress {
+        count: 0,
+        report: progress,
+    };
+    let index = match spec {
+        SourceSpec::ImageFolder { path } => folder::index(path, &roots, &mut counter)?,
+        SourceSpec::TarShards { paths } => tar_shards::index(paths, &roots, &mut counter)?,
+        SourceSpec::Manifest { path } => manifest::index(path, &roots, &mut counter)?,
+    };
+    if index.items.is_empty() {
+        return Err(StorageError::Empty);
+    }
+    if u32::try_from(index.items.len()).is_err() {
+        return Err(StorageError::TooManyItems);
+    }
+    (counter.report)(index.items.len() as u64);
+    Ok(index)
+}
+
+/// Counts indexed items and reports every `PROGRESS_EVERY`.
+struct Progress<'a> {
+    count: u64,
+    report: &'a mut dyn FnMut(u64),
+}
+
+impl Progress<'_> {
+    fn tick(&mut self) -> Result<(), StorageError> {
+        self.count += 1;
+        if self.count > u64::from(u32::MAX) {
+            return Err(StorageError::TooManyItems);
+        }
+        if self.count.is_multiple_of(PROGRESS_EVERY) {
+            (self.report)(self.count);
+        }
+        Ok(())
+    }
+}
+
+/// The class list for numeric labels: `"0"..="max"`, after checking the range.
+fn numeric_classes(
+    labels: impl IntoIterator<Item = i64>,
+    what: &dyn Fn() -> String,
+) -> Result<Vec<String>, StorageError> {
+    let mut max = -1i64;
+    for l in labels {
+        if !(0..MAX_NUMERIC_LABEL).contains(&l) {
+            return Err(StorageError::BadLabel {
+                what: what(),
+                reason: format!("numeric label {l} is not in 0..{MAX_NUMERIC_LABEL}"),
+            });
+        }
+        max = max.max(l);
+    }
+    Ok((0..=max).map(|l| l.to_string()).collect())
+}
+
+/// Class names sorted, and the label of each name.
+fn named_classes<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let set: BTreeSet<&str> = names.into_iter().collect();
+    set.into_iter().map(str::to_owned).collect()
+}
+
+impl DatasetIndex {
+    /// Number of items.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// True if there is no item (never the case for an index made by [`index`]).
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The label of item `id`.
+    pub fn label(&self, id: u32) -> Option<i64> {
+        self.items.get(id as usize).map(|i| i.label)
+    }
+
+    /// A human-readable location of item `id` (a path, or `shard.tar@offset+len`), for error
+    /// listings.
+    pub fn describe(&self, id: u32) -> Option<String> {
+        Some(match &self.items.get(id as usize)?.location {
+            Location::File(p) => p.display().to_string(),
+            Location::TarMember { shard, offset, len } => {
+                let shard = self
+                    .shards
+                    .get(*shard as usize)
+                    .map_or_else(|| format!("shard {shard}"), |p| p.display().to_string());
+                format!("{shard}@{offset}+{len}")
+            }
+        })
+    }
+
+    /// Reads the stored bytes of item `id` (blocking).
+    pub fn read(&self, id: u32) -> Result<Vec<u8>, StorageError> {
+        let item = self
+            .items
+            .get(id as usize)
+            .ok_or(StorageError::NoSuchItem {
+                id,
+                len: self.items.len(),
+            })?;
+        match &item.location {
+            Location::File(path) => std::fs::read(path).map_err(|e| StorageError::read(path, e)),
+            Location::TarMember { shard, offset, len } => {
+                let path =
+                    self.shards
+                        .get(*shard as usize)
+                        .ok_or_else(|| StorageError::ReadFailed {
+                            path: PathBuf::from(format!("shard {shard}")),
+                            source: io::Error::new(io::ErrorKind::InvalidData, "no such shard"),
+                        })?;
+                let file = File::open(path).map_err(|e| StorageError::read(path, e))?;
+                let len = usize::try_from(*len)
+                    .ok()
+                    .filter(|l| *l as u64 <= MAX_MEMBER_LEN)
+                    .ok_or_else(|| StorageError::ReadFailed {
+                        path: path.clone(),
+                        source: io::Error::new(io::ErrorKind::InvalidData, "member too large"),
+                    })?;
+                let mut buf = vec![0u8; len];
+                file.read_exact_at(&mut buf, *offset).map_err(|e| {
+                    let source = if e.kind() == io::ErrorKind::UnexpectedEof {
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "shard is shorter than its index says (truncated?)",
+                        )
+                    } else {
+                        e
+                    };
+                    StorageError::ReadFailed {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                Ok(buf)
+            }
+        }
+    }
+}
+
+/// True if the file name starts with a dot.
+fn is_hidden(name: &std::ffi::OsStr) -> bool {
+    name.as_encoded_bytes().first() == Some(&b'.')
+}
+
+/// True if the path has an image extension we decode (`.jpg`, `.jpeg`, `.png`, any case).
+fn has_image_extension(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(is_image_extension)
+}
+
+fn is_image_extension(ext: &str) -> bool {
+    ["jpg", "jpeg", "png"]
+        .iter()
+        .any(|e| e.eq_ignore_ascii_case(ext))
+}

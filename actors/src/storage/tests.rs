@@ -1,0 +1,551 @@
+//! Tests of the storage backends on tiny datasets built in temporary folders.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+/// Distinct bytes per file, so that reads can be compared.
+fn content(tag: &str) -> Vec<u8> {
+    let mut v = format!("bytes of {tag}|").into_bytes();
+    v.extend((0..300u32).map(|i| (i * 7 + tag.len() as u32) as u8));
+    v
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, bytes).unwrap();
+}
+
+fn index_ok(spec: &SourceSpec, roots: &[PathBuf]) -> DatasetIndex {
+    index(spec, roots, &mut |_| {}).unwrap()
+}
+
+fn index_err(spec: &SourceSpec, roots: &[PathBuf]) -> StorageError {
+    index(spec, roots, &mut |_| {}).unwrap_err()
+}
+
+fn folder(path: &Path) -> SourceSpec {
+    SourceSpec::ImageFolder {
+        path: path.to_owned(),
+    }
+}
+
+fn manifest(path: &Path) -> SourceSpec {
+    SourceSpec::Manifest {
+        path: path.to_owned(),
+    }
+}
+
+/// Checks that every item reads back as the file it points to, and returns the file names.
+fn names_and_check_reads(ix: &DatasetIndex) -> Vec<String> {
+    (0..ix.len() as u32)
+        .map(|id| {
+            let Location::File(p) = &ix.items[id as usize].location else {
+                panic!("not a file item")
+            };
+            assert_eq!(ix.read(id).unwrap(), fs::read(p).unwrap());
+            let root = p.ancestors().nth(2).unwrap();
+            p.strip_prefix(root).unwrap().display().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn image_folder_labels_follow_sorted_class_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ds");
+    for f in [
+        "dog/d1.jpg",
+        "cat/c2.png",
+        "cat/c1.JPG",
+        "bird/b1.jpeg",
+        "bird/notes.txt",
+        "bird/._b0.jpg",
+        "cat/noext",
+        ".ipynb_checkpoints/x.jpg",
+    ] {
+        write(&root.join(f), &content(f));
+    }
+    write(&root.join("top.jpg"), b"a file at the top is no class");
+    fs::create_dir_all(root.join("empty_class")).unwrap();
+
+    let ix = index_ok(&folder(&root), &[tmp.path().to_owned()]);
+    assert_eq!(ix.classes, ["bird", "cat", "dog", "empty_class"]);
+    assert_eq!(
+        names_and_check_reads(&ix),
+        ["bird/b1.jpeg", "cat/c1.JPG", "cat/c2.png", "dog/d1.jpg"]
+    );
+    let labels: Vec<i64> = (0..4).map(|id| ix.label(id).unwrap()).collect();
+    assert_eq!(labels, [0, 1, 1, 2]);
+    assert_eq!(ix.label(4), None);
+    assert!(ix.shards.is_empty());
+    let Location::File(p) = &ix.items[0].location else {
+        panic!()
+    };
+    assert!(p.is_absolute());
+}
+
+#[test]
+fn image_folder_walks_nested_folders_in_torchvision_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ds");
+    for f in [
+        "a/z.jpg",
+        "a/sub/b.jpg",
+        "a/x.jpg",
+        "a/sub/a.png",
+        "a/sub2/0.jpg",
+    ] {
+        write(&root.join(f), &content(f));
+    }
+    let ix = index_ok(&folder(&root), std::slice::from_ref(&root));
+    let order: Vec<String> = (0..ix.len() as u32)
+        .map(|id| String::from_utf8_lossy(&ix.read(id).unwrap()[..30]).into_owned())
+        .map(|s| {
+            s.split('|')
+                .next()
+                .unwrap()
+                .trim_start_matches("bytes of ")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "a/x.jpg",
+            "a/z.jpg",
+            "a/sub/a.png",
+            "a/sub/b.jpg",
+            "a/sub2/0.jpg"
+        ]
+    );
+}
+
+#[test]
+fn progress_is_reported_while_indexing() {
+    let tmp = tempfile::tempdir().unwrap();
+    for i in 0..600 {
+        write(&tmp.path().join(format!("c{}/{i:04}.jpg", i % 2)), b"x");
+    }
+    let mut seen = Vec::new();
+    let ix = index(&folder(tmp.path()), &[tmp.path().to_owned()], &mut |n| {
+        seen.push(n)
+    })
+    .unwrap();
+    assert_eq!(ix.len(), 600);
+    assert_eq!(seen, [256, 512, 600]);
+}
+
+#[test]
+fn symlinks_inside_the_roots_are_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ds");
+    let store = tmp.path().join("store");
+    write(&store.join("real.jpg"), &content("real"));
+    write(&store.join("cls/inner.jpg"), &content("inner"));
+    fs::create_dir_all(root.join("a")).unwrap();
+    symlink(store.join("real.jpg"), root.join("a/link.jpg")).unwrap();
+    symlink(store.join("cls"), root.join("b")).unwrap();
+    let ix = index_ok(&folder(&root), &[tmp.path().to_owned()]);
+    assert_eq!(ix.classes, ["a", "b"]);
+    assert_eq!(ix.read(0).unwrap(), content("real"));
+    assert_eq!(ix.read(1).unwrap(), content("inner"));
+    assert_eq!(
+        ix.items[0].location,
+        Location::File(fs::canonicalize(store.join("real.jpg")).unwrap())
+    );
+}
+
+#[test]
+fn paths_outside_the_roots_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let allowed = tmp.path().join("allowed");
+    let outside = tmp.path().join("outside");
+    write(&allowed.join("ds/c/a.jpg"), &content("a"));
+    write(&outside.join("ds/c/b.jpg"), &content("b"));
+    write(&outside.join("secret.jpg"), &content("secret"));
+    let roots = [allowed.clone()];
+
+    // The source itself, directly, through `..`, and a missing path outside (refused without
+    // saying whether it exists).
+    for p in [
+        outside.join("ds"),
+        allowed.join("../outside/ds"),
+        allowed.join("ds/../../outside/ds"),
+        outside.join("missing"),
+        PathBuf::from("/"),
+    ] {
+        let err = index_err(&folder(&p), &roots);
+        assert_eq!(err.code(), "outside_roots", "{}: {err}", p.display());
+    }
+    // No roots at all: nothing is allowed.
+    assert_eq!(
+        index_err(&folder(&allowed.join("ds")), &[]).code(),
+        "outside_roots"
+    );
+    // A missing path inside the roots is just missing.
+    assert_eq!(
+        index_err(&folder(&allowed.join("nope")), &roots).code(),
+        "not_found"
+    );
+
+    // A symlinked file and a symlinked class folder pointing outside.
+    let ds = allowed.join("ds");
+    symlink(outside.join("secret.jpg"), ds.join("c/evil.jpg")).unwrap();
+    assert_eq!(index_err(&folder(&ds), &roots).code(), "outside_roots");
+    fs::remove_file(ds.join("c/evil.jpg")).unwrap();
+    symlink(outside.join("ds/c"), ds.join("evil_class")).unwrap();
+    assert_eq!(index_err(&folder(&ds), &roots).code(), "outside_roots");
+    fs::remove_file(ds.join("evil_class")).unwrap();
+    // A symlinked root folder pointing outside.
+    symlink(outside.join("ds"), allowed.join("alias")).unwrap();
+    assert_eq!(
+        index_err(&folder(&allowed.join("alias")), &roots).code(),
+        "outside_roots"
+    );
+    assert_eq!(index_ok(&folder(&ds), &roots).len(), 1);
+
+    // Manifest entries: relative with `..`, absolute, and through a symlink.
+    let m = allowed.join("m.csv");
+    for entry in [
+        "../outside/secret.jpg".to_owned(),
+        outside.join("secret.jpg").display().to_string(),
+        "alias/c/b.jpg".to_owned(),
+    ] {
+        fs::write(&m, format!("ds/c/a.jpg,0\n{entry},1\n")).unwrap();
+        let err = index_err(&manifest(&m), &roots);
+        assert_eq!(err.code(), "outside_roots", "{entry}: {err}");
+    }
+
+    // Tar shards outside, or a folder of shards holding a symlink to one outside.
+    write(
+        &outside.join("s.tar"),
+        &shard(&[("x.jpg", b"x"), ("x.cls", b"1")]),
+    );
+    let spec = SourceSpec::TarShards {
+        paths: vec![outside.join("s.tar")],
+    };
+    assert_eq!(index_err(&spec, &roots).code(), "outside_roots");
+    fs::create_dir_all(allowed.join("shards")).unwrap();
+    symlink(outside.join("s.tar"), allowed.join("shards/s.tar")).unwrap();
+    let spec = SourceSpec::TarShards {
+        paths: vec![allowed.join("shards")],
+    };
+    assert_eq!(index_err(&spec, &roots).code(), "outside_roots");
+}
+
+#[test]
+fn empty_datasets_are_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ds");
+    fs::create_dir_all(root.join("a")).unwrap();
+    write(&root.join("b/readme.txt"), b"no image");
+    let roots = [tmp.path().to_owned()];
+    let err = index_err(&folder(&root), &roots);
+    assert_eq!(err.code(), "empty_dataset");
+    assert_eq!(err.to_string(), "the dataset is empty: no image found");
+
+    let m = tmp.path().join("m.jsonl");
+    fs::write(&m, "\n\n").unwrap();
+    assert_eq!(index_err(&manifest(&m), &roots).code(), "empty_dataset");
+
+    let s = tmp.path().join("s.tar");
+    write(&s, &shard(&[("a.json", b"{}")]));
+    let spec = SourceSpec::TarShards { paths: vec![s] };
+    assert_eq!(index_err(&spec, &roots).code(), "empty_dataset");
+
+    let file = root.join("b/readme.txt");
+    assert_eq!(index_err(&folder(&file), &roots).code(), "not_a_directory");
+}
+
+/// A tar archive (GNU headers) with the given members, in order.
+fn shard(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+#[test]
+fn tar_shards_group_members_by_key_and_read_at_random() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("shards");
+    let long = format!("{}/s2", "deep".repeat(40));
+    let img = |k: &str| content(k);
+    let (a0, a1, a2) = (img("a0"), img("a1"), img("a2"));
+    let (b0, c0) = (img("b0"), img("c0"));
+    // Written out of name order: shards are indexed in sorted order.
+    write(
+        &dir.join("shard-001.tar"),
+        &shard(&[("b0.cls", b"7\n"), ("b0.jpg", &b0)]),
+    );
+    write(
+        &dir.join("shard-000.tar"),
+        &shard(&[
+            ("s0.jpg", &a0),
+            ("s0.cls", b"2"),
+            ("s0.json", b"{}"),
+            ("meta.json", b"{}"),
+            ("s1.cls", b" 0 "),
+            ("s1.PNG", &a1),
+            ("s1.jpeg", b"second image member is ignored"),
+            (&format!("{long}.jpg"), &a2),
+            (&format!("{long}.cls"), b"1"),
+            ("README", b"no extension"),
+        ]),
+    );
+    write(&dir.join("notes.txt"), b"not a shard");
+    let single = tmp.path().join("extra.tar");
+    write(&single, &shard(&[("c0.cls", b"3"), ("c0.png", &c0)]));
+
+    let spec = SourceSpec::TarShards {
+        paths: vec![dir.clone(), single.clone()],
+    };
+    let mut last = 0;
+    let ix = index(&spec, &[tmp.path().to_owned()], &mut |n| last = n).unwrap();
+    assert_eq!(last, 5);
+    assert_eq!(
+        ix.shards,
+        [
+            fs::canonicalize(dir.join("shard-000.tar")).unwrap(),
+            fs::canonicalize(dir.join("shard-001.tar")).unwrap(),
+            fs::canonicalize(&single).unwrap(),
+        ]
+    );
+    let labels: Vec<i64> = ix.items.iter().map(|i| i.label).collect();
+    assert_eq!(labels, [2, 0, 1, 7, 3]);
+    assert_eq!(ix.classes, ["0", "1", "2", "3", "4", "5", "6", "7"]);
+    for id in [4u32, 0, 3, 2, 1, 0] {
+        let expected = [&a0, &a1, &a2, &b0, &c0][id as usize];
+        assert_eq!(&ix.read(id).unwrap(), expected, "item {id}");
+    }
+    assert!(matches!(
+        ix.items[3].location,
+        Location::TarMember { shard: 1, .. }
+    ));
+    assert!(ix.describe(3).unwrap().contains("shard-001.tar@"));
+}
+
+#[test]
+fn tar_labels_must_be_present_and_decimal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let roots = [tmp.path().to_owned()];
+    for (members, what) in [
+        (vec![("a.jpg", &b"x"[..])], "no .cls member"),
+        (
+            vec![("a.jpg", &b"x"[..]), ("a.cls", b"cat")],
+            "not a decimal",
+        ),
+        (vec![("a.jpg", &b"x"[..]), ("a.cls", b"-1")], "not in 0.."),
+        (vec![("a.jpg", &b"x"[..]), ("a.cls", &[b'1'; 100])], "bytes"),
+    ] {
+        let s = tmp.path().join("s.tar");
+        write(&s, &shard(&members));
+        let err = index_err(&SourceSpec::TarShards { paths: vec![s] }, &roots);
+        assert_eq!(err.code(), "bad_label", "{err}");
+        assert!(err.to_string().contains(what), "{err}");
+    }
+}
+
+#[test]
+fn truncated_shards_fail_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let roots = [tmp.path().to_owned()];
+    let big = vec![42u8; 5000];
+    let bytes = shard(&[
+        ("a.jpg", &big),
+        ("a.cls", b"0"),
+        ("b.jpg", &big),
+        ("b.cls", b"1"),
+    ]);
+    let s = tmp.path().join("s.tar");
+    let spec = SourceSpec::TarShards {
+        paths: vec![s.clone()],
+    };
+
+    // Cut where the second image's data begins: indexing refuses the shard.
+    write(&s, &bytes[..512 * 14]);
+    let err = index_err(&spec, &roots);
+    assert_eq!(err.code(), "bad_shard", "{err}");
+    // Cut inside the second image's header (members: a.jpg header at block 0, its data in
+    // blocks 1-10, a.cls in blocks 11-12, b.jpg header in block 13).
+    write(&s, &bytes[..512 * 13 + 100]);
+    assert_eq!(index_err(&spec, &roots).code(), "bad_shard");
+
+    // Truncated after indexing: the read fails, the other item still reads.
+    write(&s, &bytes);
+    let ix = index_ok(&spec, &roots);
+    assert_eq!(ix.len(), 2);
+    write(&s, &bytes[..512 * 14]);
+    let err = ix.read(1).unwrap_err();
+    assert_eq!(err.code(), "read_failed", "{err}");
+    assert!(err.to_string().contains("truncated"), "{err}");
+    assert_eq!(ix.read(0).unwrap(), big);
+
+    // Garbage is not a tar.
+    write(&s, &[7u8; 1024]);
+    assert_eq!(index_err(&spec, &roots).code(), "bad_shard");
+}
+
+#[test]
+fn manifest_csv_with_header_quotes_and_relative_paths() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    for f in ["x/1.jpg", "x/2.jpg", "odd, \"name\".png"] {
+        write(&data.join(f), &content(f));
+    }
+    let m = data.join("list.csv");
+    let abs = data.join("x/2.jpg");
+    fs::write(
+        &m,
+        format!(
+            "path,label\nx/1.jpg,2\n\n\"odd, \"\"name\"\".png\", 0\n{},2\nx/./1.jpg,1\n",
+            abs.display()
+        ),
+    )
+    .unwrap();
+    let ix = index_ok(&manifest(&m), &[tmp.path().to_owned()]);
+    assert_eq!(ix.len(), 4);
+    assert_eq!(ix.classes, ["0", "1", "2"]);
+    let labels: Vec<i64> = ix.items.iter().map(|i| i.label).collect();
+    assert_eq!(labels, [2, 0, 2, 1]);
+    assert_eq!(ix.read(0).unwrap(), content("x/1.jpg"));
+    assert_eq!(ix.read(1).unwrap(), content("odd, \"name\".png"));
+    assert_eq!(ix.read(2).unwrap(), content("x/2.jpg"));
+    assert_eq!(ix.read(3).unwrap(), content("x/1.jpg"));
+
+    // Text labels are class names, sorted.
+    fs::write(&m, "x/1.jpg,dog\nx/2.jpg,cat\nx/1.jpg,7\n").unwrap();
+    let ix = index_ok(&manifest(&m), &[tmp.path().to_owned()]);
+    assert_eq!(ix.classes, ["7", "cat", "dog"]);
+    let labels: Vec<i64> = ix.items.iter().map(|i| i.label).collect();
+    assert_eq!(labels, [2, 1, 0]);
+}
+
+#[test]
+fn manifest_json_lines_and_array() {
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["a.jpg", "b.jpg"] {
+        write(&tmp.path().join(f), &content(f));
+    }
+    let roots = [tmp.path().to_owned()];
+    let m = tmp.path().join("m.jsonl");
+    fs::write(
+        &m,
+        "{\"path\":\"a.jpg\",\"label\":1,\"caption\":\"extra fields are fine\"}\n\n{\"path\":\"b.jpg\",\"label\":0}\n",
+    )
+    .unwrap();
+    let ix = index_ok(&manifest(&m), &roots);
+    assert_eq!(ix.classes, ["0", "1"]);
+    assert_eq!((ix.label(0), ix.label(1)), (Some(1), Some(0)));
+    assert_eq!(ix.read(1).unwrap(), content("b.jpg"));
+
+    let m = tmp.path().join("m.json");
+    fs::write(
+        &m,
+        r#"[{"path":"b.jpg","label":"zebra"},{"path":"a.jpg","label":"ant"}]"#,
+    )
+    .unwrap();
+    let ix = index_ok(&manifest(&m), &roots);
+    assert_eq!(ix.classes, ["ant", "zebra"]);
+    assert_eq!((ix.label(0), ix.label(1)), (Some(1), Some(0)));
+    assert_eq!(ix.read(0).unwrap(), content("b.jpg"));
+}
+
+#[test]
+fn bad_manifests_name_the_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(&tmp.path().join("a.jpg"), b"a");
+    let roots = [tmp.path().to_owned()];
+    for (name, text, line) in [
+        ("m.csv", "a.jpg,1\na.jpg,1,extra\n", 2),
+        ("m.csv", "a.jpg\n", 1),
+        ("m.csv", "a.jpg,1\n\"a.jpg,1\n", 2),
+        ("m.csv", "a.jpg,\n", 1),
+        ("m.jsonl", "{\"path\":\"a.jpg\",\"label\":1}\nnot json\n", 2),
+        ("m.jsonl", "{\"path\":\"a.jpg\"}\n", 1),
+        ("m.jsonl", "{\"path\":\"a.jpg\",\"label\":1.5}\n", 1),
+        ("m.jsonl", "{\"path\":\"a.jpg\",\"label\":[1]}\n", 1),
+        (
+            "m.jsonl",
+            "{\"path\":\"a.jpg\",\"label\":1}\n{\"path\":\"a.jpg\",\"label\":\"cat\"}\n",
+            2,
+        ),
+        ("m.txt", "a.jpg,1\n", 0),
+    ] {
+        let m = tmp.path().join(name);
+        fs::write(&m, text).unwrap();
+        match index_err(&manifest(&m), &roots) {
+            StorageError::BadManifest {
+                line: l, reason, ..
+            } => {
+                assert_eq!(l, line, "{text:?}: {reason}");
+                assert_eq!(reason, reason.to_lowercase());
+            }
+            other => panic!("{text:?}: {other}"),
+        }
+    }
+    let m = tmp.path().join("m.csv");
+    fs::write(&m, "a.jpg,1\nmissing.jpg,0\n").unwrap();
+    assert_eq!(index_err(&manifest(&m), &roots).code(), "not_found");
+    fs::write(&m, "a.jpg,-3\n").unwrap();
+    assert_eq!(index_err(&manifest(&m), &roots).code(), "bad_label");
+}
+
+#[test]
+fn read_errors_have_codes() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(&tmp.path().join("c/a.jpg"), b"a");
+    write(&tmp.path().join("c/b.jpg"), b"b");
+    let ix = index_ok(&folder(tmp.path()), &[tmp.path().to_owned()]);
+    fs::remove_file(tmp.path().join("c/b.jpg")).unwrap();
+    assert_eq!(ix.read(0).unwrap(), b"a");
+    assert_eq!(ix.read(1).unwrap_err().code(), "not_found");
+    let err = ix.read(2).unwrap_err();
+    assert_eq!(err.code(), "no_such_item");
+    assert_eq!(err.to_string(), "no item 2: the dataset has 2 items");
+}
+
+#[test]
+fn specs_and_indexes_serialize() {
+    let spec: SourceSpec =
+        serde_json::from_str(r#"{"kind":"tar_shards","paths":["/a","/b.tar"]}"#).unwrap();
+    assert_eq!(
+        spec,
+        SourceSpec::TarShards {
+            paths: vec!["/a".into(), "/b.tar".into()]
+        }
+    );
+    let spec: SourceSpec =
+        serde_json::from_str(r#"{"kind":"image_folder","path":"/data"}"#).unwrap();
+    assert_eq!(spec, folder(Path::new("/data")));
+    for bad in [
+        r#"{"kind":"image_folder","path":"/d","extra":1}"#,
+        r#"{"kind":"manifest"}"#,
+        r#"{"kind":"s3","path":"/d"}"#,
+    ] {
+        assert!(serde_json::from_str::<SourceSpec>(bad).is_err(), "{bad}");
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    let s = tmp.path().join("s.tar");
+    write(&s, &shard(&[("a.jpg", b"x"), ("a.cls", b"1")]));
+    write(&tmp.path().join("f/c/x.png"), b"y");
+    for spec in [
+        SourceSpec::TarShards { paths: vec![s] },
+        folder(&tmp.path().join("f")),
+    ] {
+        let ix = index_ok(&spec, &[tmp.path().to_owned()]);
+        let back: DatasetIndex =
+            serde_json::from_str(&serde_json::to_string(&ix).unwrap()).unwrap();
+        assert_eq!(back, ix);
+        assert_eq!(back.read(0).unwrap(), ix.read(0).unwrap());
+    }
+}
