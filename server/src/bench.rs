@@ -35,7 +35,9 @@ pub struct SamplerBenchArgs {
 /// A random subset of `0..universe` with about `size` elements.
 fn random_subset(rng: &mut Xoshiro256PlusPlus, universe: u32, size: u32) -> RoaringBitmap {
     let threshold = ((f64::from(size) / f64::from(universe)) * 4_294_967_296.0) as u64;
-    (0..universe).filter(|_| u64::from(rng.random::<u32>()) < threshold).collect()
+    (0..universe)
+        .filter(|_| u64::from(rng.random::<u32>()) < threshold)
+        .collect()
 }
 
 pub fn sampler(args: SamplerBenchArgs) -> Result<()> {
@@ -45,7 +47,9 @@ pub fn sampler(args: SamplerBenchArgs) -> Result<()> {
     // 1. Insertion of large random datasets.
     let datasets: Vec<RoaringBitmap> = (0..args.datasets)
         .map(|_| {
-            let size = rng.random_range(1_000_000..=2_000_000u32).min(args.universe);
+            let size = rng
+                .random_range(1_000_000..=2_000_000u32)
+                .min(args.universe);
             random_subset(&mut rng, args.universe, size)
         })
         .collect();
@@ -53,7 +57,12 @@ pub fn sampler(args: SamplerBenchArgs) -> Result<()> {
     let mut times = Vec::with_capacity(datasets.len());
     for (i, d) in datasets.into_iter().enumerate() {
         let t = Instant::now();
-        tree.add_job(JobSpec { key: i as u64, dataset: d, seed: i as u64, epochs: None })?;
+        tree.add_job(JobSpec {
+            key: i as u64,
+            dataset: d,
+            seed: i as u64,
+            epochs: None,
+        })?;
         times.push(t.elapsed());
     }
     let mean = times.iter().sum::<Duration>() / times.len().max(1) as u32;
@@ -74,9 +83,12 @@ pub fn sampler(args: SamplerBenchArgs) -> Result<()> {
     // harder case for the tree: many small, scattered vertices).
     let universe = (f64::from(args.dataset_size) * 1.25) as u32;
     let shift = (universe - args.dataset_size) / args.jobs.max(1) as u32;
-    let windows: Vec<RoaringBitmap> =
-        (0..args.jobs as u32).map(|j| (j * shift..j * shift + args.dataset_size).collect()).collect();
-    let random: Vec<RoaringBitmap> = (0..args.jobs).map(|_| random_subset(&mut rng, universe, args.dataset_size)).collect();
+    let windows: Vec<RoaringBitmap> = (0..args.jobs as u32)
+        .map(|j| (j * shift..j * shift + args.dataset_size).collect())
+        .collect();
+    let random: Vec<RoaringBitmap> = (0..args.jobs)
+        .map(|_| random_subset(&mut rng, universe, args.dataset_size))
+        .collect();
     for (shape, sets, kind, p_active) in [
         ("windows", &windows, SamplerKind::Dsa, 1.0),
         ("windows", &windows, SamplerKind::Dsa, 0.75),
@@ -87,7 +99,12 @@ pub fn sampler(args: SamplerBenchArgs) -> Result<()> {
     ] {
         let mut s = kind.build();
         for (i, d) in sets.iter().enumerate() {
-            s.add_job(JobSpec { key: i as u64, dataset: d.clone(), seed: i as u64, epochs: None })?;
+            s.add_job(JobSpec {
+                key: i as u64,
+                dataset: d.clone(),
+                seed: i as u64,
+                epochs: None,
+            })?;
         }
         let keys = s.jobs();
         let mut round = Round::default();
@@ -97,7 +114,11 @@ pub fn sampler(args: SamplerBenchArgs) -> Result<()> {
         while start.elapsed().as_secs_f64() < args.seconds {
             for _ in 0..1000 {
                 active.clear();
-                active.extend(keys.iter().copied().filter(|_| p_active >= 1.0 || rng.random_bool(p_active)));
+                active.extend(
+                    keys.iter()
+                        .copied()
+                        .filter(|_| p_active >= 1.0 || rng.random_bool(p_active)),
+                );
                 s.sample(&active, &mut round)?;
                 samples += round.deliveries.len() as u64;
                 shared += (round.deliveries.len() - round.groups.len()) as u64;

@@ -1,6 +1,7 @@
 //! The command line of the `joader` binary.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
@@ -8,10 +9,14 @@ use clap::{Args, Parser, Subcommand};
 use actors::cache::PolicyKind;
 use actors::sampling::SamplerKind;
 
-use crate::{bench, simulate};
+use crate::{Config, bench, demo, simulate};
 
 #[derive(Debug, Parser)]
-#[command(name = "joader", version, about = "Prepare training data once, serve it to many jobs through shared memory")]
+#[command(
+    name = "joader",
+    version,
+    about = "Prepare training data once, serve it to many jobs through shared memory"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -19,6 +24,13 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the server: REST API, sampler, loader and shared-memory cache.
+    Serve(ServeArgs),
+    /// Generate an ImageNet-like dataset and run four jobs against an in-process server.
+    Demo(demo::DemoArgs),
+    /// Register a job with a running server and read it to the end (a debugging client; the
+    /// integration tests run it as a separate process). Prints a JSON summary.
+    Consume(ConsumeArgs),
     /// Simulate samplers and cache policies on synthetic datasets and count cache misses.
     Simulate(SimulateArgs),
     /// Benchmarks that print measured figures and ratios.
@@ -84,9 +96,185 @@ pub struct SimulateArgs {
     pub trace: Option<PathBuf>,
 }
 
+/// `joader serve`: settings come from defaults, then the TOML file, then `JOADER_*`
+/// environment variables and flags.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (keys as in `Config`: bind, data_dir, instance, cache_bytes, …).
+    #[arg(long, env = "JOADER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address of the REST API (default 127.0.0.1:7480).
+    #[arg(long, env = "JOADER_BIND")]
+    pub bind: Option<std::net::SocketAddr>,
+    /// Catalog directory (default ./joader-data).
+    #[arg(long, env = "JOADER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Shared-memory instance name (default "default").
+    #[arg(long, env = "JOADER_INSTANCE")]
+    pub instance: Option<String>,
+    /// Shared-memory cache size in bytes (default 1 GiB).
+    #[arg(long, env = "JOADER_CACHE_BYTES")]
+    pub cache_bytes: Option<u64>,
+    /// Cache slots (default 16384).
+    #[arg(long, env = "JOADER_CACHE_SLOTS")]
+    pub cache_slots: Option<u32>,
+    /// Cache policy: refcnt (default), lru, fifo, random, clairvoyant.
+    #[arg(long, env = "JOADER_CACHE_POLICY")]
+    pub cache_policy: Option<PolicyKind>,
+    /// Decode threads (default: number of cores).
+    #[arg(long, env = "JOADER_LOADER_WORKERS")]
+    pub loader_workers: Option<usize>,
+    /// Folders datasets may be read from (repeat; default: the current directory).
+    #[arg(
+        long = "allowed-root",
+        env = "JOADER_ALLOWED_ROOTS",
+        value_delimiter = ','
+    )]
+    pub allowed_roots: Vec<PathBuf>,
+    /// Bearer token required by the REST API.
+    #[arg(long, env = "JOADER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl ServeArgs {
+    pub fn into_config(self) -> Result<Config> {
+        let mut c = match &self.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read {}", p.display()))?;
+                toml::from_str(&text)
+                    .with_context(|| format!("invalid configuration {}", p.display()))?
+            }
+            None => Config::default(),
+        };
+        if let Some(v) = self.bind {
+            c.bind = v;
+        }
+        if let Some(v) = self.data_dir {
+            c.data_dir = v;
+        }
+        if let Some(v) = self.instance {
+            c.instance = v;
+        }
+        if let Some(v) = self.cache_bytes {
+            c.cache_bytes = v;
+        }
+        if let Some(v) = self.cache_slots {
+            c.cache_slots = v;
+        }
+        if let Some(v) = self.cache_policy {
+            c.cache_policy = v;
+        }
+        if let Some(v) = self.loader_workers {
+            c.loader_workers = v;
+        }
+        if !self.allowed_roots.is_empty() {
+            c.allowed_roots = self.allowed_roots;
+        }
+        if self.token.is_some() {
+            c.token = self.token;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    /// Server URL.
+    #[arg(long, env = "JOADER_SERVER", default_value = "http://127.0.0.1:7480")]
+    pub server: String,
+    /// The job registration, as the JSON body of POST /v1/jobs.
+    #[arg(long)]
+    pub job: String,
+    /// Which rank's ring to read.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u32,
+    /// Sleep this many microseconds per sample (a slower training step).
+    #[arg(long, default_value_t = 0)]
+    pub sample_us: u64,
+    /// Stop after this many samples without acknowledging more (tests kill it then).
+    #[arg(long)]
+    pub stop_after: Option<u64>,
+    /// Write each element's payload as `<dir>/<epoch>-<position>-<element>.bin`.
+    #[arg(long)]
+    pub dump: Option<PathBuf>,
+    #[arg(long, env = "JOADER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+fn consume(args: ConsumeArgs) -> Result<()> {
+    let client = crate::client::Client::new(args.server.clone()).with_token(args.token.clone());
+    let body: serde_json::Value = serde_json::from_str(&args.job).context("--job is not JSON")?;
+    let reg = client.ok("POST", "/v1/jobs", Some(&body))?;
+    let rank = reg["ranks"]
+        .as_array()
+        .and_then(|r| r.iter().find(|x| x["rank"] == args.rank))
+        .with_context(|| format!("the server returned no rank {}", args.rank))?;
+    let instance = rank["instance"]
+        .as_str()
+        .context("no instance")?
+        .to_string();
+    let ring = rank["ring"].as_str().context("no ring")?.to_string();
+    let batch = body["batch_size"].as_u64().unwrap_or(32) as usize;
+    // Tell a waiting test that the job is registered.
+    eprintln!("registered ring={ring}");
+    let per = Duration::from_micros(args.sample_us);
+    let mut dump_err = None;
+    let got = crate::client::consume(
+        &instance,
+        &ring,
+        batch,
+        args.stop_after,
+        |n, _| per * n as u32,
+        |_| {},
+        |meta, data| {
+            if let Some(dir) = &args.dump {
+                let p = dir.join(format!(
+                    "{}-{}-{}.bin",
+                    meta.epoch, meta.position, meta.element_id
+                ));
+                if let Err(e) = std::fs::write(&p, data) {
+                    dump_err.get_or_insert(e);
+                }
+            }
+        },
+    )?;
+    if let Some(e) = dump_err {
+        return Err(e).context("cannot write a payload");
+    }
+    if args.stop_after.is_some() {
+        eprintln!("stopped after {} samples", got.samples);
+        // Hold the unacknowledged batch until killed.
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+    let summary = serde_json::json!({
+        "samples": got.samples,
+        "elapsed_s": got.elapsed.as_secs_f64(),
+        "epochs": got.epochs.iter().map(|e| e.iter().map(|(id, label)| [i64::from(*id), *label]).collect::<Vec<_>>()).collect::<Vec<_>>(),
+        "errors": got.errors,
+    });
+    println!("{summary}");
+    Ok(())
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let config = args.into_config()?;
+    let listener = std::net::TcpListener::bind(config.bind)
+        .with_context(|| format!("cannot bind {}", config.bind))?;
+    actix_web::rt::System::new().block_on(crate::run(
+        listener,
+        config,
+        std::future::pending::<()>(),
+    ))
+}
+
 pub fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Consume(args) => consume(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Bench(BenchCommand::Sampler(args)) => bench::sampler(args),
     }
@@ -94,9 +282,11 @@ pub fn main() -> Result<()> {
 
 /// Reads a scenario file (TOML or JSON).
 pub fn read_scenario(path: &std::path::Path) -> Result<actors::sim::Scenario> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let scn = if path.extension().is_some_and(|e| e == "json") {
-        serde_json::from_str(&text).with_context(|| format!("invalid scenario {}", path.display()))?
+        serde_json::from_str(&text)
+            .with_context(|| format!("invalid scenario {}", path.display()))?
     } else {
         toml::from_str(&text).with_context(|| format!("invalid scenario {}", path.display()))?
     };
@@ -104,7 +294,9 @@ pub fn read_scenario(path: &std::path::Path) -> Result<actors::sim::Scenario> {
 }
 
 pub fn check_exclusive(args: &SimulateArgs) -> Result<()> {
-    let sources = usize::from(args.preset.is_some()) + usize::from(args.config.is_some()) + usize::from(!args.jobs.is_empty());
+    let sources = usize::from(args.preset.is_some())
+        + usize::from(args.config.is_some())
+        + usize::from(!args.jobs.is_empty());
     if sources != 1 {
         bail!("give exactly one of --preset, --config or --job (one or more)");
     }

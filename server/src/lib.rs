@@ -1,6 +1,210 @@
-//! The `joader` binary's library: command line, `simulate` and `bench` subcommands.
+//! The `joader` binary's library: the server (`run`), its REST API and catalog, and the
+//! command line with its `serve`, `demo`, `simulate` and `bench` subcommands.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod bench;
+pub mod catalog;
 pub mod cli;
+pub mod client;
+pub mod config;
+pub mod demo;
+pub mod glue;
 pub mod simulate;
+pub mod state;
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix::{Actor, AsyncContext};
+use actix_web::{App, HttpServer, web};
+use actors::service::{CacheActor, CacheConfig, CacheStats, Loader, Shutdown};
+use anyhow::{Context, Result};
+use dataplane::{SegmentConfig, Writer};
+
+pub use config::Config;
+use state::AppState;
+
+/// Runs the server on `listener` until `shutdown` completes (or SIGINT/SIGTERM), then removes
+/// its shared-memory segments. Must be called inside an actix system
+/// (`actix_web::rt::System::new().block_on(run(...))`).
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + 'static,
+) -> Result<()> {
+    config.validate()?;
+    let catalog = catalog::Catalog::open(&config.data_dir)?;
+    let mut seg = SegmentConfig::new(
+        config.instance.clone(),
+        config.cache_slots,
+        config.cache_bytes,
+    );
+    seg.reserve = true;
+    let writer = Writer::create(&seg).with_context(|| {
+        format!(
+            "cannot create the shared-memory cache of instance '{}'",
+            config.instance
+        )
+    })?;
+    for stale in writer.stale_removed() {
+        tracing::warn!(segment = %stale, "removed a stale segment of a previous run");
+    }
+    let stats = Arc::new(CacheStats::default());
+    let cache_cfg = CacheConfig {
+        policy: config.cache_policy,
+        tick: Duration::from_millis(config.cache_tick_ms),
+    };
+    let workers = config.loader_workers;
+    let st = stats.clone();
+    let cache = CacheActor::create(move |ctx| {
+        let loader = Loader::new(workers, ctx.address().recipient(), st.clone()).start();
+        CacheActor::new(writer, &cache_cfg, loader.recipient(), st)
+    });
+    let state = Arc::new(AppState {
+        config: config.clone(),
+        catalog,
+        cache: cache.clone(),
+        stats,
+        inner: Mutex::new(state::Inner::default()),
+        started: Instant::now(),
+    });
+    state::load_catalog(&state)?;
+    let data = web::Data::from(state.clone());
+    let token = config.token.clone();
+    let addr = listener.local_addr()?;
+    let server = HttpServer::new(move || {
+        let token = token.clone();
+        App::new()
+            .app_data(data.clone())
+            .wrap_fn(move |req, srv| {
+                use actix_web::dev::Service;
+                let denied = token.as_ref().is_some_and(|t| {
+                    req.path().starts_with("/v1/")
+                        && req
+                            .headers()
+                            .get("authorization")
+                            .and_then(|h| h.to_str().ok())
+                            != Some(&format!("Bearer {t}"))
+                });
+                let fut = if denied { None } else { Some(srv.call(req)) };
+                async move {
+                    match fut {
+                        Some(f) => f.await,
+                        None => Err(api::ApiError::new(
+                            api::Code::Unauthorized,
+                            "a valid bearer token is required",
+                        )
+                        .into()),
+                    }
+                }
+            })
+            .configure(api::configure)
+            .default_service(web::to(api::not_found))
+    })
+    .workers(1)
+    .listen(listener)?
+    .run();
+    tracing::info!(%addr, instance = %config.instance, "joader is serving");
+    let handle = server.handle();
+    actix_web::rt::spawn(async move {
+        shutdown.await;
+        handle.stop(true).await;
+    });
+    let result = server.await;
+    cache.send(Shutdown).await.ok();
+    tracing::info!("joader stopped; shared memory removed");
+    result.context("the HTTP server failed")
+}
+
+/// A server running on its own thread (for `joader demo`, the benchmarks and tests).
+pub struct ServerHandle {
+    pub url: String,
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl ServerHandle {
+    /// Binds `config.bind` (port 0 picks a free port) and serves on a new thread.
+    pub fn spawn(config: Config) -> Result<Self> {
+        let listener = TcpListener::bind(config.bind)
+            .with_context(|| format!("cannot bind {}", config.bind))?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
+        let thread = std::thread::Builder::new()
+            .name("joader-server".into())
+            .spawn(move || {
+                actix_web::rt::System::new().block_on(async move {
+                    let shutdown = async move {
+                        let _ = rx.await;
+                    };
+                    // `run` reports start-up errors by returning early; tell the caller either way.
+                    let fut = run(listener, config, shutdown);
+                    let _ = ready_tx.send(Ok(()));
+                    fut.await
+                })
+            })?;
+        ready_rx
+            .recv()
+            .map_err(|_| anyhow::anyhow!("the server thread died at start-up"))??;
+        let handle = Self {
+            url: format!("http://{addr}"),
+            addr,
+            stop: Some(tx),
+            thread: Some(thread),
+        };
+        // Wait until it answers (or failed to start).
+        let client = client::Client::new(handle.url.clone());
+        let start = Instant::now();
+        loop {
+            if client
+                .call("GET", "/healthz", None)
+                .is_ok_and(|(s, _)| s == 200)
+            {
+                return Ok(handle);
+            }
+            if handle.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                let mut h = handle;
+                return Err(h
+                    .join()
+                    .err()
+                    .unwrap_or_else(|| anyhow::anyhow!("the server stopped at start-up")));
+            }
+            anyhow::ensure!(
+                start.elapsed() < Duration::from_secs(20),
+                "the server did not answer within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn join(&mut self) -> Result<()> {
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .map_err(|_| anyhow::anyhow!("the server thread panicked"))?,
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the server (removing its shared memory) and waits for it.
+    pub fn stop(mut self) -> Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.join()
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = self.join();
+    }
+}

@@ -16,7 +16,12 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     } else if let Some(path) = &args.config {
         vec![read_scenario(path)?]
     } else {
-        let jobs = args.jobs.iter().map(|j| JobScenario::parse(j)).collect::<Result<Vec<_>, _>>().map_err(|e| anyhow!(e))?;
+        let jobs = args
+            .jobs
+            .iter()
+            .map(|j| JobScenario::parse(j))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow!(e))?;
         let mut scn: Scenario = serde_json::from_value(serde_json::json!({ "jobs": [] }))?;
         scn.name = "cli".into();
         scn.jobs = jobs;
@@ -42,7 +47,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         if let Some(w) = args.lookahead {
             scn.lookahead = w;
         }
-        scn.validate().map_err(|e| anyhow!("scenario '{}': {e}", scn.name))?;
+        scn.validate()
+            .map_err(|e| anyhow!("scenario '{}': {e}", scn.name))?;
     }
 
     let mut trace_out = match &args.trace {
@@ -84,14 +90,27 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         w.flush()?;
     }
     if !args.json {
-        writeln!(out, "simulated {} scenario(s) in {:.2} s", scenarios.len(), started.elapsed().as_secs_f64())?;
+        writeln!(
+            out,
+            "simulated {} scenario(s) in {:.2} s",
+            scenarios.len(),
+            started.elapsed().as_secs_f64()
+        )?;
     }
     Ok(())
 }
 
 fn print_table(out: &mut impl Write, scn: &Scenario, rows: &[ResultRow]) -> Result<()> {
     let first = &rows[0];
-    writeln!(out, "== {}", if scn.name.is_empty() { "scenario" } else { &scn.name })?;
+    writeln!(
+        out,
+        "== {}",
+        if scn.name.is_empty() {
+            "scenario"
+        } else {
+            &scn.name
+        }
+    )?;
     let jobs: Vec<String> = scn
         .jobs
         .iter()
@@ -100,7 +119,10 @@ fn print_table(out: &mut impl Write, scn: &Scenario, rows: &[ResultRow]) -> Resu
                 sim::DatasetSpec::Text(t) => t.clone(),
                 sim::DatasetSpec::Ids(ids) => format!("{} ids", ids.len()),
             };
-            format!("{d} (start {}, speed {}, epochs {})", j.start, j.speed, j.epochs)
+            format!(
+                "{d} (start {}, speed {}, epochs {})",
+                j.start, j.speed, j.epochs
+            )
         })
         .collect();
     writeln!(out, "   jobs: {}", jobs.join("; "))?;
@@ -123,7 +145,10 @@ fn print_table(out: &mut impl Write, scn: &Scenario, rows: &[ResultRow]) -> Resu
     for &size in &scn.cache_sizes {
         write!(out, "   {size:>10}")?;
         for &(s, p) in &cols {
-            let r = rows.iter().find(|r| r.sampler == s && r.policy == p && r.cache_size == size).expect("complete grid");
+            let r = rows
+                .iter()
+                .find(|r| r.sampler == s && r.policy == p && r.cache_size == size)
+                .expect("complete grid");
             write!(out, " {:>16.0}", r.misses)?;
         }
         writeln!(out)?;

@@ -10,7 +10,11 @@ pub fn joader_bin() -> PathBuf {
     BIN.get_or_init(|| {
         // target/<profile>/deps/it-<hash> -> target/<profile>/joader
         let exe = std::env::current_exe().expect("test executable path");
-        let dir = exe.parent().and_then(|p| p.parent()).expect("target profile directory").to_path_buf();
+        let dir = exe
+            .parent()
+            .and_then(|p| p.parent())
+            .expect("target profile directory")
+            .to_path_buf();
         let profile_release = dir.file_name().is_some_and(|n| n == "release");
         let mut cmd = Command::new(env!("CARGO"));
         cmd.args(["build", "--quiet", "-p", "server", "--bin", "joader"]);
@@ -28,7 +32,10 @@ pub fn joader_bin() -> PathBuf {
 
 /// Runs `joader` with `args`.
 pub fn joader(args: &[&str]) -> Output {
-    Command::new(joader_bin()).args(args).output().expect("run joader")
+    Command::new(joader_bin())
+        .args(args)
+        .output()
+        .expect("run joader")
 }
 
 /// A unique temporary directory, removed on drop.
@@ -47,5 +54,130 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A unique shared-memory instance name for this test.
+pub fn unique_instance(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("it_{tag}_{}_{n}", std::process::id())
+}
+
+/// Objects this instance has in /dev/shm.
+pub fn shm_objects(instance: &str) -> Vec<String> {
+    let prefix = format!("joader-{instance}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A `joader serve` child process on a free port.
+pub struct TestServer {
+    pub child: Option<Child>,
+    pub url: String,
+    pub instance: String,
+    pub log: Arc<Mutex<String>>,
+}
+
+impl TestServer {
+    pub fn start(
+        instance: &str,
+        data_dir: &std::path::Path,
+        root: &std::path::Path,
+        extra: &[&str],
+    ) -> TestServer {
+        let mut cmd = Command::new(joader_bin());
+        cmd.args([
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--instance",
+            instance,
+            "--cache-bytes",
+            "268435456",
+            "--cache-slots",
+            "4096",
+        ])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--allowed-root")
+        .arg(root)
+        .args(extra)
+        .env("JOADER_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn joader serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(i) = line.find("addr=") {
+                    let addr: String = line[i + 5..]
+                        .chars()
+                        .take_while(|c| !c.is_whitespace())
+                        .collect();
+                    let _ = tx.send(addr);
+                }
+                log2.lock().unwrap().push_str(&line);
+                log2.lock().unwrap().push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("joader serve did not start:\n{}", log.lock().unwrap());
+            }
+        };
+        TestServer {
+            child: Some(child),
+            url: format!("http://{addr}"),
+            instance: instance.to_string(),
+            log,
+        }
+    }
+
+    pub fn client(&self) -> server::client::Client {
+        server::client::Client::new(self.url.clone())
+    }
+
+    /// SIGTERM, then waits; returns whether it exited successfully.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop();
     }
 }

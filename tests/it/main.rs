@@ -1,4 +1,5 @@
 //! joader's integration tests: one binary that runs the real `joader` executable.
 
 mod common;
+mod server;
 mod simulate;

@@ -478,6 +478,7 @@ impl Handler<OpenJob> for CacheActor {
                         rank,
                         ring: name,
                         segment: ring.segment_name().to_string(),
+                        reader_index: ring.reader_index(),
                         capacity: ring.capacity(),
                     });
                     rings.push(RankRing {
@@ -623,6 +624,8 @@ impl Handler<Loaded> for CacheActor {
                     .push_back((key, msg.element, msg.label, prepared)),
                 Err(f) => {
                     tracing::debug!(element = msg.element, kind = %f.kind, message = %f.message, "element failed to load");
+                    self.stats
+                        .record_failure(msg.dataset, msg.element, &f.kind, &f.message);
                     self.fail(key, f.code);
                 }
             }

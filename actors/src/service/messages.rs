@@ -153,6 +153,7 @@ pub struct RingInfo {
     pub rank: u32,
     pub ring: String,
     pub segment: String,
+    pub reader_index: u32,
     pub capacity: u32,
 }
 

@@ -1,6 +1,7 @@
 //! Counters shared between the actors and the control plane (lock-free reads for the API and
 //! the metrics exporter).
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -104,4 +105,24 @@ pub struct CacheStats {
     /// Σ over rounds of deliveries, and of distinct elements: their ratio is the mean share size.
     pub round_deliveries: AtomicU64,
     pub round_elements: AtomicU64,
+    /// Elements that failed to load, by (dataset, element): (kind, message). Bounded.
+    pub failures: Mutex<BTreeMap<(u16, u32), (String, String)>>,
+    /// Failures by kind (`read_failed`, `corrupt_image`, …).
+    pub failures_by_kind: Mutex<BTreeMap<String, u64>>,
+}
+
+/// Most failures remembered for the API.
+pub const MAX_FAILURES_LISTED: usize = 10_000;
+
+impl CacheStats {
+    pub fn record_failure(&self, dataset: u16, element: u32, kind: &str, message: &str) {
+        if let Ok(mut f) = self.failures.lock()
+            && (f.len() < MAX_FAILURES_LISTED || f.contains_key(&(dataset, element)))
+        {
+            f.insert((dataset, element), (kind.to_string(), message.to_string()));
+        }
+        if let Ok(mut k) = self.failures_by_kind.lock() {
+            *k.entry(kind.to_string()).or_default() += 1;
+        }
+    }
 }

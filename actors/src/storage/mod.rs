@@ -346,3 +346,24 @@ fn is_image_extension(ext: &str) -> bool {
         .iter()
         .any(|e| e.eq_ignore_ascii_case(ext))
 }
+
+impl SourceSpec {
+    /// Checks, before any indexing, that the source's top-level paths lie under the allowed
+    /// roots (what lies below them is checked again while indexing). Only `OutsideRoots` is
+    /// reported here; missing paths fail the indexing with their own error.
+    pub fn check_roots(&self, allowed: &[PathBuf]) -> Result<(), StorageError> {
+        let roots = roots::Roots::new(allowed);
+        let paths: Vec<&Path> = match self {
+            SourceSpec::ImageFolder { path } | SourceSpec::Manifest { path } => {
+                vec![path.as_path()]
+            }
+            SourceSpec::TarShards { paths } => paths.iter().map(PathBuf::as_path).collect(),
+        };
+        for p in paths {
+            if let Err(e @ StorageError::OutsideRoots { .. }) = roots.check(p) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}

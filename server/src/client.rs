@@ -1,0 +1,166 @@
+//! A small Rust client of the REST API and a ring consumer, used by `joader demo`, the bench
+//! and the integration tests. (Training code reads rings with `dataplane::Reader`, or the
+//! Python package.)
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow, bail};
+use serde_json::Value;
+
+/// REST client; non-2xx answers become errors carrying the server's code and message.
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+    token: Option<String>,
+}
+
+impl Client {
+    pub fn new(base: impl Into<String>) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        Self {
+            base: base.into().trim_end_matches('/').to_string(),
+            agent,
+            token: None,
+        }
+    }
+
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// Sends a request; returns (status, body).
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+        let url = format!("{}{}", self.base, path);
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let mut resp = match (method, body) {
+            ("GET", _) => {
+                let mut r = self.agent.get(&url);
+                if let Some(a) = &auth {
+                    r = r.header("authorization", a);
+                }
+                r.call()
+            }
+            ("DELETE", _) => {
+                let mut r = self.agent.delete(&url);
+                if let Some(a) = &auth {
+                    r = r.header("authorization", a);
+                }
+                r.call()
+            }
+            ("POST", b) => {
+                let mut r = self.agent.post(&url);
+                if let Some(a) = &auth {
+                    r = r.header("authorization", a);
+                }
+                r.send_json(b.cloned().unwrap_or(Value::Null))
+            }
+            _ => bail!("unsupported method {method}"),
+        }
+        .map_err(|e| anyhow!("{method} {url}: {e}"))?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        Ok((status, body))
+    }
+
+    /// Like [`Client::call`], failing on a non-2xx status with the server's error.
+    pub fn ok(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        let (status, v) = self.call(method, path, body)?;
+        if !(200..300).contains(&status) {
+            bail!(
+                "{method} {path}: {status} {}: {}",
+                v["error"]["code"].as_str().unwrap_or("?"),
+                v["error"]["message"].as_str().unwrap_or("")
+            );
+        }
+        Ok(v)
+    }
+
+    /// Waits until a dataset is `ready` (or fails with its error).
+    pub fn wait_ready(&self, dataset: &str, timeout: Duration) -> Result<Value> {
+        let start = Instant::now();
+        loop {
+            let v = self.ok("GET", &format!("/v1/datasets/{dataset}"), None)?;
+            match v["state"].as_str() {
+                Some("ready") => return Ok(v),
+                Some("failed") => bail!("dataset {dataset} failed to index: {}", v["error"]),
+                _ if start.elapsed() > timeout => {
+                    bail!("dataset {dataset} is still indexing after {timeout:?}")
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
+/// What a consumer received.
+#[derive(Debug, Default, Clone)]
+pub struct Consumed {
+    /// Per epoch: (element, label) in delivery order.
+    pub epochs: Vec<Vec<(u32, i64)>>,
+    /// Per epoch: failed elements (element, error code).
+    pub errors: Vec<Vec<(u32, u32)>>,
+    pub samples: u64,
+    pub elapsed: Duration,
+}
+
+/// Reads a ring until end of stream (or `max_samples`), acknowledging each batch after
+/// `pause(batch_len, fetch_time)`; calls `progress(samples)` after each batch.
+pub fn consume(
+    instance: &str,
+    ring: &str,
+    batch: usize,
+    max_samples: Option<u64>,
+    mut pause: impl FnMut(usize, Duration) -> Duration,
+    mut progress: impl FnMut(u64),
+    mut check: impl FnMut(&dataplane::ItemMeta, &[u8]),
+) -> Result<Consumed> {
+    let reader = dataplane::Reader::open(instance, ring)?;
+    let mut out = Consumed::default();
+    let start = Instant::now();
+    loop {
+        let t = Instant::now();
+        let b = reader.next_batch(batch, Some(Duration::from_secs(60)))?;
+        let fetch = t.elapsed();
+        for item in b.items() {
+            let e = item.meta.epoch as usize;
+            if out.epochs.len() <= e {
+                out.epochs.resize_with(e + 1, Vec::new);
+                out.errors.resize_with(e + 1, Vec::new);
+            }
+            check(&item.meta, item.data);
+            out.epochs[e].push((item.meta.element_id, item.meta.label));
+        }
+        for err in b.errors() {
+            let e = err.epoch as usize;
+            if out.errors.len() <= e {
+                out.epochs.resize_with(e + 1, Vec::new);
+                out.errors.resize_with(e + 1, Vec::new);
+            }
+            out.errors[e].push((err.element_id, err.code));
+        }
+        out.samples += (b.len() + b.errors().len()) as u64;
+        let done = b.end_of_stream() || max_samples.is_some_and(|m| out.samples >= m);
+        let n = b.len();
+        let wait = pause(n, fetch);
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        drop(b);
+        progress(out.samples);
+        if done {
+            break;
+        }
+    }
+    out.elapsed = start.elapsed();
+    Ok(out)
+}

@@ -1,0 +1,223 @@
+//! The server's shared state: configuration, catalog, the registry of datasets and jobs, and
+//! the handles of the actors.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use actix::Addr;
+use actors::pipeline::Pipeline;
+use actors::service::{CacheActor, CacheStats, ElementSource, JobStats, RingInfo, SamplerActor};
+use actors::storage::{self, DatasetIndex};
+use serde_json::json;
+
+use crate::api::{ApiError, Code, JobRequest};
+use crate::catalog::{Catalog, DatasetRecord};
+use crate::config::Config;
+
+pub struct AppState {
+    pub config: Config,
+    pub catalog: Catalog,
+    pub cache: Addr<CacheActor>,
+    pub stats: Arc<CacheStats>,
+    pub inner: Mutex<Inner>,
+    pub started: Instant,
+}
+
+#[derive(Default)]
+pub struct Inner {
+    pub datasets: BTreeMap<String, DatasetEntry>,
+    pub jobs: BTreeMap<String, JobEntry>,
+    pub pipelines: Vec<Pipeline>,
+    pub next_job_id: u64,
+    pub dataset_ids: u16,
+}
+
+impl Inner {
+    pub fn next_dataset_id(&mut self) -> Result<u16, ApiError> {
+        self.dataset_ids = self.dataset_ids.checked_add(1).ok_or_else(|| {
+            ApiError::new(
+                Code::Internal,
+                "too many datasets created since the server started",
+            )
+        })?;
+        Ok(self.dataset_ids)
+    }
+
+    /// The id of a pipeline (interned: jobs with equal pipelines share cached elements).
+    pub fn pipeline_id(&mut self, p: &Pipeline) -> Result<u16, ApiError> {
+        if let Some(i) = self.pipelines.iter().position(|q| q == p) {
+            return Ok(i as u16);
+        }
+        if self.pipelines.len() >= usize::from(u16::MAX) {
+            return Err(ApiError::new(Code::Internal, "too many distinct pipelines"));
+        }
+        self.pipelines.push(p.clone());
+        Ok((self.pipelines.len() - 1) as u16)
+    }
+}
+
+pub struct DatasetEntry {
+    pub id: u16,
+    pub record: DatasetRecord,
+    /// Items indexed so far.
+    pub progress: Arc<AtomicU64>,
+    pub index: Option<Arc<DatasetIndex>>,
+    pub source: Option<Arc<dyn ElementSource>>,
+    pub sampler: Option<Addr<SamplerActor>>,
+}
+
+impl DatasetEntry {
+    pub fn new(id: u16, record: DatasetRecord) -> Self {
+        Self {
+            id,
+            record,
+            progress: Arc::new(AtomicU64::new(0)),
+            index: None,
+            source: None,
+            sampler: None,
+        }
+    }
+}
+
+pub struct JobEntry {
+    pub id: u64,
+    pub name: String,
+    pub dataset: String,
+    pub subset_len: u64,
+    pub pipeline: Pipeline,
+    pub request: JobRequest,
+    pub stats: Arc<JobStats>,
+    pub rings: Vec<RingInfo>,
+    pub sampler: Addr<SamplerActor>,
+    pub created: Instant,
+    /// (time, acknowledged, rate) of the last rate estimate.
+    pub rate: Mutex<Option<(Instant, u64, f64)>>,
+}
+
+impl JobEntry {
+    /// Samples per second acknowledged by the client, over the last second or so.
+    pub fn rate(&self) -> f64 {
+        let now = Instant::now();
+        let acked = self.stats.acknowledged.load(Relaxed);
+        let Ok(mut r) = self.rate.lock() else {
+            return 0.0;
+        };
+        match *r {
+            None => {
+                *r = Some((
+                    now,
+                    acked,
+                    acked as f64 / self.created.elapsed().as_secs_f64().max(1e-3),
+                ));
+            }
+            Some((t, a, _)) if now.duration_since(t).as_secs_f64() >= 1.0 => {
+                let rate = (acked - a) as f64 / now.duration_since(t).as_secs_f64();
+                *r = Some((now, acked, rate));
+            }
+            Some(_) => {}
+        }
+        r.map_or(0.0, |x| x.2)
+    }
+}
+
+/// Indexes a dataset on a background thread and records the outcome.
+pub fn start_indexing(state: Arc<AppState>, name: String) {
+    let spawned = std::thread::Builder::new().name(format!("joader-index-{name}")).spawn(move || {
+        let (spec, progress) = {
+            let Ok(inner) = state.inner.lock() else { return };
+            let Some(d) = inner.datasets.get(&name) else { return };
+            (d.record.source.clone(), d.progress.clone())
+        };
+        let started = Instant::now();
+        let result = storage::index(&spec, &state.config.allowed_roots, &mut |n| progress.store(n, Relaxed));
+        let Ok(mut inner) = state.inner.lock() else { return };
+        let Some(d) = inner.datasets.get_mut(&name) else { return };
+        match result {
+            Ok(index) => {
+                progress.store(index.items.len() as u64, Relaxed);
+                d.record.state = "ready".into();
+                d.record.error = None;
+                if let Err(e) = state.catalog.put(&d.record, Some(&index)) {
+                    tracing::error!(dataset = %name, error = %e, "cannot persist the dataset index");
+                }
+                tracing::info!(dataset = %name, items = index.items.len(), secs = started.elapsed().as_secs_f64(), "dataset indexed");
+                d.index = Some(Arc::new(index));
+            }
+            Err(e) => {
+                d.record.state = "failed".into();
+                d.record.error = Some(format!("{}: {e}", e.code()));
+                let _ = state.catalog.put(&d.record, None);
+                tracing::warn!(dataset = %name, error = %e, "indexing failed");
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start an indexing thread");
+    }
+}
+
+/// Loads the catalog at start-up: ready datasets with their index; interrupted ones are
+/// indexed again.
+pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
+    let records = state.catalog.records()?;
+    let mut reindex = Vec::new();
+    {
+        let mut inner = state
+            .inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
+        for rec in records {
+            let id = inner
+                .next_dataset_id()
+                .map_err(|e| anyhow::anyhow!(e.message))?;
+            let mut entry = DatasetEntry::new(id, rec.clone());
+            match (rec.state.as_str(), state.catalog.index(&rec.name)?) {
+                ("ready", Some(index)) => {
+                    entry.progress.store(index.items.len() as u64, Relaxed);
+                    entry.index = Some(Arc::new(index));
+                }
+                ("failed", _) => {}
+                _ => {
+                    entry.record.state = "indexing".into();
+                    reindex.push(rec.name.clone());
+                }
+            }
+            inner.datasets.insert(rec.name.clone(), entry);
+        }
+    }
+    for name in reindex {
+        start_indexing(state.clone(), name);
+    }
+    Ok(())
+}
+
+pub fn stats_json(state: &AppState) -> serde_json::Value {
+    let s = &state.stats;
+    let requests = s.requests.load(Relaxed);
+    let hits = s.hits.load(Relaxed);
+    let rounds_el = s.round_elements.load(Relaxed);
+    json!({
+        "uptime_s": state.started.elapsed().as_secs_f64(),
+        "requests": requests,
+        "hits": hits,
+        "misses": s.misses.load(Relaxed),
+        "hit_ratio": if requests == 0 { 0.0 } else { hits as f64 / requests as f64 },
+        "loads": s.loads.load(Relaxed),
+        "decodes": s.decodes.load(Relaxed),
+        "decodes_saved": requests.saturating_sub(s.loads.load(Relaxed)),
+        "bytes_read": s.bytes_read.load(Relaxed),
+        "load_errors": s.load_errors.load(Relaxed),
+        "evictions": s.evictions.load(Relaxed),
+        "slots_in_use": s.slots_in_use.load(Relaxed),
+        "slot_capacity": s.slot_capacity.load(Relaxed),
+        "bytes_in_use": s.bytes_in_use.load(Relaxed),
+        "capacity_bytes": s.capacity_bytes.load(Relaxed),
+        "waiting_for_space": s.waiting_for_space.load(Relaxed),
+        "loader_queue": s.loader_queue.load(Relaxed),
+        "loader_busy_s": s.loader_busy_us.load(Relaxed) as f64 / 1e6,
+        "rounds": s.rounds.load(Relaxed),
+        "mean_share": if rounds_el == 0 { 0.0 } else { s.round_deliveries.load(Relaxed) as f64 / rounds_el as f64 },
+    })
+}

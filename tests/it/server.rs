@@ -1,0 +1,672 @@
+//! The real server end to end: datasets of every kind, jobs in separate processes, pixels and
+//! bytes, bad input, a killed client, a restart.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::{TempDir, TestServer, joader_bin, shm_objects, unique_instance};
+
+const CLASSES: u32 = 4;
+const PER_CLASS: u32 = 12;
+
+/// A small ImageFolder dataset shared by the tests (generated once per test process).
+fn dataset() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("joader-it-data-{}", std::process::id()));
+        let spec = actors::synth::SynthSpec {
+            classes: CLASSES,
+            per_class: PER_CLASS,
+            width: 80,
+            height: 60,
+            quality: 90,
+            seed: 7,
+        };
+        actors::synth::generate_image_folder(&dir, &spec, &mut |_| {})
+            .expect("generate the test dataset");
+        dir
+    })
+}
+
+/// The files of the dataset in index order (ImageFolder: sorted class folders, sorted files).
+fn files(root: &Path) -> Vec<(PathBuf, i64)> {
+    let mut classes: Vec<PathBuf> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    classes.sort();
+    let mut out = Vec::new();
+    for (label, c) in classes.iter().enumerate() {
+        let mut fs: Vec<PathBuf> = std::fs::read_dir(c)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        fs.sort();
+        out.extend(fs.into_iter().map(|f| (f, label as i64)));
+    }
+    out
+}
+
+struct Env {
+    server: TestServer,
+    _state: TempDir,
+}
+
+fn start(tag: &str, root: &Path) -> Env {
+    let state = TempDir::new(tag);
+    let server = TestServer::start(&unique_instance(tag), &state.0, root, &[]);
+    Env {
+        server,
+        _state: state,
+    }
+}
+
+fn create_folder_dataset(env: &Env, name: &str, root: &Path) -> Value {
+    let c = env.server.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": name, "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    c.wait_ready(name, Duration::from_secs(60)).unwrap()
+}
+
+/// `joader consume` in its own process.
+fn consumer(url: &str, job: &Value, extra: &[&str]) -> Child {
+    Command::new(joader_bin())
+        .args(["consume", "--server", url, "--job", &job.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn joader consume")
+}
+
+fn finish(child: Child) -> Value {
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "consumer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("consumer summary")
+}
+
+fn epoch_ids(summary: &Value, epoch: usize) -> Vec<u32> {
+    summary["epochs"][epoch]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[0].as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn jobs_in_separate_processes_get_exactly_their_subsets() {
+    let root = dataset();
+    let env = start("jobs", root);
+    create_folder_dataset(&env, "imgs", root);
+    let labels: Vec<i64> = files(root).iter().map(|f| f.1).collect();
+    let n = labels.len() as u32;
+    // Non-nested overlaps: A∩B, B∩C and A∩C all differ.
+    let jobs = [
+        (
+            json!({"name": "a", "dataset": "imgs", "batch_size": 5, "epochs": 2, "subset": {"start": 0, "end": 30}}),
+            (0..30).collect::<BTreeSet<u32>>(),
+            &[][..],
+        ),
+        (
+            json!({"name": "b", "dataset": "imgs", "batch_size": 7, "epochs": 2, "seed": 3, "subset": {"ranges": [[20, 40]]}}),
+            (20..40).collect(),
+            &["--sample-us", "2000"][..],
+        ),
+        (
+            json!({"name": "c", "dataset": "imgs", "batch_size": 4, "epochs": 2, "subset": {"classes": ["class_00", "class_03"]}}),
+            (0..12).chain(36..48).collect(),
+            &[][..],
+        ),
+        (
+            json!({"name": "d", "dataset": "imgs", "batch_size": 8, "epochs": 1, "sampler": "independent"}),
+            (0..n).collect(),
+            &[][..],
+        ),
+    ];
+    let mut running = Vec::new();
+    for (i, (job, want, extra)) in jobs.iter().enumerate() {
+        if i == 2 {
+            std::thread::sleep(Duration::from_millis(300)); // a staggered start
+        }
+        running.push((
+            consumer(&env.server.url, job, extra),
+            want.clone(),
+            job["epochs"].as_u64().unwrap(),
+        ));
+    }
+    for (child, want, epochs) in running {
+        let s = finish(child);
+        assert_eq!(s["epochs"].as_array().unwrap().len() as u64, epochs);
+        for e in 0..epochs as usize {
+            let ids = epoch_ids(&s, e);
+            let set: BTreeSet<u32> = ids.iter().copied().collect();
+            assert_eq!(set.len(), ids.len(), "an element repeats within an epoch");
+            assert_eq!(set, want, "epoch {e} is not the job's subset");
+            for p in s["epochs"][e].as_array().unwrap() {
+                assert_eq!(
+                    p[1].as_i64().unwrap(),
+                    labels[p[0].as_u64().unwrap() as usize],
+                    "wrong label"
+                );
+            }
+        }
+    }
+    let c = env.server.client();
+    let jobs = c.ok("GET", "/v1/jobs", None).unwrap();
+    for j in jobs["jobs"].as_array().unwrap() {
+        assert_eq!(j["state"], "finished", "{j}");
+    }
+    let stats = c.ok("GET", "/v1/stats", None).unwrap();
+    // 48 images fit in the cache: across 4 jobs and 7 epochs each element is decoded once.
+    assert_eq!(stats["decodes"].as_u64().unwrap(), u64::from(n), "{stats}");
+}
+
+#[test]
+fn raw_bytes_are_the_files_and_pixels_match_the_pipeline() {
+    let root = dataset();
+    let env = start("pixels", root);
+    create_folder_dataset(&env, "imgs", root);
+    let files = files(root);
+    let raw_dir = TempDir::new("raw");
+    let dec_dir = TempDir::new("dec");
+    let pipeline = json!({"kind": "decode", "resize_shorter": 32, "center_crop": [24, 28]});
+    let raw = consumer(
+        &env.server.url,
+        &json!({"name": "raw", "dataset": "imgs", "batch_size": 6, "epochs": 1, "pipeline": {"kind": "raw"}}),
+        &["--dump", raw_dir.0.to_str().unwrap()],
+    );
+    let dec = consumer(
+        &env.server.url,
+        &json!({"name": "dec", "dataset": "imgs", "batch_size": 6, "epochs": 1, "pipeline": pipeline}),
+        &["--dump", dec_dir.0.to_str().unwrap()],
+    );
+    finish(raw);
+    finish(dec);
+    let p: actors::pipeline::Pipeline = serde_json::from_value(pipeline).unwrap();
+    let limits = actors::pipeline::Limits {
+        max_pixels: 100_000_000,
+    };
+    let mut seen = 0;
+    for (dir, is_raw) in [(&raw_dir.0, true), (&dec_dir.0, false)] {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let element: usize = name.rsplit('-').next().unwrap().parse().unwrap();
+            let got = std::fs::read(&path).unwrap();
+            let file = std::fs::read(&files[element].0).unwrap();
+            if is_raw {
+                assert_eq!(got, file, "raw element {element} differs from its file");
+            } else {
+                let want = match actors::pipeline::run(&p, &file, &limits).unwrap() {
+                    actors::pipeline::Output::Hwc {
+                        data,
+                        height,
+                        width,
+                        channels,
+                    } => {
+                        assert_eq!((height, width, channels), (24, 28, 3));
+                        data
+                    }
+                    other => panic!("unexpected output {other:?}"),
+                };
+                assert_eq!(
+                    got, want,
+                    "decoded element {element} differs from the in-process pipeline"
+                );
+            }
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 2 * files.len());
+}
+
+#[test]
+fn every_source_kind_indexes_and_the_catalog_survives_a_restart() {
+    let root = TempDir::new("kinds");
+    let src = dataset();
+    let list = files(src);
+    // tar shards (WebDataset: key.jpg + key.cls), two shards
+    let shards = root.0.join("shards");
+    std::fs::create_dir_all(&shards).unwrap();
+    for (s, chunk) in list.chunks(list.len() / 2 + 1).enumerate() {
+        let f = std::fs::File::create(shards.join(format!("part-{s:03}.tar"))).unwrap();
+        let mut b = tar::Builder::new(f);
+        for (i, (path, label)) in chunk.iter().enumerate() {
+            let key = format!("s{s}_{i:04}");
+            b.append_path_with_name(path, format!("{key}.jpg")).unwrap();
+            let cls = label.to_string();
+            let mut h = tar::Header::new_gnu();
+            h.set_size(cls.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, format!("{key}.cls"), cls.as_bytes())
+                .unwrap();
+        }
+        b.finish().unwrap();
+    }
+    // a CSV manifest with relative paths
+    let images = root.0.join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let mut csv = String::from("path,label\n");
+    for (i, (path, label)) in list.iter().enumerate().take(10) {
+        std::fs::copy(path, images.join(format!("{i}.jpg"))).unwrap();
+        csv.push_str(&format!("images/{i}.jpg,{label}\n"));
+    }
+    std::fs::write(root.0.join("list.csv"), csv).unwrap();
+    let folder = root.0.join("folder");
+    copy_tree(src, &folder);
+
+    let state = TempDir::new("kinds-state");
+    let instance = unique_instance("kinds");
+    let mut server = TestServer::start(&instance, &state.0, &root.0, &[]);
+    let c = server.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "f", "source": {"kind": "image_folder", "path": folder}})),
+    )
+    .unwrap();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "t", "source": {"kind": "tar_shards", "paths": [shards]}})),
+    )
+    .unwrap();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(
+            &json!({"name": "m", "source": {"kind": "manifest", "path": root.0.join("list.csv")}}),
+        ),
+    )
+    .unwrap();
+    let f = c.wait_ready("f", Duration::from_secs(60)).unwrap();
+    let t = c.wait_ready("t", Duration::from_secs(60)).unwrap();
+    let m = c.wait_ready("m", Duration::from_secs(60)).unwrap();
+    assert_eq!(f["items"], list.len());
+    assert_eq!(
+        f["classes"],
+        json!(["class_00", "class_01", "class_02", "class_03"])
+    );
+    assert_eq!(t["items"], list.len());
+    assert_eq!(m["items"], 10);
+    // Read the tar dataset through a job: labels come from the .cls members.
+    let s = finish(consumer(
+        &server.url,
+        &json!({"name": "tj", "dataset": "t", "batch_size": 8, "epochs": 1, "pipeline": {"kind": "raw"}}),
+        &[],
+    ));
+    assert_eq!(epoch_ids(&s, 0).len(), list.len());
+    assert!(server.stop(), "the server exits cleanly on SIGTERM");
+    assert!(
+        shm_objects(&instance).is_empty(),
+        "a stopped server leaves no segment: {:?}",
+        shm_objects(&instance)
+    );
+
+    let server2 = TestServer::start(&instance, &state.0, &root.0, &[]);
+    let c2 = server2.client();
+    let listed = c2.ok("GET", "/v1/datasets", None).unwrap();
+    let names: BTreeSet<&str> = listed["datasets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["f", "m", "t"].into());
+    assert_eq!(
+        c2.ok("GET", "/v1/datasets/t", None).unwrap()["state"],
+        "ready"
+    );
+    let s = finish(consumer(
+        &server2.url,
+        &json!({"name": "again", "dataset": "m", "batch_size": 3, "epochs": 1}),
+        &[],
+    ));
+    assert_eq!(epoch_ids(&s, 0).len(), 10);
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_tree(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
+    let root = dataset();
+    let env = start("bad", root);
+    create_folder_dataset(&env, "imgs", root);
+    let c = env.server.client();
+    let outside = std::env::temp_dir().join("definitely-not-allowed");
+    let cases: Vec<(&str, &str, Value, u16, &str)> = vec![
+        (
+            "POST",
+            "/v1/datasets",
+            json!({"name": "x", "source": {"kind": "image_folder", "path": outside}}),
+            403,
+            "path_not_allowed",
+        ),
+        (
+            "POST",
+            "/v1/datasets",
+            json!({"name": "imgs", "source": {"kind": "image_folder", "path": root}}),
+            409,
+            "dataset_exists",
+        ),
+        (
+            "POST",
+            "/v1/datasets",
+            json!({"name": "y", "source": {"kind": "floppy"}}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/datasets",
+            json!({"name": "bad/name", "source": {"kind": "image_folder", "path": root}}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "nope", "batch_size": 4}),
+            404,
+            "dataset_not_found",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 0}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 4, "colour": "red"}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 4, "subset": []}),
+            400,
+            "empty_subset",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 4, "subset": {"classes": ["zebra"]}}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 4, "subset": [1, 99999]}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 4, "rank": 2, "world_size": 2}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 4, "client": {"layout_version": 99}}),
+            409,
+            "version_mismatch",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 4, "pipeline": {"kind": "decode", "resize_shorter": 0}}),
+            400,
+            "invalid_request",
+        ),
+        ("GET", "/v1/jobs/ghost", Value::Null, 404, "job_not_found"),
+        (
+            "DELETE",
+            "/v1/jobs/ghost",
+            Value::Null,
+            404,
+            "job_not_found",
+        ),
+        (
+            "GET",
+            "/v1/datasets/ghost",
+            Value::Null,
+            404,
+            "dataset_not_found",
+        ),
+        ("GET", "/v1/nothing-here", Value::Null, 404, "not_found"),
+    ];
+    for (method, path, body, status, code) in cases {
+        let (got, v) = c
+            .call(method, path, (!body.is_null()).then_some(&body))
+            .unwrap();
+        assert_eq!(
+            (got, v["error"]["code"].as_str().unwrap_or("")),
+            (status, code),
+            "{method} {path} {body}: {v}"
+        );
+        assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
+    }
+    // Malformed JSON.
+    let resp = ureq::post(format!("{}/v1/jobs", env.server.url))
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .header("content-type", "application/json")
+        .send("{not json")
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    // Nothing changed: one dataset, no job.
+    assert_eq!(
+        c.ok("GET", "/v1/datasets", None).unwrap()["datasets"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        c.ok("GET", "/v1/jobs", None).unwrap()["jobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    // A dataset in use is not deleted unless forced; a job name is not reused with other parameters.
+    let (s, _) = c
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&json!({"name": "held", "dataset": "imgs", "batch_size": 4})),
+        )
+        .unwrap();
+    assert_eq!(s, 201);
+    let (s, same) = c
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&json!({"name": "held", "dataset": "imgs", "batch_size": 4, "rank": 0})),
+        )
+        .unwrap();
+    assert_eq!(
+        s, 200,
+        "the same job again (another rank) is not an error: {same}"
+    );
+    let (s, v) = c
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&json!({"name": "held", "dataset": "imgs", "batch_size": 8})),
+        )
+        .unwrap();
+    assert_eq!(
+        (s, v["error"]["code"].as_str().unwrap()),
+        (409, "job_exists")
+    );
+    let (s, v) = c.call("DELETE", "/v1/datasets/imgs", None).unwrap();
+    assert_eq!(
+        (s, v["error"]["code"].as_str().unwrap()),
+        (409, "dataset_in_use")
+    );
+    let (s, _) = c
+        .call("DELETE", "/v1/datasets/imgs?force=true", None)
+        .unwrap();
+    assert_eq!(s, 204);
+    assert_eq!(
+        c.ok("GET", "/v1/jobs", None).unwrap()["jobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    // The OpenAPI document names every route.
+    let doc = c.ok("GET", "/v1/openapi.json", None).unwrap();
+    for (method, path) in server::api::ROUTES {
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{method} {path} is missing from the OpenAPI document"
+        );
+    }
+}
+
+#[test]
+fn a_killed_client_is_reclaimed_while_the_others_finish() {
+    let root = dataset();
+    let env = start("kill", root);
+    create_folder_dataset(&env, "imgs", root);
+    let c = env.server.client();
+    let victim = consumer(
+        &env.server.url,
+        &json!({"name": "victim", "dataset": "imgs", "batch_size": 4, "epochs": 3}),
+        &["--stop-after", "8"],
+    );
+    let survivor = consumer(
+        &env.server.url,
+        &json!({"name": "survivor", "dataset": "imgs", "batch_size": 4, "epochs": 3}),
+        &["--sample-us", "500"],
+    );
+    // Wait until the victim holds its batch, then kill it mid-epoch.
+    let start = Instant::now();
+    loop {
+        let j = c.ok("GET", "/v1/jobs/victim", None);
+        if j.is_ok_and(|j| j["acknowledged"].as_u64().unwrap_or(0) >= 8) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the victim never read"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut victim = victim;
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let s = finish(survivor);
+    for e in 0..3 {
+        let set: BTreeSet<u32> = epoch_ids(&s, e).into_iter().collect();
+        assert_eq!(
+            set.len(),
+            (CLASSES * PER_CLASS) as usize,
+            "the survivor's epoch {e} is complete"
+        );
+    }
+    let start = Instant::now();
+    loop {
+        let j = c.ok("GET", "/v1/jobs/victim", None).unwrap();
+        if j["state"] == "failed" {
+            assert!(j["reason"].as_str().unwrap().contains("died"), "{j}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the dead client was not noticed: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Everything the victim held is released: the cache can be filled again.
+    let s = finish(consumer(
+        &env.server.url,
+        &json!({"name": "victim", "dataset": "imgs", "batch_size": 4, "epochs": 1}),
+        &[],
+    ));
+    assert_eq!(
+        epoch_ids(&s, 0).len(),
+        (CLASSES * PER_CLASS) as usize,
+        "a failed job's name can be reused"
+    );
+}
+
+#[test]
+fn unreadable_elements_are_reported_not_fatal() {
+    let root = TempDir::new("corrupt");
+    copy_tree(dataset(), &root.0);
+    let bad = root.0.join("class_01");
+    std::fs::write(bad.join("zz_not_an_image.jpg"), b"hello, I am text").unwrap();
+    let good = std::fs::read(files(&root.0)[0].0.clone()).unwrap();
+    std::fs::write(bad.join("zz_truncated.jpg"), &good[..good.len() / 3]).unwrap();
+    let env = start("corrupt", &root.0);
+    create_folder_dataset(&env, "imgs", &root.0);
+    let s = finish(consumer(
+        &env.server.url,
+        &json!({"name": "j", "dataset": "imgs", "batch_size": 5, "epochs": 2}),
+        &[],
+    ));
+    let total = (CLASSES * PER_CLASS + 2) as usize;
+    for e in 0..2 {
+        let errors = s["errors"][e].as_array().unwrap();
+        let ok = epoch_ids(&s, e).len();
+        assert!(
+            !errors.is_empty(),
+            "the corrupt elements come back as error records"
+        );
+        assert_eq!(
+            ok + errors.len(),
+            total,
+            "every element is delivered or reported, once"
+        );
+    }
+    let c = env.server.client();
+    let failures = c.ok("GET", "/v1/datasets/imgs/failures", None).unwrap();
+    assert!(
+        failures["failures"].as_array().unwrap().len() >= 1,
+        "{failures}"
+    );
+    assert_eq!(
+        c.ok("GET", "/healthz", None).unwrap()["status"],
+        "ok",
+        "the server is still up"
+    );
+}
