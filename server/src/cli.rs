@@ -224,8 +224,12 @@ fn consume(args: ConsumeArgs) -> Result<()> {
     let got = crate::client::consume(
         &instance,
         &ring,
-        batch,
-        args.stop_after,
+        // Hold the unacknowledged batch until killed.
+        crate::client::ReadOptions {
+            batch,
+            max_samples: args.stop_after,
+            hold: Duration::from_secs(3600),
+        },
         |n, _| per * n as u32,
         |_| {},
         |meta, data| {
@@ -242,11 +246,6 @@ fn consume(args: ConsumeArgs) -> Result<()> {
     )?;
     if let Some(e) = dump_err {
         return Err(e).context("cannot write a payload");
-    }
-    if args.stop_after.is_some() {
-        eprintln!("stopped after {} samples", got.samples);
-        // Hold the unacknowledged batch until killed.
-        std::thread::sleep(Duration::from_secs(3600));
     }
     let summary = serde_json::json!({
         "samples": got.samples,

@@ -114,16 +114,30 @@ pub struct Consumed {
 }
 
 /// Reads a ring until end of stream (or `max_samples`), acknowledging each batch after
-/// `pause(batch_len, fetch_time)`; calls `progress(samples)` after each batch.
+/// `pause(batch_len, fetch_time)`; calls `progress(samples)` after each batch. With
+/// `max_samples`, the last batch is kept unacknowledged and the reader attached for `hold`
+/// before returning (a client that stops reading without leaving).
+/// How [`consume`] reads.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadOptions {
+    pub batch: usize,
+    pub max_samples: Option<u64>,
+    pub hold: Duration,
+}
+
 pub fn consume(
     instance: &str,
     ring: &str,
-    batch: usize,
-    max_samples: Option<u64>,
+    opts: ReadOptions,
     mut pause: impl FnMut(usize, Duration) -> Duration,
     mut progress: impl FnMut(u64),
     mut check: impl FnMut(&dataplane::ItemMeta, &[u8]),
 ) -> Result<Consumed> {
+    let ReadOptions {
+        batch,
+        max_samples,
+        hold,
+    } = opts;
     let reader = dataplane::Reader::open(instance, ring)?;
     let mut out = Consumed::default();
     let start = Instant::now();
@@ -151,6 +165,11 @@ pub fn consume(
         out.samples += (b.len() + b.errors().len()) as u64;
         let done = b.end_of_stream() || max_samples.is_some_and(|m| out.samples >= m);
         let n = b.len();
+        if max_samples.is_some_and(|m| out.samples >= m) {
+            progress(out.samples);
+            std::thread::sleep(hold);
+            break;
+        }
         let wait = pause(n, fetch);
         if !wait.is_zero() {
             std::thread::sleep(wait);

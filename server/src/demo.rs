@@ -13,7 +13,7 @@ use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
-use crate::client::{Client, consume};
+use crate::client::{Client, ReadOptions, consume};
 use crate::{Config, ServerHandle};
 use actors::synth::{SynthSpec, generate_image_folder};
 
@@ -156,8 +156,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
         },
     ];
     let lead_progress = Arc::new(AtomicU64::new(0));
-    let results: Arc<Mutex<Vec<(usize, Result<(u64, u32, Duration)>)>>> =
-        Arc::new(Mutex::new(Vec::new()));
+    // (job index, (samples, epochs, elapsed))
+    type Outcome = (usize, Result<(u64, u32, Duration)>);
+    let results: Arc<Mutex<Vec<Outcome>>> = Arc::new(Mutex::new(Vec::new()));
     let style = ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} {per_sec}")
         .context("style")?
         .progress_chars("=> ");
@@ -188,8 +189,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
                     let got = consume(
                         &instance,
                         &ring,
-                        batch as usize,
-                        None,
+                        ReadOptions { batch: batch as usize, max_samples: None, hold: Duration::ZERO },
                         // Half speed: spend as long again as the batch took to arrive, or
                         // what the training step would take.
                         |n, fetch| if plan.half_speed { fetch.max(Duration::from_micros(1500) * n as u32) } else { Duration::ZERO },

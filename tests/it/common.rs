@@ -86,7 +86,7 @@ pub fn shm_objects(instance: &str) -> Vec<String> {
 pub struct TestServer {
     pub child: Option<Child>,
     pub url: String,
-    pub instance: String,
+    /// What the server logged so far (printed when a test fails to start it).
     pub log: Arc<Mutex<String>>,
 }
 
@@ -145,7 +145,6 @@ impl TestServer {
         TestServer {
             child: Some(child),
             url: format!("http://{addr}"),
-            instance: instance.to_string(),
             log,
         }
     }
@@ -179,5 +178,11 @@ impl TestServer {
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.stop();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- joader serve log ----\n{}",
+                self.log.lock().map(|l| l.clone()).unwrap_or_default()
+            );
+        }
     }
 }

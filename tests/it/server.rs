@@ -578,11 +578,11 @@ fn a_killed_client_is_reclaimed_while_the_others_finish() {
         &json!({"name": "survivor", "dataset": "imgs", "batch_size": 4, "epochs": 3}),
         &["--sample-us", "500"],
     );
-    // Wait until the victim holds its batch, then kill it mid-epoch.
+    // Wait until the victim has read two batches (and holds the second), then kill it.
     let start = Instant::now();
     loop {
         let j = c.ok("GET", "/v1/jobs/victim", None);
-        if j.is_ok_and(|j| j["acknowledged"].as_u64().unwrap_or(0) >= 8) {
+        if j.is_ok_and(|j| j["acknowledged"].as_u64().unwrap_or(0) >= 4) {
             break;
         }
         assert!(
@@ -661,7 +661,7 @@ fn unreadable_elements_are_reported_not_fatal() {
     let c = env.server.client();
     let failures = c.ok("GET", "/v1/datasets/imgs/failures", None).unwrap();
     assert!(
-        failures["failures"].as_array().unwrap().len() >= 1,
+        !failures["failures"].as_array().unwrap().is_empty(),
         "{failures}"
     );
     assert_eq!(

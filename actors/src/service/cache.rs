@@ -341,6 +341,7 @@ impl CacheActor {
     /// Polls acknowledgements and client liveness of every ring.
     fn poll(&mut self) {
         let mut gone: Vec<(JobId, String)> = Vec::new();
+        let mut done: Vec<JobId> = Vec::new();
         let mut released: Vec<SlotRef> = Vec::new();
         for (&id, job) in &mut self.jobs {
             let mut credit = 0u32;
@@ -363,7 +364,14 @@ impl CacheActor {
                 match rr.ring.reader_status() {
                     ReaderStatus::Alive => alive = true,
                     ReaderStatus::Dead => gone.push((id, "client process died".into())),
-                    ReaderStatus::NotAttached | ReaderStatus::Detached => {}
+                    // A ring cannot be reopened: a client that left before the end of the
+                    // job ends it.
+                    ReaderStatus::Detached if job.stats.state() != JobState::Finished => {
+                        gone.push((id, "client detached before the end of the job".into()));
+                    }
+                    // Finished and read: free the reader index and the ring.
+                    ReaderStatus::Detached => done.push(id),
+                    ReaderStatus::NotAttached => {}
                 }
             }
             if alive {
@@ -380,6 +388,9 @@ impl CacheActor {
         }
         for (id, reason) in gone {
             self.close_job(id, Some(reason));
+        }
+        for id in done {
+            self.close_job(id, None);
         }
         self.drain_waiting();
         self.pump();
