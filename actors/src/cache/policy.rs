@@ -37,8 +37,13 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 5] =
-        [PolicyKind::RefCnt, PolicyKind::Lru, PolicyKind::Fifo, PolicyKind::Random, PolicyKind::Clairvoyant];
+    pub const ALL: [PolicyKind; 5] = [
+        PolicyKind::RefCnt,
+        PolicyKind::Lru,
+        PolicyKind::Fifo,
+        PolicyKind::Random,
+        PolicyKind::Clairvoyant,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -141,9 +146,11 @@ impl Policy {
             PolicyKind::Fifo => (e.inserted, 0, 0),
             PolicyKind::Lru => (e.used, 0, 0),
             PolicyKind::RefCnt => (u64::from(e.refcount), e.used, 0),
-            PolicyKind::Clairvoyant => {
-                (u64::MAX - e.next_use.unwrap_or(u64::MAX), u64::from(e.refcount), e.used)
-            }
+            PolicyKind::Clairvoyant => (
+                u64::MAX - e.next_use.unwrap_or(u64::MAX),
+                u64::from(e.refcount),
+                e.used,
+            ),
             PolicyKind::Random => (0, 0, 0),
         }
     }
@@ -174,7 +181,9 @@ impl Policy {
 
     /// Changes an entry, keeping the candidate order in step.
     fn update(&mut self, key: u64, f: impl FnOnce(&mut Entry)) {
-        let Some(&old) = self.entries.get(&key) else { return };
+        let Some(&old) = self.entries.get(&key) else {
+            return;
+        };
         let mut new = old;
         f(&mut new);
         if !old.pinned {
@@ -200,7 +209,13 @@ impl Policy {
             });
             return;
         }
-        let e = Entry { inserted: now, used: now, refcount, next_use, pinned: false };
+        let e = Entry {
+            inserted: now,
+            used: now,
+            refcount,
+            next_use,
+            pinned: false,
+        };
         self.entries.insert(key, e);
         self.add_candidate(key, e);
     }
@@ -312,7 +327,11 @@ mod tests {
         assert_eq!(p.victim(), Some(2));
         p.insert(4, 2, None);
         p.insert(5, 1, None);
-        assert_eq!(p.victim(), Some(5), "unused in the window, lowest refcount first");
+        assert_eq!(
+            p.victim(),
+            Some(5),
+            "unused in the window, lowest refcount first"
+        );
         assert_eq!(p.victim(), Some(4));
         assert_eq!(p.victim(), Some(3));
     }

@@ -56,8 +56,13 @@ impl Trace {
 
     /// Writes each job's delivered order as JSON lines `{"job","epoch","ids"}` (plus the labels
     /// given in `extra`).
-    pub fn write_orders(&self, extra: &serde_json::Map<String, serde_json::Value>, mut w: impl Write) -> std::io::Result<()> {
-        let mut orders: std::collections::BTreeMap<(u32, u32), Vec<u32>> = std::collections::BTreeMap::new();
+    pub fn write_orders(
+        &self,
+        extra: &serde_json::Map<String, serde_json::Value>,
+        mut w: impl Write,
+    ) -> std::io::Result<()> {
+        let mut orders: std::collections::BTreeMap<(u32, u32), Vec<u32>> =
+            std::collections::BTreeMap::new();
         for a in &self.accesses {
             orders.entry((a.job, a.epoch)).or_default().push(a.element);
         }
@@ -81,7 +86,10 @@ pub fn generate(scn: &Scenario, kind: SamplerKind, rep: u32) -> Result<Trace, St
     let mut credit = vec![0.0f64; n];
     let mut joined = vec![false; n];
     let mut finished = vec![false; n];
-    let mut trace = Trace { datasets: datasets.clone(), ..Trace::default() };
+    let mut trace = Trace {
+        datasets: datasets.clone(),
+        ..Trace::default()
+    };
     trace.starts.push(0);
     let mut round = Round::default();
     let mut active = Vec::with_capacity(n);
@@ -108,13 +116,23 @@ pub fn generate(scn: &Scenario, kind: SamplerKind, rep: u32) -> Result<Trace, St
         }
         loop {
             active.clear();
-            active.extend((0..n).filter(|&j| joined[j] && !finished[j] && credit[j] >= 1.0).map(|j| j as u64));
+            active.extend(
+                (0..n)
+                    .filter(|&j| joined[j] && !finished[j] && credit[j] >= 1.0)
+                    .map(|j| j as u64),
+            );
             if active.is_empty() {
                 break;
             }
-            sampler.sample(&active, &mut round).map_err(|e| e.to_string())?;
+            sampler
+                .sample(&active, &mut round)
+                .map_err(|e| e.to_string())?;
             for d in &round.deliveries {
-                trace.accesses.push(Access { job: d.job as u32, element: d.element, epoch: d.epoch });
+                trace.accesses.push(Access {
+                    job: d.job as u32,
+                    element: d.element,
+                    epoch: d.epoch,
+                });
             }
             trace.starts.push(trace.accesses.len());
             for &j in &active {
@@ -140,15 +158,30 @@ pub struct Counts {
 }
 
 /// Replays a trace against a cache of `capacity` elements managed by `policy`.
-pub fn replay(trace: &Trace, policy: PolicyKind, capacity: usize, lookahead: u64, seed: u64) -> Counts {
-    let max_id = trace.datasets.iter().filter_map(|d| d.max()).max().unwrap_or(0) as usize;
+pub fn replay(
+    trace: &Trace,
+    policy: PolicyKind,
+    capacity: usize,
+    lookahead: u64,
+    seed: u64,
+) -> Counts {
+    let max_id = trace
+        .datasets
+        .iter()
+        .filter_map(|d| d.max())
+        .max()
+        .unwrap_or(0) as usize;
     // RefCnt's counts: how many jobs still need each element in their current epoch.
     let mut need = vec![0u32; max_id + 1];
     let mut epoch_of: Vec<Option<u32>> = vec![None; trace.datasets.len()];
     let mut p = Policy::new(policy, seed);
     let clairvoyant = policy == PolicyKind::Clairvoyant;
     // Next access of the same element, as a sub-round index.
-    let next_round: Vec<u64> = if clairvoyant { next_use_rounds(trace) } else { Vec::new() };
+    let next_round: Vec<u64> = if clairvoyant {
+        next_use_rounds(trace)
+    } else {
+        Vec::new()
+    };
     let mut counts = Counts::default();
     let subs = trace.sub_rounds();
     for r in 0..subs {
@@ -242,7 +275,10 @@ pub struct ResultRow {
 
 /// Runs a scenario: every sampler × policy × cache size, averaged over the repetitions. Calls
 /// `on_trace` with each generated trace (for `--trace`).
-pub fn run(scn: &Scenario, mut on_trace: impl FnMut(SamplerKind, u32, &Trace)) -> Result<Vec<ResultRow>, String> {
+pub fn run(
+    scn: &Scenario,
+    mut on_trace: impl FnMut(SamplerKind, u32, &Trace),
+) -> Result<Vec<ResultRow>, String> {
     scn.validate()?;
     let mut sums: HashMap<(SamplerKind, PolicyKind, usize), (f64, f64)> = HashMap::new();
     let (mut union_sum, mut total_sum) = (0.0, 0.0);
@@ -253,13 +289,23 @@ pub fn run(scn: &Scenario, mut on_trace: impl FnMut(SamplerKind, u32, &Trace)) -
             union |= d;
         }
         union_sum += union.len() as f64;
-        total_sum += datasets.iter().zip(&scn.jobs).map(|(d, j)| d.len() as f64 * f64::from(j.epochs)).sum::<f64>();
+        total_sum += datasets
+            .iter()
+            .zip(&scn.jobs)
+            .map(|(d, j)| d.len() as f64 * f64::from(j.epochs))
+            .sum::<f64>();
         for &kind in &scn.samplers {
             let trace = generate(scn, kind, rep)?;
             on_trace(kind, rep, &trace);
             for &policy in &scn.policies {
                 for &size in &scn.cache_sizes {
-                    let c = replay(&trace, policy, size, scn.lookahead, mix64(scn.seed ^ u64::from(rep)));
+                    let c = replay(
+                        &trace,
+                        policy,
+                        size,
+                        scn.lookahead,
+                        mix64(scn.seed ^ u64::from(rep)),
+                    );
                     let e = sums.entry((kind, policy, size)).or_default();
                     e.0 += c.misses as f64;
                     e.1 += c.accesses as f64;
@@ -293,9 +339,19 @@ pub fn run(scn: &Scenario, mut on_trace: impl FnMut(SamplerKind, u32, &Trace)) -
 /// The cases of the appendix's Table 1 with cache sizes 1 to 10000, named after the figures
 /// that plot them (the appendix's text calls the 4-job DSA/ISA figures 6a and 6b).
 pub fn preset_paper_a2(seed: u64, repetitions: u32) -> Vec<Scenario> {
-    let sizes: Vec<usize> = std::iter::once(1).chain((1..=20).map(|i| i * 500)).collect();
-    let job = |d: &str| JobScenario { dataset: DatasetSpec::Text(d.into()), start: 0, speed: 1.0, epochs: 1 };
-    let base = |name: &str, jobs: Vec<JobScenario>, samplers: Vec<SamplerKind>, policies: Vec<PolicyKind>| Scenario {
+    let sizes: Vec<usize> = std::iter::once(1)
+        .chain((1..=20).map(|i| i * 500))
+        .collect();
+    let job = |d: &str| JobScenario {
+        dataset: DatasetSpec::Text(d.into()),
+        start: 0,
+        speed: 1.0,
+        epochs: 1,
+    };
+    let base = |name: &str,
+                jobs: Vec<JobScenario>,
+                samplers: Vec<SamplerKind>,
+                policies: Vec<PolicyKind>| Scenario {
         name: name.into(),
         jobs,
         samplers,
@@ -308,7 +364,12 @@ pub fn preset_paper_a2(seed: u64, repetitions: u32) -> Vec<Scenario> {
     let both = vec![SamplerKind::Dsa, SamplerKind::Isa];
     let lru = vec![PolicyKind::Lru];
     let mut out = Vec::new();
-    for d2 in ["range:0:10000", "range:7500:17500", "range:5000:15000", "range:2500:12500"] {
+    for d2 in [
+        "range:0:10000",
+        "range:7500:17500",
+        "range:5000:15000",
+        "range:2500:12500",
+    ] {
         out.push(base(
             &format!("fig4a overlap D1=range:0:10000 D2={d2}"),
             vec![job("range:0:10000"), job(d2)],
@@ -316,7 +377,12 @@ pub fn preset_paper_a2(seed: u64, repetitions: u32) -> Vec<Scenario> {
             lru.clone(),
         ));
     }
-    for d2 in ["range:0:10000", "range:0:7500", "range:0:5000", "range:0:2500"] {
+    for d2 in [
+        "range:0:10000",
+        "range:0:7500",
+        "range:0:5000",
+        "range:0:2500",
+    ] {
         out.push(base(
             &format!("fig4b size D1=range:0:10000 D2={d2}"),
             vec![job("range:0:10000"), job(d2)],
@@ -324,13 +390,52 @@ pub fn preset_paper_a2(seed: u64, repetitions: u32) -> Vec<Scenario> {
             lru.clone(),
         ));
     }
-    let random4 = || (0..4).map(|_| job("sample:0:13333:10000")).collect::<Vec<_>>();
-    let sizes4 = || ["range:0:10000", "range:0:7500", "range:0:5000", "range:0:2500"].map(job).to_vec();
-    out.push(base("fig6a 4 jobs sample(0..13333, 10000)", random4(), both.clone(), lru.clone()));
-    out.push(base("fig6b 4 jobs sizes 10000/7500/5000/2500", sizes4(), both, lru));
-    let policies = vec![PolicyKind::RefCnt, PolicyKind::Lru, PolicyKind::Fifo, PolicyKind::Random, PolicyKind::Clairvoyant];
-    out.push(base("fig5a policies, 4 jobs sample(0..13333, 10000), dsa", random4(), vec![SamplerKind::Dsa], policies.clone()));
-    out.push(base("fig5b policies, 4 jobs sizes 10000/7500/5000/2500, dsa", sizes4(), vec![SamplerKind::Dsa], policies));
+    let random4 = || {
+        (0..4)
+            .map(|_| job("sample:0:13333:10000"))
+            .collect::<Vec<_>>()
+    };
+    let sizes4 = || {
+        [
+            "range:0:10000",
+            "range:0:7500",
+            "range:0:5000",
+            "range:0:2500",
+        ]
+        .map(job)
+        .to_vec()
+    };
+    out.push(base(
+        "fig6a 4 jobs sample(0..13333, 10000)",
+        random4(),
+        both.clone(),
+        lru.clone(),
+    ));
+    out.push(base(
+        "fig6b 4 jobs sizes 10000/7500/5000/2500",
+        sizes4(),
+        both,
+        lru,
+    ));
+    let policies = vec![
+        PolicyKind::RefCnt,
+        PolicyKind::Lru,
+        PolicyKind::Fifo,
+        PolicyKind::Random,
+        PolicyKind::Clairvoyant,
+    ];
+    out.push(base(
+        "fig5a policies, 4 jobs sample(0..13333, 10000), dsa",
+        random4(),
+        vec![SamplerKind::Dsa],
+        policies.clone(),
+    ));
+    out.push(base(
+        "fig5b policies, 4 jobs sizes 10000/7500/5000/2500, dsa",
+        sizes4(),
+        vec![SamplerKind::Dsa],
+        policies,
+    ));
     out
 }
 

@@ -31,27 +31,38 @@ impl DatasetSpec {
             DatasetSpec::Text(t) => {
                 let parts: Vec<&str> = t.split(':').collect();
                 let num = |s: &str| -> Result<u32, String> {
-                    s.trim().parse::<u32>().map_err(|_| format!("dataset '{t}': '{s}' is not a non-negative integer"))
+                    s.trim()
+                        .parse::<u32>()
+                        .map_err(|_| format!("dataset '{t}': '{s}' is not a non-negative integer"))
                 };
                 match parts.as_slice() {
                     ["range", a, b] => {
                         let (a, b) = (num(a)?, num(b)?);
                         if a >= b {
-                            return Err(format!("dataset '{t}': range start must be below its end"));
+                            return Err(format!(
+                                "dataset '{t}': range start must be below its end"
+                            ));
                         }
                         (a..b).collect()
                     }
                     ["sample", a, b, k] => {
                         let (a, b, k) = (num(a)?, num(b)?, num(k)?);
                         if a >= b || k > b - a {
-                            return Err(format!("dataset '{t}': cannot draw {k} ids from {a}..{b}"));
+                            return Err(format!(
+                                "dataset '{t}': cannot draw {k} ids from {a}..{b}"
+                            ));
                         }
                         let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-                        sample(&mut rng, (b - a) as usize, k as usize).into_iter().map(|i| a + i as u32).collect()
+                        sample(&mut rng, (b - a) as usize, k as usize)
+                            .into_iter()
+                            .map(|i| a + i as u32)
+                            .collect()
                     }
-                    ["ids", list] => {
-                        list.split(',').filter(|s| !s.trim().is_empty()).map(num).collect::<Result<_, _>>()?
-                    }
+                    ["ids", list] => list
+                        .split(',')
+                        .filter(|s| !s.trim().is_empty())
+                        .map(num)
+                        .collect::<Result<_, _>>()?,
                     _ => {
                         return Err(format!(
                             "dataset '{t}': expected range:A:B, sample:A:B:K or ids:1,2,3"
@@ -97,7 +108,12 @@ impl JobScenario {
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut parts = s.split(',');
         let first = parts.next().unwrap_or_default();
-        let mut job = JobScenario { dataset: DatasetSpec::Text(first.to_string()), start: 0, speed: 1.0, epochs: 1 };
+        let mut job = JobScenario {
+            dataset: DatasetSpec::Text(first.to_string()),
+            start: 0,
+            speed: 1.0,
+            epochs: 1,
+        };
         let mut rest: Vec<&str> = parts.collect();
         // `ids:1,2,3` contains commas: glue back the bare numbers.
         if first.starts_with("ids:") {
@@ -110,13 +126,19 @@ impl JobScenario {
             job.dataset = DatasetSpec::Text(ids);
         }
         for kv in rest {
-            let (k, v) = kv.split_once('=').ok_or_else(|| format!("job '{s}': expected key=value, got '{kv}'"))?;
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("job '{s}': expected key=value, got '{kv}'"))?;
             let bad = || format!("job '{s}': bad value for {k}: '{v}'");
             match k.trim() {
                 "start" => job.start = v.trim().parse().map_err(|_| bad())?,
                 "speed" => job.speed = v.trim().parse().map_err(|_| bad())?,
                 "epochs" => job.epochs = v.trim().parse().map_err(|_| bad())?,
-                other => return Err(format!("job '{s}': unknown key '{other}' (start, speed, epochs)")),
+                other => {
+                    return Err(format!(
+                        "job '{s}': unknown key '{other}' (start, speed, epochs)"
+                    ));
+                }
             }
         }
         Ok(job)
@@ -167,7 +189,10 @@ impl Scenario {
         }
         for (i, j) in self.jobs.iter().enumerate() {
             if !(j.speed.is_finite() && j.speed > 0.0) {
-                return Err(format!("job {i}: speed must be a positive number, got {}", j.speed));
+                return Err(format!(
+                    "job {i}: speed must be a positive number, got {}",
+                    j.speed
+                ));
             }
             if j.epochs == 0 {
                 return Err(format!("job {i}: epochs must be at least 1"));
@@ -189,7 +214,9 @@ impl Scenario {
             .iter()
             .enumerate()
             .map(|(i, j)| {
-                let mut rng = Xoshiro256PlusPlus::seed_from_u64(self.seed ^ (u64::from(rep) << 32) ^ i as u64);
+                let mut rng = Xoshiro256PlusPlus::seed_from_u64(
+                    self.seed ^ (u64::from(rep) << 32) ^ i as u64,
+                );
                 j.dataset.build(rng.random())
             })
             .collect()
