@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Runs every test of joader on a fresh machine: installs what the tests need, checks
 # formatting and lints, then runs the Rust tests (unit, property, statistical and the
-# integration binary) and the Python package's tests.
+# integration binary), the Python package's tests, and the Python client against the real
+# server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
 echo "== formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 echo "== rust tests"
+cargo build --quiet -p server --bin joader
 cargo test --workspace
 
-if [ -f dataplane/python/ci.sh ]; then
-  echo "== python tests"
-  bash dataplane/python/ci.sh
-fi
+echo "== python package (installs maturin, numpy, pytest, mypy and torch when missing)"
+bash dataplane/python/ci.sh
+
+echo "== python client against the real server"
+JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" python3 -m pytest -q -p no:cacheprovider tests/python

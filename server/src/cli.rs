@@ -31,6 +31,8 @@ pub enum Command {
     /// Register a job with a running server and read it to the end (a debugging client; the
     /// integration tests run it as a separate process). Prints a JSON summary.
     Consume(ConsumeArgs),
+    /// Generate a synthetic ImageNet-like ImageFolder dataset (JPEGs in class folders).
+    GenDataset(GenDatasetArgs),
     /// Simulate samplers and cache policies on synthetic datasets and count cache misses.
     Simulate(SimulateArgs),
     /// Benchmarks that print measured figures and ratios.
@@ -180,6 +182,40 @@ impl ServeArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct GenDatasetArgs {
+    /// Output folder (created; reused when it already holds the same dataset).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 10)]
+    pub classes: u32,
+    #[arg(long, default_value_t = 100)]
+    pub per_class: u32,
+    #[arg(long, default_value_t = 500)]
+    pub width: u32,
+    #[arg(long, default_value_t = 375)]
+    pub height: u32,
+    #[arg(long, default_value_t = 90)]
+    pub quality: u8,
+    #[arg(long, default_value_t = 2022)]
+    pub seed: u64,
+}
+
+fn gen_dataset(a: GenDatasetArgs) -> Result<()> {
+    let spec = actors::synth::SynthSpec {
+        classes: a.classes,
+        per_class: a.per_class,
+        width: a.width,
+        height: a.height,
+        quality: a.quality,
+        seed: a.seed,
+    };
+    let n = actors::synth::generate_image_folder(&a.out, &spec, &mut |_| {})
+        .with_context(|| format!("cannot generate the dataset in {}", a.out.display()))?;
+    println!("{n} images in {}", a.out.display());
+    Ok(())
+}
+
+#[derive(Debug, Args)]
 pub struct ConsumeArgs {
     /// Server URL.
     #[arg(long, env = "JOADER_SERVER", default_value = "http://127.0.0.1:7480")]
@@ -274,6 +310,7 @@ pub fn main() -> Result<()> {
         Command::Serve(args) => serve(args),
         Command::Demo(args) => demo::run(args),
         Command::Consume(args) => consume(args),
+        Command::GenDataset(args) => gen_dataset(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Bench(BenchCommand::Sampler(args)) => bench::sampler(args),
     }

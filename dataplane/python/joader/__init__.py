@@ -312,8 +312,13 @@ def _post_json(url: str, body: Dict[str, Any], timeout: float, token: Optional[s
 
 
 def _subset_json(subset: Any) -> Any:
+    """``None``, a ``range`` (sent as ``{"start", "end"}``), a mapping of server-side filters
+    (``{"classes": [...]}``, ``{"ranges": [[a, b]]}``, ``{"fraction": f, "seed": s}``, …,
+    passed as they are) or any iterable of element ids."""
     if subset is None:
         return None
+    if isinstance(subset, dict):
+        return subset
     if isinstance(subset, range) and subset.step == 1:
         return {"start": subset.start, "end": subset.stop}
     return [int(i) for i in subset]

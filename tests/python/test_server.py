@@ -1,0 +1,155 @@
+"""The Python client against the real joader server (run by tests/all.sh after the package is
+installed): Loader and RingReader jobs in separate processes beside a Rust client, exact
+epochs and labels, the torch adapter, and errors carrying the server's code."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
+CLASSES, PER_CLASS = 3, 8
+N = CLASSES * PER_CLASS
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Dict[str, Any]]:
+    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p server"
+    tmp = Path(tempfile.mkdtemp(prefix="joader-py-"))
+    data = tmp / "data"
+    subprocess.run([str(BIN), "gen-dataset", "--out", str(data), "--classes", str(CLASSES), "--per-class",
+                    str(PER_CLASS), "--width", "64", "--height", "48"], check=True, capture_output=True)
+    instance = f"py_{os.getpid()}"
+    proc = subprocess.Popen(
+        [str(BIN), "serve", "--bind", "127.0.0.1:0", "--instance", instance, "--data-dir", str(tmp / "state"),
+         "--allowed-root", str(data), "--cache-bytes", str(64 << 20), "--cache-slots", "1024"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "JOADER_LOG": "info"})
+    assert proc.stderr is not None
+    url = None
+    for line in proc.stderr:
+        m = re.search(r"addr=(\S+)", line)
+        if m:
+            url = f"http://{m.group(1)}"
+            break
+    assert url, "joader serve did not start"
+    post(url, "/v1/datasets", {"name": "imgs", "source": {"kind": "image_folder", "path": str(data)}})
+    import time
+    for _ in range(400):
+        if get(url, "/v1/datasets/imgs")["state"] == "ready":
+            break
+        time.sleep(0.05)
+    yield {"url": url, "instance": instance}
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"joader-{instance}-")], "segments left behind"
+
+
+def post(url: str, path: str, body: Dict[str, Any]) -> Dict[str, Any]:
+    import urllib.request
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def get(url: str, path: str) -> Dict[str, Any]:
+    import urllib.request
+    with urllib.request.urlopen(url + path, timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def run_python(code: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def result(p: subprocess.Popen[str]) -> Any:
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_python_and_rust_clients_get_exact_epochs(server: Dict[str, Any]) -> None:
+    url = server["url"]
+    # Low-level: element ids and labels of every epoch.
+    ids_job = run_python(f"""
+        import json, joader
+        info = joader.register_job({url!r}, name="py-ids", dataset="imgs", batch_size=5, subset={{"start": 0, "end": 16}}, epochs=2)
+        r = joader.RingReader(info["ranks"][0]["instance"], info["ranks"][0]["ring"])
+        epochs = {{}}
+        while True:
+            b = r.next_batch(5, 30.0)
+            for e, i, l in zip(b.epochs.tolist(), b.element_ids.tolist(), b.labels.tolist()):
+                epochs.setdefault(e, []).append([i, l])
+            done = b.end_of_stream
+            r.ack()
+            if done:
+                break
+        print(json.dumps(epochs))
+    """)
+    # High level: the Loader with a client-side RandomResizedCrop.
+    loader_job = run_python(f"""
+        import json, joader
+        loader = joader.Loader(server={url!r}, dataset="imgs", job="py-loader", batch_size=4,
+                               subset=list(range(8, 24)), epochs=2, transform=joader.RandomResizedCrop(32), seed=5)
+        out = []
+        for epoch in range(2):
+            n, labels = 0, []
+            for images, lab in loader:
+                assert images.shape[1:] == (32, 32, 3) and images.dtype.name == "uint8", images.shape
+                n += len(lab)
+                labels += lab.tolist()
+            out.append([n, sorted(labels)])
+        print(json.dumps(out))
+    """)
+    rust_job = subprocess.Popen([str(BIN), "consume", "--server", url, "--job",
+                                 json.dumps({"name": "rust", "dataset": "imgs", "batch_size": 3, "epochs": 2,
+                                             "subset": {"ranges": [[4, 20]]}})],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ids = result(ids_job)
+    loader = result(loader_job)
+    rust = result(rust_job)
+    for e in ("0", "1"):
+        got = ids[e]
+        assert sorted(i for i, _ in got) == list(range(16))
+        assert all(label == i // PER_CLASS for i, label in got)
+    for n, labels in loader:
+        assert n == 16
+        assert labels == sorted(i // PER_CLASS for i in range(8, 24))
+    for epoch in rust["epochs"]:
+        assert sorted(i for i, _ in epoch) == list(range(4, 20))
+    stats = get(url, "/v1/stats")
+    assert stats["decodes"] <= N, stats
+
+
+def test_torch_adapter(server: Dict[str, Any]) -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed (tests/all.sh installs it)")
+    import joader.torch as jt
+    ds = jt.JoaderDataset(server=server["url"], dataset="imgs", job="torch-job", batch_size=6, epochs=1)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None)
+    seen = 0
+    for images, labels in dl:
+        assert isinstance(images, torch.Tensor) and images.dtype == torch.uint8 and images.shape[1:] == (224, 224, 3)
+        assert labels.dtype == torch.int64
+        seen += len(labels)
+    assert seen == N
+
+
+def test_errors_carry_the_server_code(server: Dict[str, Any]) -> None:
+    import joader
+    with pytest.raises(joader.ServerError) as e:
+        joader.Loader(server=server["url"], dataset="nope", batch_size=2)
+    assert e.value.code == "dataset_not_found"
+    with pytest.raises(joader.ServerError) as e:
+        joader.Loader(server=server["url"], dataset="imgs", batch_size=2, subset=[])
+    assert e.value.code == "empty_subset"
