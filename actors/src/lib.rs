@@ -11,3 +11,4 @@ pub mod pipeline;
 pub mod sampling;
 pub mod sim;
 pub mod storage;
+pub mod synth;
