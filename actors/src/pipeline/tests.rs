@@ -450,3 +450,33 @@ fn bench_decode_counts_images_and_pixels() {
     let (rate, pixels) = bench_decode(&paths[3..], &decode(None, None));
     assert_eq!((rate, pixels), (0.0, 0));
 }
+
+#[test]
+fn progressive_jpeg_and_16_bit_png_decode() {
+    let (w, h) = (72, 40);
+    let src = pattern(w, h, 3);
+    let mut prog = Vec::new();
+    let mut enc = Encoder::new(&mut prog, 95);
+    enc.set_progressive(true);
+    enc.encode(&src, w as u16, h as u16, ColorType::Rgb)
+        .unwrap();
+    let (data, height, width) = hwc(&decode(None, None), &prog);
+    assert_eq!((height, width), (h, w));
+    assert!(mean_abs_diff(&data, &src) < 6.0);
+    // A progressive file cut short is corrupt too.
+    let err = run(
+        &decode(None, None),
+        &prog[..prog.len() / 2],
+        &Limits::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), "corrupt_image", "{err}");
+
+    // 16-bit samples (big endian in the file) keep their high byte.
+    let wide: Vec<u8> = src.iter().flat_map(|v| [*v, 0x5A]).collect();
+    let options = EncoderOptions::new(w as usize, h as usize, ColorSpace::RGB, BitDepth::Sixteen);
+    let mut file = Vec::new();
+    PngEncoder::new(&wide, options).encode(&mut file).unwrap();
+    let (data, _, _) = hwc(&decode(None, None), &file);
+    assert_eq!(data, src);
+}
