@@ -44,6 +44,10 @@ pub enum Command {
 pub enum BenchCommand {
     /// Sampling tree: insertion time of large datasets and sampling throughput.
     Sampler(bench::SamplerBenchArgs),
+    /// Shared memory: collate throughput against memcpy, push-to-wake latency.
+    Dataplane,
+    /// End to end: joader against independent loading (and PyTorch with --torch).
+    E2e(crate::e2e::E2eArgs),
 }
 
 /// Simulate samplers and cache policies.
@@ -313,6 +317,12 @@ pub fn main() -> Result<()> {
         Command::GenDataset(args) => gen_dataset(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Bench(BenchCommand::Sampler(args)) => bench::sampler(args),
+        Command::Bench(BenchCommand::Dataplane) => {
+            let report = dataplane::bench::run(&dataplane::bench::BenchOptions::default())?;
+            println!("{report}");
+            Ok(())
+        }
+        Command::Bench(BenchCommand::E2e(args)) => crate::e2e::run(args),
     }
 }
 

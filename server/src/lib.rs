@@ -9,6 +9,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod demo;
+pub mod e2e;
 pub mod glue;
 pub mod simulate;
 pub mod state;

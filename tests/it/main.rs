@@ -1,5 +1,6 @@
 //! joader's integration tests: one binary that runs the real `joader` executable.
 
+mod bench;
 mod common;
 mod server;
 mod simulate;
