@@ -48,6 +48,8 @@ pub enum BenchCommand {
     Dataplane,
     /// End to end: joader against independent loading (and PyTorch with --torch).
     E2e(crate::e2e::E2eArgs),
+    /// Decode pipeline against Pillow on the same files, one core each.
+    Decode(bench::DecodeBenchArgs),
 }
 
 /// Simulate samplers and cache policies.
@@ -323,6 +325,7 @@ pub fn main() -> Result<()> {
             Ok(())
         }
         Command::Bench(BenchCommand::E2e(args)) => crate::e2e::run(args),
+        Command::Bench(BenchCommand::Decode(args)) => bench::decode(args),
     }
 }
 
