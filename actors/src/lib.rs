@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod pipeline;
 pub mod sampling;
+pub mod service;
 pub mod sim;
 pub mod storage;
 pub mod synth;
