@@ -158,17 +158,35 @@ pub struct DecodeBenchArgs {
 pub fn decode(args: DecodeBenchArgs) -> Result<()> {
     use actors::pipeline::{Pipeline, bench_decode};
     use actors::synth::{SynthSpec, generate_image_folder};
-    let pipeline = Pipeline::Decode { resize_shorter: Some(256), center_crop: Some([224, 224]) };
-    let pillow = std::process::Command::new("python3").args(["-c", "import PIL"]).output().is_ok_and(|o| o.status.success());
+    let pipeline = Pipeline::Decode {
+        resize_shorter: Some(256),
+        center_crop: Some([224, 224]),
+    };
+    let pillow = std::process::Command::new("python3")
+        .args(["-c", "import PIL"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !pillow {
         println!("Pillow is not installed (pip install pillow): only joader's figures are printed");
     }
-    println!("{:>10} {:>16} {:>16} {:>16} {:>12} {:>12}", "size", "joader img/s", "pillow img/s", "pillow+draft", "vs pillow", "vs draft");
+    println!(
+        "{:>10} {:>16} {:>16} {:>16} {:>12} {:>12}",
+        "size", "joader img/s", "pillow img/s", "pillow+draft", "vs pillow", "vs draft"
+    );
     for (w, h) in [(500u32, 375u32), (1000, 750)] {
         let dir = args.data.join(format!("{w}x{h}"));
-        let spec = SynthSpec { classes: 1, per_class: args.images, width: w, height: h, quality: 90, seed: 7 };
+        let spec = SynthSpec {
+            classes: 1,
+            per_class: args.images,
+            width: w,
+            height: h,
+            quality: 90,
+            seed: 7,
+        };
         generate_image_folder(&dir, &spec, &mut |_| {})?;
-        let mut paths: Vec<std::path::PathBuf> = std::fs::read_dir(dir.join("class_00"))?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        let mut paths: Vec<std::path::PathBuf> = std::fs::read_dir(dir.join("class_00"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
         paths.sort();
         let (ours, _) = bench_decode(&paths, &pipeline);
         let py = |mode: &str| -> Option<f64> {
@@ -196,6 +214,8 @@ pub fn decode(args: DecodeBenchArgs) -> Result<()> {
             ratio(draft)
         );
     }
-    println!("(decode + resize shorter side to 256 + center crop 224, one thread each; target >= 2x Pillow)");
+    println!(
+        "(decode + resize shorter side to 256 + center crop 224, one thread each; target >= 2x Pillow)"
+    );
     Ok(())
 }
