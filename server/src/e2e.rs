@@ -361,11 +361,10 @@ fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
             })
             .collect();
         drop(task_tx);
-        let spans = handles
+        handles
             .into_iter()
             .map(|h| h.join().map_err(|_| anyhow::anyhow!("a job panicked")))
-            .collect();
-        spans
+            .collect()
     })?;
     let cpu = process_cpu() - cpu0;
     Ok(summarize(
