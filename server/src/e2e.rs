@@ -44,8 +44,8 @@ pub struct E2eArgs {
     /// A tiny run (for CI): few images, a subset of the scenarios.
     #[arg(long)]
     pub quick: bool,
-    /// Also run PyTorch's DataLoader over torchvision's ImageFolder with PIL (needs
-    /// `pip install torch torchvision pillow`).
+    /// Also run PyTorch's DataLoader over torchvision's ImageFolder with PIL (installs torch,
+    /// torchvision and pillow from PyPI with pip when they are missing).
     #[arg(long)]
     pub torch: bool,
 }
