@@ -799,6 +799,55 @@ async fn cache_stats(state: web::Data<AppState>) -> ApiResult<HttpResponse> {
     Ok(HttpResponse::Ok().json(crate::state::stats_json(&state)))
 }
 
+#[get("/metrics")]
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .insert_header(("cache-control", "no-store"))
+        .body(state.metrics.render(&state))
+}
+
+/// The dashboard's files (`web-ui/`), embedded in the binary.
+const DASHBOARD: &[(&str, &str, &str)] = &[
+    (
+        "index.html",
+        "text/html; charset=utf-8",
+        include_str!("../../web-ui/index.html"),
+    ),
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../web-ui/app.js"),
+    ),
+    (
+        "style.css",
+        "text/css; charset=utf-8",
+        include_str!("../../web-ui/style.css"),
+    ),
+];
+
+fn dashboard_file(name: &str) -> HttpResponse {
+    match DASHBOARD.iter().find(|(n, _, _)| *n == name) {
+        Some((_, mime, body)) => HttpResponse::Ok()
+            .content_type(*mime)
+            .insert_header(("cache-control", "no-cache"))
+            .body(*body),
+        None => {
+            ApiError::new(Code::NotFound, format!("no dashboard file '{name}'")).error_response()
+        }
+    }
+}
+
+#[get("/")]
+async fn dashboard() -> HttpResponse {
+    dashboard_file("index.html")
+}
+
+#[get("/ui/{file}")]
+async fn dashboard_asset(file: web::Path<String>) -> HttpResponse {
+    dashboard_file(&file)
+}
+
 #[get("/v1/openapi.json")]
 async fn openapi() -> HttpResponse {
     HttpResponse::Ok()
@@ -811,7 +860,10 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 
 /// Every route: (method, path) as written in the OpenAPI document.
 pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/"),
+    ("get", "/ui/{file}"),
     ("get", "/healthz"),
+    ("get", "/metrics"),
     ("get", "/v1/openapi.json"),
     ("get", "/v1/stats"),
     ("post", "/v1/datasets"),
@@ -842,7 +894,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             ApiError::new(Code::InvalidRequest, format!("invalid path: {err}")).into()
         }),
     )
+    .service(dashboard)
+    .service(dashboard_asset)
     .service(healthz)
+    .service(metrics)
     .service(openapi)
     .service(cache_stats)
     .service(create_dataset)

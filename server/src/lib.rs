@@ -11,6 +11,7 @@ pub mod config;
 pub mod demo;
 pub mod e2e;
 pub mod glue;
+pub mod metrics;
 pub mod simulate;
 pub mod state;
 
@@ -71,19 +72,22 @@ pub async fn run(
         stats,
         inner: Mutex::new(state::Inner::default()),
         started: Instant::now(),
+        metrics: Arc::new(metrics::Metrics::new()),
     });
     state::load_catalog(&state)?;
     let data = web::Data::from(state.clone());
     let token = config.token.clone();
     let addr = listener.local_addr()?;
+    let recorder = state.metrics.clone();
     let server = HttpServer::new(move || {
         let token = token.clone();
+        let recorder = recorder.clone();
         App::new()
             .app_data(data.clone())
             .wrap_fn(move |req, srv| {
                 use actix_web::dev::Service;
                 let denied = token.as_ref().is_some_and(|t| {
-                    req.path().starts_with("/v1/")
+                    (req.path().starts_with("/v1/") || req.path() == "/metrics")
                         && req
                             .headers()
                             .get("authorization")
@@ -102,6 +106,8 @@ pub async fn run(
                     }
                 }
             })
+            // Outermost, so that refused requests are counted too.
+            .wrap_fn(move |req, srv| recorder.observe(req, srv))
             .configure(api::configure)
             .default_service(web::to(api::not_found))
     })

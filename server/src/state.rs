@@ -23,6 +23,8 @@ pub struct AppState {
     pub stats: Arc<CacheStats>,
     pub inner: Mutex<Inner>,
     pub started: Instant,
+    /// This server's Prometheus recorder (see `metrics.rs`).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 #[derive(Default)]
@@ -198,6 +200,7 @@ pub fn stats_json(state: &AppState) -> serde_json::Value {
     let requests = s.requests.load(Relaxed);
     let hits = s.hits.load(Relaxed);
     let rounds_el = s.round_elements.load(Relaxed);
+    let process = crate::metrics::process_stats();
     json!({
         "uptime_s": state.started.elapsed().as_secs_f64(),
         "requests": requests,
@@ -219,5 +222,9 @@ pub fn stats_json(state: &AppState) -> serde_json::Value {
         "loader_busy_s": s.loader_busy_us.load(Relaxed) as f64 / 1e6,
         "rounds": s.rounds.load(Relaxed),
         "mean_share": if rounds_el == 0 { 0.0 } else { s.round_deliveries.load(Relaxed) as f64 / rounds_el as f64 },
+        "loader_workers": state.config.loader_workers.max(1),
+        "process_cpu_s": process.map(|p| p.cpu_seconds),
+        "process_rss_bytes": process.map(|p| p.rss_bytes),
+        "process_threads": process.map(|p| p.threads),
     })
 }

@@ -2,5 +2,6 @@
 
 mod bench;
 mod common;
+mod observability;
 mod server;
 mod simulate;

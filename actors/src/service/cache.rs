@@ -14,7 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dataplane::{ReaderStatus, RingWriter, SlotMeta, SlotRef, Writer, element_error};
@@ -93,6 +93,8 @@ pub struct CacheActor {
     loader: Recipient<Load>,
     stats: Arc<CacheStats>,
     tick: Duration,
+    /// When acknowledgements were last polled (stall time is counted in poll intervals).
+    last_poll: Instant,
 }
 
 impl CacheActor {
@@ -121,6 +123,7 @@ impl CacheActor {
             loader,
             stats,
             tick: cfg.tick,
+            last_poll: Instant::now(),
         }
     }
 
@@ -340,6 +343,12 @@ impl CacheActor {
 
     /// Polls acknowledgements and client liveness of every ring.
     fn poll(&mut self) {
+        let now = Instant::now();
+        // Capped so that a long pause of the actor is not all blamed on the rings.
+        let interval = now
+            .duration_since(self.last_poll)
+            .min(Duration::from_secs(1));
+        self.last_poll = now;
         let mut gone: Vec<(JobId, String)> = Vec::new();
         let mut done: Vec<JobId> = Vec::new();
         let mut released: Vec<SlotRef> = Vec::new();
@@ -362,7 +371,19 @@ impl CacheActor {
                 }
                 rr.acked = acked;
                 match rr.ring.reader_status() {
-                    ReaderStatus::Alive => alive = true,
+                    ReaderStatus::Alive => {
+                        alive = true;
+                        // A stall: the client has taken everything pushed and could take
+                        // more (it has credit), but nothing is ready for it.
+                        if rr.ring.consumer_position() == rr.ring.pushed()
+                            && rr.ring.free_credit() > 0
+                            && job.stats.state() != JobState::Finished
+                        {
+                            job.stats
+                                .stall_us
+                                .fetch_add(interval.as_micros() as u64, Relaxed);
+                        }
+                    }
                     ReaderStatus::Dead => gone.push((id, "client process died".into())),
                     // A ring cannot be reopened: a client that left before the end of the
                     // job ends it.

@@ -36,7 +36,9 @@ pub struct JobStats {
     pub epoch: AtomicU64,
     /// Position in the current epoch (of the last sampled element).
     pub position: AtomicU64,
-    /// Microseconds the client waited on an empty ring (as reported by the ring).
+    /// Microseconds a live client's ring sat empty while the client had credit (it had taken
+    /// everything pushed and nothing was ready), summed over ranks; counted by the Cache
+    /// actor at every acknowledgement poll.
     pub stall_us: AtomicU64,
     pub state: Mutex<JobState>,
 }
