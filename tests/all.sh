@@ -7,6 +7,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
+echo "== tools for the observability tests (Debian: chromium, prometheus with promtool)"
+if ! command -v chromium >/dev/null || ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium prometheus >/dev/null
+fi
+# The tests that need them fail (instead of skipping) when they are missing.
+export JOADER_REQUIRE_TOOLS=1
+
 echo "== formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings

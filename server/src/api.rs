@@ -848,6 +848,25 @@ async fn dashboard_asset(file: web::Path<String>) -> HttpResponse {
     dashboard_file(&file)
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    /// Only samples taken after this many seconds of uptime.
+    #[serde(default)]
+    since: Option<f64>,
+}
+
+#[get("/v1/stats/history")]
+async fn stats_history(
+    state: web::Data<AppState>,
+    q: web::Query<HistoryQuery>,
+) -> ApiResult<HttpResponse> {
+    Ok(HttpResponse::Ok().json(json!({
+        "interval_s": crate::metrics::HISTORY_INTERVAL.as_secs_f64(),
+        "samples": state.metrics.history(q.since.unwrap_or(f64::NEG_INFINITY)),
+    })))
+}
+
 #[get("/v1/openapi.json")]
 async fn openapi() -> HttpResponse {
     HttpResponse::Ok()
@@ -866,6 +885,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/metrics"),
     ("get", "/v1/openapi.json"),
     ("get", "/v1/stats"),
+    ("get", "/v1/stats/history"),
     ("post", "/v1/datasets"),
     ("get", "/v1/datasets"),
     ("get", "/v1/datasets/{name}"),
@@ -900,6 +920,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(metrics)
     .service(openapi)
     .service(cache_stats)
+    .service(stats_history)
     .service(create_dataset)
     .service(list_datasets)
     .service(get_dataset)

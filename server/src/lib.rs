@@ -116,6 +116,15 @@ pub async fn run(
     .run();
     tracing::info!(%addr, instance = %config.instance, "joader is serving");
     let handle = server.handle();
+    let sampled = state.clone();
+    // Ends with the actix system.
+    actix_web::rt::spawn(async move {
+        let mut every = actix_web::rt::time::interval(metrics::HISTORY_INTERVAL);
+        loop {
+            every.tick().await;
+            sampled.metrics.sample(&sampled);
+        }
+    });
     actix_web::rt::spawn(async move {
         shutdown.await;
         handle.stop(true).await;

@@ -11,16 +11,22 @@
 //! job stall) are fractional, so they are rendered here, in the same text format, after the
 //! exporter's output.
 //!
+//! The dashboard's charts come from a short history (one sample a second, ten minutes) of
+//! the cumulative counters, taken here and served by `GET /v1/stats/history`, so that a page
+//! opened at any time shows the last minutes at once.
+//!
 //! Naming follows `joader_<what>_<unit>` with `_total` on counters. Labels are of low
-//! cardinality: `dataset`, `job`, `kind`, `state`, `method`, `route` (the route *pattern*,
-//! never the raw path) and `status`. Never an element id.
+//! cardinality: `dataset`, `job_name`, `kind`, `state`, `method`, `route` (the route *pattern*,
+//! never the raw path) and `status`. Never an element id. The job's label is `job_name`, not
+//! `job`: Prometheus attaches `job` (the scrape job) to every series and would rename ours to
+//! `exported_job` under its default `honor_labels: false`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix_web::Error;
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
@@ -29,6 +35,8 @@ use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogra
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
+
+use serde_json::json;
 
 use crate::state::AppState;
 
@@ -109,12 +117,18 @@ fn job_counts(s: &JobStats) -> [u64; 7] {
     ]
 }
 
-/// The recorder of one server.
+/// The recorder of one server, and the recent history the dashboard draws.
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     jobs: Mutex<BTreeMap<String, JobSeries>>,
+    history: Mutex<VecDeque<serde_json::Value>>,
 }
+
+/// Seconds between two samples of the history.
+pub const HISTORY_INTERVAL: Duration = Duration::from_secs(1);
+/// Samples kept: ten minutes.
+pub const HISTORY_LEN: usize = 600;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -137,9 +151,69 @@ impl Metrics {
             recorder,
             handle,
             jobs: Mutex::new(BTreeMap::new()),
+            history: Mutex::new(VecDeque::with_capacity(HISTORY_LEN)),
         };
         m.with(describe_all);
         m
+    }
+
+    /// Records one sample of the cumulative counters the dashboard charts (rates are
+    /// differences of consecutive samples, so the page needs no clock of its own).
+    pub fn sample(&self, state: &AppState) {
+        let s = &state.stats;
+        let process = process_stats();
+        let jobs: serde_json::Map<String, serde_json::Value> = state
+            .inner
+            .lock()
+            .map(|inner| {
+                inner
+                    .jobs
+                    .iter()
+                    .map(|(name, j)| {
+                        (
+                            name.clone(),
+                            json!({
+                                "acknowledged": j.stats.acknowledged.load(Relaxed),
+                                "stall_s": j.stats.stall_us.load(Relaxed) as f64 / 1e6,
+                            }),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let point = json!({
+            "t": state.started.elapsed().as_secs_f64(),
+            "requests": s.requests.load(Relaxed),
+            "hits": s.hits.load(Relaxed),
+            "decodes": s.decodes.load(Relaxed),
+            "loads": s.loads.load(Relaxed),
+            "bytes_read": s.bytes_read.load(Relaxed),
+            "bytes_in_use": s.bytes_in_use.load(Relaxed),
+            "capacity_bytes": s.capacity_bytes.load(Relaxed),
+            "slots_in_use": s.slots_in_use.load(Relaxed),
+            "cpu_s": process.map(|p| p.cpu_seconds),
+            "rss_bytes": process.map(|p| p.rss_bytes),
+            "jobs": jobs,
+        });
+        if let Ok(mut h) = self.history.lock() {
+            if h.len() == HISTORY_LEN {
+                h.pop_front();
+            }
+            h.push_back(point);
+        }
+    }
+
+    /// The samples taken after `since` (seconds of uptime), oldest first.
+    pub fn history(&self, since: f64) -> Vec<serde_json::Value> {
+        self.history
+            .lock()
+            .map(|h| {
+                h.iter()
+                    .filter(|p| p["t"].as_f64().is_some_and(|t| t > since))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn with<T>(&self, f: impl FnOnce() -> T) -> T {
@@ -215,7 +289,7 @@ impl Metrics {
                     e.counts[i] = e.base[i] + now[i];
                 }
                 e.stall = e.stall_base + j.stats.stall_us.load(Relaxed) as f64 / 1e6;
-                let labels = [("job", name.clone()), ("dataset", j.dataset.clone())];
+                let labels = [("job_name", name.clone()), ("dataset", j.dataset.clone())];
                 for (i, (metric, _)) in JOB_COUNTERS.iter().enumerate() {
                     counter!(*metric, &labels).absolute(e.counts[i]);
                 }
@@ -231,7 +305,7 @@ impl Metrics {
         // Jobs deleted since: their counters stay where they were; they no longer run.
         for (name, e) in series.iter() {
             if !present.contains(name) {
-                let labels = [("job", name.clone()), ("dataset", e.dataset.clone())];
+                let labels = [("job_name", name.clone()), ("dataset", e.dataset.clone())];
                 gauge!("joader_job_running", &labels).set(0.0);
                 gauge!("joader_job_samples_per_second", &labels).set(0.0);
             }
@@ -492,7 +566,7 @@ fn float_counter(out: &mut String, name: &str, help: &str, series: &[(&str, &str
         } else {
             let _ = writeln!(
                 out,
-                "{name}{{job=\"{}\",dataset=\"{}\"}} {v}",
+                "{name}{{job_name=\"{}\",dataset=\"{}\"}} {v}",
                 escape(job),
                 escape(dataset)
             );
@@ -571,7 +645,7 @@ mod tests {
         float_counter(&mut out, "x_seconds_total", "help", &[("j\"1", "d", 1.5)]);
         assert!(out.contains("# TYPE x_seconds_total counter\n"), "{out}");
         assert!(
-            out.contains("x_seconds_total{job=\"j\\\"1\",dataset=\"d\"} 1.5\n"),
+            out.contains("x_seconds_total{job_name=\"j\\\"1\",dataset=\"d\"} 1.5\n"),
             "{out}"
         );
         let mut none = String::new();

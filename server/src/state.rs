@@ -202,6 +202,8 @@ pub fn stats_json(state: &AppState) -> serde_json::Value {
     let rounds_el = s.round_elements.load(Relaxed);
     let process = crate::metrics::process_stats();
     json!({
+        "instance": state.config.instance,
+        "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": state.started.elapsed().as_secs_f64(),
         "requests": requests,
         "hits": hits,
@@ -209,7 +211,9 @@ pub fn stats_json(state: &AppState) -> serde_json::Value {
         "hit_ratio": if requests == 0 { 0.0 } else { hits as f64 / requests as f64 },
         "loads": s.loads.load(Relaxed),
         "decodes": s.decodes.load(Relaxed),
-        "decodes_saved": requests.saturating_sub(s.loads.load(Relaxed)),
+        // Deliveries served without a read and preparation of their own (as the metric
+        // `joader_decodes_saved_total`).
+        "decodes_saved": hits,
         "bytes_read": s.bytes_read.load(Relaxed),
         "load_errors": s.load_errors.load(Relaxed),
         "evictions": s.evictions.load(Relaxed),

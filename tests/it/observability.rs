@@ -6,11 +6,11 @@
 //! `tests/all.sh` installs them and sets `JOADER_REQUIRE_TOOLS=1`, which turns a missing tool
 //! into a failure; a plain `cargo test` without them prints that it skips those tests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -48,13 +48,21 @@ struct Env {
 }
 
 fn start(tag: &str, extra: &[&str]) -> Env {
+    start_inner(tag, extra, None)
+}
+
+fn start_with_token(tag: &str, token: &str) -> Env {
+    start_inner(tag, &["--token", token], Some(token))
+}
+
+fn start_inner(tag: &str, extra: &[&str], token: Option<&str>) -> Env {
     let state = TempDir::new(tag);
     let server = TestServer::start(&unique_instance(tag), &state.0, dataset(), extra);
     let env = Env {
         server,
         _state: state,
     };
-    let c = env.server.client();
+    let c = env.server.client().with_token(token.map(String::from));
     c.ok(
         "POST",
         "/v1/datasets",
@@ -83,6 +91,16 @@ fn finish(child: Child) {
         "consumer failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Kills a consumer when dropped (for jobs that never end).
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn try_get_text(url: &str, token: Option<&str>) -> Result<(u16, String), ureq::Error> {
@@ -331,21 +349,21 @@ fn metrics_count_what_the_jobs_did() {
     assert_eq!(
         v(
             "joader_job_delivered_samples_total",
-            &[("job", "a"), ("dataset", "imgs")]
+            &[("job_name", "a"), ("dataset", "imgs")]
         ),
         (2 * ITEMS) as f64
     );
     assert_eq!(
-        v("joader_job_delivered_samples_total", &[("job", "b")]),
+        v("joader_job_delivered_samples_total", &[("job_name", "b")]),
         ITEMS as f64
     );
     for job in ["a", "b"] {
         assert_eq!(
-            v("joader_ring_pushed_total", &[("job", job)]),
-            v("joader_ring_popped_total", &[("job", job)]),
+            v("joader_ring_pushed_total", &[("job_name", job)]),
+            v("joader_ring_popped_total", &[("job_name", job)]),
             "job {job}'s ring is drained"
         );
-        assert!(v("joader_job_sampled_total", &[("job", job)]) > 0.0);
+        assert!(v("joader_job_sampled_total", &[("job_name", job)]) > 0.0);
     }
     assert!(
         v("joader_job_stall_seconds_total", &[]) > 0.0,
@@ -374,7 +392,7 @@ fn metrics_count_what_the_jobs_did() {
     assert!(v("joader_process_cpu_seconds_total", &[]) > 0.0);
     assert!(v("joader_process_resident_memory_bytes", &[]) > 1e6);
     assert_eq!(v("joader_jobs", &[("state", "finished")]), 2.0);
-    assert_eq!(v("joader_job_epoch", &[("job", "a")]), 1.0);
+    assert_eq!(v("joader_job_epoch", &[("job_name", "a")]), 1.0);
     assert_eq!(
         v(
             "joader_http_requests_total",
@@ -406,7 +424,8 @@ fn metrics_count_what_the_jobs_did() {
         for (k, val) in &sample.labels {
             assert!(
                 [
-                    "job", "dataset", "kind", "state", "method", "route", "status", "le", "version"
+                    "job_name", "dataset", "kind", "state", "method", "route", "status", "le",
+                    "version"
                 ]
                 .contains(&k.as_str()),
                 "unexpected label {k} on {}",
@@ -428,7 +447,11 @@ fn metrics_count_what_the_jobs_did() {
     finish(again);
     let (_, s2) = scrape(&env);
     assert_eq!(
-        value(&s2, "joader_job_delivered_samples_total", &[("job", "b")]),
+        value(
+            &s2,
+            "joader_job_delivered_samples_total",
+            &[("job_name", "b")]
+        ),
         Some((2 * ITEMS) as f64)
     );
     // The process figures are in /v1/stats too (the dashboard reads those).
@@ -467,4 +490,457 @@ fn metrics_require_the_token_when_one_is_set() {
     let (status, page) = get_text(&format!("{}/", server.url), None);
     assert_eq!(status, 200);
     assert!(page.contains("<title>joader</title>"), "{page}");
+}
+/// Metric names used by a dashboard: `joader_…` identifiers, histogram series mapped to their
+/// family.
+fn metric_names_in(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(off) = text[i..].find("joader_") {
+        let start = i + off;
+        let boundary =
+            start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+            end += 1;
+        }
+        if boundary {
+            out.insert(text[start..end].to_string());
+        }
+        i = end.max(start + 1);
+    }
+    out
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+#[test]
+fn dashboards_only_use_metrics_and_fields_the_server_exports() {
+    let env = start("drift", &[]);
+    finish(consumer(
+        &env.server.url,
+        &json!({"name": "j", "dataset": "imgs", "batch_size": 4, "epochs": 1}),
+        &[],
+    ));
+    let (types, samples) = scrape(&env);
+    let exported: BTreeSet<String> = samples.iter().map(|s| s.name.clone()).collect();
+    let root = workspace_root();
+
+    // Grafana: every joader_ name in every dashboard query.
+    let mut grafana = Vec::new();
+    for dir in ["docker/grafana/dashboards", "docker/grafana"] {
+        for e in std::fs::read_dir(root.join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.path().extension().is_some_and(|x| x == "json") {
+                grafana.push(e.path());
+            }
+        }
+    }
+    assert!(
+        !grafana.is_empty(),
+        "no Grafana dashboard JSON under docker/grafana"
+    );
+    let mut used = BTreeSet::new();
+    for f in &grafana {
+        let text = std::fs::read_to_string(f).unwrap();
+        let doc: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not JSON: {e}", f.display()));
+        assert!(
+            doc["panels"].as_array().is_some_and(|p| !p.is_empty()),
+            "{}",
+            f.display()
+        );
+        used.extend(metric_names_in(&text));
+    }
+    assert!(
+        used.len() >= 8,
+        "the Grafana dashboard uses few metrics: {used:?}"
+    );
+    for name in &used {
+        assert!(
+            exported.contains(name) || types.contains_key(name),
+            "the Grafana dashboard uses {name}, which /metrics does not export"
+        );
+    }
+
+    // The web dashboard reads the JSON API: every `st.x`, `job.x` and `ds.x` it uses is a field
+    // of /v1/stats, /v1/jobs and /v1/datasets respectively, and any metric name it mentions
+    // exists.
+    let mut js = String::new();
+    for e in std::fs::read_dir(root.join("web-ui")).unwrap().flatten() {
+        js.push_str(&std::fs::read_to_string(e.path()).unwrap());
+    }
+    for name in metric_names_in(&js) {
+        assert!(
+            exported.contains(&name) || types.contains_key(&name),
+            "web-ui uses {name}"
+        );
+    }
+    let c = env.server.client();
+    let stats = c.ok("GET", "/v1/stats", None).unwrap();
+    let jobs = c.ok("GET", "/v1/jobs", None).unwrap();
+    let datasets = c.ok("GET", "/v1/datasets", None).unwrap();
+    let history = c.ok("GET", "/v1/stats/history", None).unwrap();
+    for (var, obj) in [
+        ("st", &stats),
+        ("job", &jobs["jobs"][0]),
+        ("ds", &datasets["datasets"][0]),
+        ("pt", &history["samples"][0]),
+    ] {
+        let fields = js_fields(&js, var);
+        assert!(!fields.is_empty(), "the dashboard reads no `{var}.` field");
+        for f in fields {
+            assert!(
+                obj.get(&f).is_some(),
+                "the dashboard reads {var}.{f}, which the API does not return: {obj}"
+            );
+        }
+    }
+}
+
+/// Field names read as `<var>.<field>` in the dashboard's JavaScript.
+fn js_fields(js: &str, var: &str) -> BTreeSet<String> {
+    let pat = format!("{var}.");
+    let b = js.as_bytes();
+    let mut out = BTreeSet::new();
+    let mut i = 0;
+    while let Some(off) = js[i..].find(&pat) {
+        let start = i + off;
+        i = start + pat.len();
+        if start > 0
+            && (b[start - 1].is_ascii_alphanumeric()
+                || b[start - 1] == b'_'
+                || b[start - 1] == b'.')
+        {
+            continue;
+        }
+        let mut end = i;
+        while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
+            end += 1;
+        }
+        if end > i {
+            out.insert(js[i..end].to_string());
+        }
+    }
+    out
+}
+
+/// Whether the tests that need external tools must run (tests/all.sh installs them).
+fn tools_required() -> bool {
+    std::env::var("JOADER_REQUIRE_TOOLS").is_ok_and(|v| v == "1")
+}
+
+/// The path of `tool`, or `None` (after saying so) when it is missing and not required.
+fn find_tool(tool: &str, test: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(tool))
+            .find(|p| p.is_file())
+    });
+    match found {
+        Some(p) => Some(p),
+        None if tools_required() => panic!(
+            "{test} needs `{tool}` (Debian: apt-get install -y chromium prometheus); \
+             JOADER_REQUIRE_TOOLS=1 forbids skipping"
+        ),
+        None => {
+            eprintln!(
+                "SKIPPED {test}: `{tool}` is not installed (tests/all.sh installs it; \
+                 set JOADER_REQUIRE_TOOLS=1 to make this a failure)"
+            );
+            None
+        }
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; fine for a test).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process killed when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn prometheus_scrapes_a_running_server() {
+    let test = "prometheus_scrapes_a_running_server";
+    let (Some(prometheus), Some(promtool)) =
+        (find_tool("prometheus", test), find_tool("promtool", test))
+    else {
+        return;
+    };
+    let root = workspace_root();
+    // The shipped configuration is valid.
+    let out = Command::new(&promtool)
+        .arg("check")
+        .arg("config")
+        .arg(root.join("docker/prometheus.yml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check config docker/prometheus.yml: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let env = start("prom", &[]);
+    finish(consumer(
+        &env.server.url,
+        &json!({"name": "scraped", "dataset": "imgs", "batch_size": 4, "epochs": 1}),
+        &[],
+    ));
+    // promtool's linter accepts the exposition.
+    let (_, text) = get_text(&format!("{}/metrics", env.server.url), None);
+    let mut lint = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        lint.stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let dir = TempDir::new("prometheus");
+    let target = env.server.url.trim_start_matches("http://").to_string();
+    let config = dir.0.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: joader\n    static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let log = std::fs::File::create(dir.0.join("prometheus.log")).unwrap();
+    let _prom = Guard(
+        Command::new(&prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.0.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus"),
+    );
+    let query = format!(
+        "http://127.0.0.1:{port}/api/v1/query?query=joader_job_delivered_samples_total%7Bjob_name%3D%22scraped%22%7D"
+    );
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        if let Ok(body) = try_get_text(&query, None) {
+            last = body.1;
+            if let Ok(v) = serde_json::from_str::<Value>(&last)
+                && v["status"] == "success"
+                && let Some(r) = v["data"]["result"].as_array().and_then(|r| r.first())
+            {
+                let got: f64 = r["value"][1].as_str().unwrap().parse().unwrap();
+                assert_eq!(got, ITEMS as f64, "{last}");
+                assert_eq!(r["metric"]["dataset"], "imgs", "{last}");
+                // Prometheus' own `job` label is the scrape job: no clash with ours.
+                assert_eq!(r["metric"]["job"], "joader", "{last}");
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "Prometheus never returned the sample; last answer: {last}\nlog:\n{}",
+            std::fs::read_to_string(dir.0.join("prometheus.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Runs a headless Chromium with `args` on `url`, bounded in time; returns its stdout.
+fn chromium(bin: &Path, profile: &Path, args: &[String], url: &str) -> String {
+    let mut child = Command::new(bin)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--virtual-time-budget=5000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start chromium");
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut { stdout }, &mut s);
+        s
+    });
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = reader.join().unwrap();
+            assert!(status.success(), "chromium {args:?} failed: {status}");
+            return out;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium {args:?} did not finish within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The build's target directory (`target/<profile>/deps/it-…` → `target`).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.ancestors().nth(3).unwrap().to_path_buf()
+}
+
+#[test]
+fn the_dashboard_shows_running_jobs_in_a_real_browser() {
+    let test = "the_dashboard_shows_running_jobs_in_a_real_browser";
+    let Some(browser) = find_tool("chromium", test) else {
+        return;
+    };
+    // With a token: the page takes it from ?token= and sends it as a header.
+    let env = start_with_token("ui", "ui-t0ken");
+    let url = env.server.url.clone();
+    let jobs = ["resnet-ui", "vit-ui"];
+    let _running: Vec<Running> = jobs
+        .iter()
+        .zip(["2000", "5000"])
+        .map(|(name, pace)| {
+            Running(consumer(
+                &url,
+                &json!({"name": name, "dataset": "imgs", "batch_size": 4}),
+                &["--sample-us", pace, "--token", "ui-t0ken"],
+            ))
+        })
+        .collect();
+    // Wait until both jobs report a rate and the history has a few samples for the charts.
+    let c = env.server.client().with_token(Some("ui-t0ken".into()));
+    let start = Instant::now();
+    loop {
+        let listed = c.ok("GET", "/v1/jobs", None).unwrap();
+        let history = c.ok("GET", "/v1/stats/history", None).unwrap();
+        let rates: Vec<f64> = listed["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["samples_per_s"].as_f64().unwrap())
+            .collect();
+        if rates.len() == 2
+            && rates.iter().all(|&r| r > 0.0)
+            && history["samples"].as_array().unwrap().len() >= 4
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the jobs never reported rates: {listed}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    let profile = TempDir::new("chromium");
+    let page = format!("{url}/?token=ui-t0ken");
+    let dom = chromium(&browser, &profile.0, &["--dump-dom".into()], &page);
+    assert!(dom.contains("<title>joader</title>"), "{dom}");
+    assert!(
+        !dom.contains("Cannot load data"),
+        "the page could not load its data: {dom}"
+    );
+    for job in jobs {
+        let marker = format!("data-job=\"{job}\" data-rate=\"");
+        let at = dom
+            .find(&marker)
+            .unwrap_or_else(|| panic!("job {job} is not on the page: {dom}"));
+        let rate: f64 = dom[at + marker.len()..]
+            .split('"')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(rate > 0.0, "job {job} shows no rate: {dom}");
+    }
+    assert!(
+        dom.contains("data-dataset=\"imgs\""),
+        "the dataset is not listed"
+    );
+    assert!(
+        dom.contains("instance it_ui_"),
+        "the header names the instance"
+    );
+
+    // Without the token the page says why it has no data.
+    let denied = chromium(
+        &browser,
+        &profile.0,
+        &["--dump-dom".into()],
+        &format!("{url}/"),
+    );
+    assert!(denied.contains("Cannot load data"), "{denied}");
+    assert!(denied.contains("?token="), "{denied}");
+
+    let shot = target_dir().join("dashboard.png");
+    let _ = std::fs::remove_file(&shot);
+    chromium(
+        &browser,
+        &profile.0,
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1280,900".into(),
+        ],
+        &page,
+    );
+    let png = std::fs::read(&shot).expect("the screenshot was written");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 20_000,
+        "{} is not a real screenshot",
+        shot.display()
+    );
+    eprintln!("dashboard screenshot: {}", shot.display());
 }
