@@ -653,7 +653,10 @@ fn find_tool(tool: &str, test: &str) -> Option<PathBuf> {
              JOADER_REQUIRE_TOOLS=1 forbids skipping"
         ),
         None => {
-            eprintln!(
+            // Straight to the process's stderr: libtest captures `eprintln!` of passing tests.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
                 "SKIPPED {test}: `{tool}` is not installed (tests/all.sh installs it; \
                  set JOADER_REQUIRE_TOOLS=1 to make this a failure)"
             );
