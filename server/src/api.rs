@@ -784,6 +784,19 @@ async fn stop_job(state: &AppState, name: &str) -> ApiResult<()> {
         .await
         .map_err(internal)?;
     entry.stats.set_state(JobState::Failed("deleted".into()));
+    // Closed: its counters are final; a later job of the same name continues from them.
+    let now = crate::metrics::job_counts(&entry.stats);
+    let stall = entry
+        .stats
+        .stall_us
+        .load(std::sync::atomic::Ordering::Relaxed) as f64
+        / 1e6;
+    let mut inner = state.inner.lock().map_err(internal)?;
+    let r = inner.retired.entry(name.to_string()).or_default();
+    for (acc, v) in r.counts.iter_mut().zip(now) {
+        *acc += v;
+    }
+    r.stall_s += stall;
     Ok(())
 }
 

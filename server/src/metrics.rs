@@ -94,17 +94,16 @@ const JOB_COUNTERS: [(&str, &str); 7] = [
 ///
 /// A job name can be reused once its job finished or failed, and the new job's counters
 /// start at zero. Prometheus counters must not go down, so the series of a name continues
-/// from where the previous job of that name left it (`base`).
+/// from what the stopped jobs of that name counted (`state::Inner::retired`), and never
+/// goes down.
 struct JobSeries {
     id: u64,
     dataset: String,
-    base: [u64; 7],
     counts: [u64; 7],
-    stall_base: f64,
     stall: f64,
 }
 
-fn job_counts(s: &JobStats) -> [u64; 7] {
+pub(crate) fn job_counts(s: &JobStats) -> [u64; 7] {
     let acked = s.acknowledged.load(Relaxed);
     [
         s.sampled.load(Relaxed),
@@ -272,23 +271,21 @@ impl Metrics {
                 let e = series.entry(name.clone()).or_insert_with(|| JobSeries {
                     id: j.id,
                     dataset: j.dataset.clone(),
-                    base: [0; 7],
                     counts: [0; 7],
-                    stall_base: 0.0,
                     stall: 0.0,
                 });
-                if e.id != j.id {
-                    // A new job under a reused name: its series continues.
-                    e.base = e.counts;
-                    e.stall_base = e.stall;
-                    e.id = j.id;
-                    e.dataset = j.dataset.clone();
-                }
+                // A job under a reused name continues from what the stopped ones of that name
+                // counted (recorded when they stopped, so no scrape can miss it).
+                let retired = inner.retired.get(name).copied().unwrap_or_default();
+                e.id = j.id;
+                e.dataset = j.dataset.clone();
                 let now = job_counts(&j.stats);
                 for i in 0..now.len() {
-                    e.counts[i] = e.base[i] + now[i];
+                    e.counts[i] = e.counts[i].max(retired.counts[i] + now[i]);
                 }
-                e.stall = e.stall_base + j.stats.stall_us.load(Relaxed) as f64 / 1e6;
+                e.stall = e
+                    .stall
+                    .max(retired.stall_s + j.stats.stall_us.load(Relaxed) as f64 / 1e6);
                 let labels = [("job_name", name.clone()), ("dataset", j.dataset.clone())];
                 for (i, (metric, _)) in JOB_COUNTERS.iter().enumerate() {
                     counter!(*metric, &labels).absolute(e.counts[i]);
@@ -381,7 +378,10 @@ fn record_cache(state: &AppState) {
         s.bytes_read.load(Relaxed),
     );
     c("joader_load_errors_total", s.load_errors.load(Relaxed));
-    c("joader_cache_evictions_total", s.evictions.load(Relaxed));
+    counter!("joader_cache_evictions_total", "reason" => "unneeded")
+        .absolute(s.evictions_unneeded.load(Relaxed));
+    counter!("joader_cache_evictions_total", "reason" => "needed")
+        .absolute(s.evictions_needed.load(Relaxed));
     c("joader_sampler_rounds_total", s.rounds.load(Relaxed));
     c("joader_sampler_picks_total", s.round_elements.load(Relaxed));
     c(
@@ -475,7 +475,7 @@ fn describe_all() {
     );
     describe_counter!(
         "joader_cache_evictions_total",
-        "cached elements evicted to make room for others"
+        "cached elements evicted to make room, by reason: unneeded (no job still needed it this epoch) or needed"
     );
     describe_counter!(
         "joader_sampler_rounds_total",

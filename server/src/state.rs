@@ -31,6 +31,8 @@ pub struct AppState {
 pub struct Inner {
     pub datasets: BTreeMap<String, DatasetEntry>,
     pub jobs: BTreeMap<String, JobEntry>,
+    /// Final counters of the stopped jobs of each name (a reused name continues its metrics).
+    pub retired: BTreeMap<String, Retired>,
     pub pipelines: Vec<Pipeline>,
     pub next_job_id: u64,
     pub dataset_ids: u16,
@@ -58,6 +60,13 @@ impl Inner {
         self.pipelines.push(p.clone());
         Ok((self.pipelines.len() - 1) as u16)
     }
+}
+
+/// What the stopped jobs of one name had counted, in the order of `metrics::job_counts`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Retired {
+    pub counts: [u64; 7],
+    pub stall_s: f64,
 }
 
 pub struct DatasetEntry {
@@ -217,6 +226,8 @@ pub fn stats_json(state: &AppState) -> serde_json::Value {
         "bytes_read": s.bytes_read.load(Relaxed),
         "load_errors": s.load_errors.load(Relaxed),
         "evictions": s.evictions.load(Relaxed),
+        "evictions_unneeded": s.evictions_unneeded.load(Relaxed),
+        "evictions_needed": s.evictions_needed.load(Relaxed),
         "slots_in_use": s.slots_in_use.load(Relaxed),
         "slot_capacity": s.slot_capacity.load(Relaxed),
         "bytes_in_use": s.bytes_in_use.load(Relaxed),

@@ -267,8 +267,24 @@ impl Policy {
         self.entries.get(&key).is_some_and(|e| e.pinned)
     }
 
+    /// Like [`Policy::victim`], also returning the victim's reference count (how many jobs still
+    /// needed it in their current epoch), for eviction metrics.
+    pub fn victim_with_refcount(&mut self) -> Option<(u64, u32)> {
+        let key = self.peek_victim()?;
+        let refcount = self.refcount(key).unwrap_or(0);
+        self.remove(key);
+        Some((key, refcount))
+    }
+
     /// Chooses the key to evict and stops tracking it; `None` when every key is pinned.
     pub fn victim(&mut self) -> Option<u64> {
+        let key = self.peek_victim()?;
+        self.remove(key);
+        Some(key)
+    }
+
+    /// The key [`Policy::victim`] would evict now (Random draws it, so two peeks may differ).
+    fn peek_victim(&mut self) -> Option<u64> {
         let key = if self.kind == PolicyKind::Random {
             if self.pool.is_empty() {
                 return None;
@@ -278,7 +294,6 @@ impl Policy {
         } else {
             self.order.first()?.1
         };
-        self.remove(key);
         Some(key)
     }
 }
@@ -309,9 +324,9 @@ mod tests {
         p.insert(11, 1, None);
         p.insert(12, 2, None);
         p.pin(11);
-        assert_eq!(p.victim(), Some(12));
+        assert_eq!(p.victim_with_refcount(), Some((12, 2)));
         p.set_refcount(10, 0);
-        assert_eq!(p.victim(), Some(10));
+        assert_eq!(p.victim_with_refcount(), Some((10, 0)));
         assert_eq!(p.victim(), None, "only a pinned key is left");
         p.unpin(11);
         assert_eq!(p.victim(), Some(11));

@@ -225,7 +225,13 @@ impl CacheActor {
                     }
                 }
                 Err(dataplane::Error::Full { .. } | dataplane::Error::NoFreeSlot { .. }) => {
-                    if let Some(victim) = self.policy.victim() {
+                    if let Some((victim, refcount)) = self.policy.victim_with_refcount() {
+                        let reason = if refcount == 0 {
+                            &self.stats.evictions_unneeded
+                        } else {
+                            &self.stats.evictions_needed
+                        };
+                        reason.fetch_add(1, Relaxed);
                         self.evict(victim);
                         self.waiting.push_front((key, element, label, prepared));
                     } else if self.slots.is_empty() {

@@ -95,6 +95,10 @@ pub struct CacheStats {
     pub bytes_read: AtomicU64,
     pub load_errors: AtomicU64,
     pub evictions: AtomicU64,
+    /// Evictions of elements no job needed any more in its current epoch (RefCnt's ideal).
+    pub evictions_unneeded: AtomicU64,
+    /// Evictions of elements some job still needed (the cache was too small).
+    pub evictions_needed: AtomicU64,
     pub slots_in_use: AtomicU64,
     pub bytes_in_use: AtomicU64,
     pub capacity_bytes: AtomicU64,

@@ -268,6 +268,13 @@ async fn a_small_cache_applies_back_pressure_and_evicts() {
         w.stats.evictions.load(Relaxed) >= 80 - 12,
         "a 12-slot cache evicts"
     );
+    assert_eq!(
+        w.stats.evictions_unneeded.load(Relaxed) + w.stats.evictions_needed.load(Relaxed),
+        w.stats.evictions.load(Relaxed),
+        "every eviction has a reason"
+    );
+    // One job, one epoch: what it has read it never needs again.
+    assert_eq!(w.stats.evictions_needed.load(Relaxed), 0);
     w.cache.send(Shutdown).await.unwrap();
 }
 
