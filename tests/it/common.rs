@@ -59,6 +59,8 @@ impl Drop for TempDir {
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
+
+use serde_json::Value;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -185,4 +187,25 @@ impl Drop for TestServer {
             );
         }
     }
+}
+
+/// `joader consume` in its own process; [`finish`] waits for it and returns its JSON summary.
+pub fn consumer(url: &str, job: &Value, extra: &[&str]) -> Child {
+    Command::new(joader_bin())
+        .args(["consume", "--server", url, "--job", &job.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn joader consume")
+}
+
+pub fn finish(child: Child) -> Value {
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "consumer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("consumer summary")
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{TempDir, TestServer, joader_bin, unique_instance};
+use crate::common::{TempDir, TestServer, consumer, finish, unique_instance};
 
 const CLASSES: u32 = 3;
 const PER_CLASS: u32 = 10;
@@ -71,26 +71,6 @@ fn start_inner(tag: &str, extra: &[&str], token: Option<&str>) -> Env {
     .unwrap();
     c.wait_ready("imgs", Duration::from_secs(60)).unwrap();
     env
-}
-
-/// `joader consume` in its own process.
-fn consumer(url: &str, job: &Value, extra: &[&str]) -> Child {
-    Command::new(joader_bin())
-        .args(["consume", "--server", url, "--job", &job.to_string()])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn joader consume")
-}
-
-fn finish(child: Child) {
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "consumer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Kills a consumer when dropped (for jobs that never end).

@@ -3,13 +3,12 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{TempDir, TestServer, joader_bin, shm_objects, unique_instance};
+use crate::common::{TempDir, TestServer, consumer, finish, shm_objects, unique_instance};
 
 const CLASSES: u32 = 4;
 const PER_CLASS: u32 = 12;
@@ -76,27 +75,6 @@ fn create_folder_dataset(env: &Env, name: &str, root: &Path) -> Value {
     )
     .unwrap();
     c.wait_ready(name, Duration::from_secs(60)).unwrap()
-}
-
-/// `joader consume` in its own process.
-fn consumer(url: &str, job: &Value, extra: &[&str]) -> Child {
-    Command::new(joader_bin())
-        .args(["consume", "--server", url, "--job", &job.to_string()])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn joader consume")
-}
-
-fn finish(child: Child) -> Value {
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "consumer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("consumer summary")
 }
 
 fn epoch_ids(summary: &Value, epoch: usize) -> Vec<u32> {
