@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 use common::*;
 use dataplane::{Error, Reader, ReaderStatus, SegmentConfig, Writer};
 
-const T: Option<Duration> = Some(Duration::from_secs(5));
+/// Timeouts for data that is already there or about to be: generous, because reaching one is a
+/// failure of the code, never something a test waits out (tests wait for states, not times).
+const LONG: Duration = Duration::from_secs(60);
+const T: Option<Duration> = Some(LONG);
 
 #[test]
 fn push_read_ack_end_to_end() {
@@ -145,10 +148,10 @@ fn errors_epochs_and_end_of_stream() {
     let b = reader.next_batch(10, T).unwrap();
     assert!(b.end_of_stream() && b.is_empty());
     drop(b);
-    // After the end of the stream, batches are empty and immediate.
+    // After the end of the stream, batches are empty and do not wait for the timeout.
     let t0 = Instant::now();
-    assert!(reader.next_batch(10, None).unwrap().is_empty());
-    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert!(reader.next_batch(10, Some(LONG)).unwrap().is_empty());
+    assert!(t0.elapsed() < LONG, "waited for the timeout after the end");
     assert_eq!(ring.poll_acks().unwrap(), vec![a]);
 }
 
@@ -162,11 +165,9 @@ fn timeout_returns_an_empty_batch() {
         .next_batch(4, Some(Duration::from_millis(150)))
         .unwrap();
     assert!(b.is_empty());
+    // A timeout never fires early (the monotonic clock makes this exact).
     let e = t0.elapsed();
-    assert!(
-        e >= Duration::from_millis(150) && e < Duration::from_secs(2),
-        "{e:?}"
-    );
+    assert!(e >= Duration::from_millis(150), "{e:?}");
 }
 
 #[test]
@@ -177,19 +178,14 @@ fn blocked_reader_wakes_on_push() {
     let inst = w.instance().to_string();
     let h = std::thread::spawn(move || {
         let reader = Reader::open(&inst, "r").unwrap();
-        let t0 = Instant::now();
-        let b = reader.next_batch(1, Some(Duration::from_secs(10))).unwrap();
-        (
-            b.len(),
-            b.items().next().unwrap().meta.element_id,
-            t0.elapsed(),
-        )
+        let b = reader.next_batch(1, Some(LONG)).unwrap();
+        assert_eq!(b.len(), 1, "no item arrived before the timeout");
+        b.items().next().unwrap().meta.element_id
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // Most likely the reader is asleep by then; either way it must get the item.
+    std::thread::sleep(Duration::from_millis(100));
     ring.push_data(s, 0, 0).unwrap();
-    let (n, id, waited) = h.join().unwrap();
-    assert_eq!((n, id), (1, 3));
-    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    assert_eq!(h.join().unwrap(), 3);
 }
 
 #[test]
@@ -203,10 +199,10 @@ fn reader_notices_server_shutdown() {
         drop(w);
         ring
     });
-    let t0 = Instant::now();
-    let err = reader.next_batch(1, None).unwrap_err();
+    let err = reader
+        .next_batch(1, Some(LONG))
+        .expect_err("the reader did not notice the server's end before its timeout");
     assert_eq!(err.code(), "server_gone", "{err}");
-    assert!(t0.elapsed() < Duration::from_secs(3));
     drop(h.join().unwrap());
 }
 
@@ -329,16 +325,19 @@ fn open_waits_for_the_version_word_and_checks_it() {
 fn open_waits_for_a_segment_created_later() {
     let inst = instance("late");
     let i2 = inst.clone();
+    let (done, until_done) = std::sync::mpsc::channel::<()>();
     let h = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
         let w = Writer::create(&SegmentConfig::new(i2, 4, 1 << 16)).unwrap();
         let ring = w.create_ring("r", 4).unwrap();
-        std::thread::sleep(Duration::from_millis(500));
+        // The segment lives until the reader has opened it.
+        let _ = until_done.recv();
         (w, ring)
     });
-    let reader = Reader::open_with_timeout(&inst, "r", Duration::from_secs(5)).unwrap();
+    let reader = Reader::open_with_timeout(&inst, "r", LONG).unwrap();
     assert_eq!(reader.capacity(), 4);
     drop(reader);
+    done.send(()).unwrap();
     drop(h.join().unwrap());
 }
 

@@ -195,7 +195,7 @@ fn stress_producer_consumer_with_slot_reuse() {
         let mut kept: Option<Batch<'_>> = None;
         let t0 = Instant::now();
         while next < N {
-            assert!(t0.elapsed() < Duration::from_secs(60), "stalled at {next}");
+            assert!(t0.elapsed() < Duration::from_secs(300), "stalled at {next}");
             rng = rng
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
@@ -232,7 +232,7 @@ fn stress_producer_consumer_with_slot_reuse() {
     let t0 = Instant::now();
     while pushed < N {
         assert!(
-            t0.elapsed() < Duration::from_secs(60),
+            t0.elapsed() < Duration::from_secs(300),
             "producer stalled at {pushed}"
         );
         for s in ring.poll_acks().unwrap() {

@@ -30,6 +30,53 @@ pub fn joader_bin() -> PathBuf {
     .clone()
 }
 
+/// How long a test waits for a state before it fails. Reaching it is a failure of the code, never
+/// something a test waits out, so it is far beyond what any state here takes on a loaded
+/// machine (tests wait for states, never for times: see CODE_STYLE.md).
+pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Polls `probe` until it returns `Some`, and returns that; fails naming `what` once
+/// [`DEADLINE`] has passed.
+pub fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "waited {DEADLINE:?} in vain for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Waits until the job `name` has `acknowledged` samples acknowledged (the server learns of a
+/// client's last acknowledgements when it next polls the rings, which may be after the client
+/// has exited) and returns the job's JSON.
+pub fn wait_acknowledged(
+    client: &server::client::Client,
+    name: &str,
+    acknowledged: u64,
+) -> serde_json::Value {
+    let start = std::time::Instant::now();
+    let mut last = serde_json::Value::Null;
+    loop {
+        if let Ok(j) = client.ok("GET", &format!("/v1/jobs/{name}"), None) {
+            if j["acknowledged"].as_u64() == Some(acknowledged) {
+                return j;
+            }
+            last = j;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "waited {DEADLINE:?} in vain for job {name} to have {acknowledged} samples \
+             acknowledged; last seen: {last}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Runs `joader` with `args`.
 pub fn joader(args: &[&str]) -> Output {
     Command::new(joader_bin())
@@ -137,7 +184,7 @@ impl TestServer {
                 log2.lock().unwrap().push('\n');
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+        let addr = match rx.recv_timeout(DEADLINE) {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();

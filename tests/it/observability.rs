@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{TempDir, TestServer, consumer, finish, unique_instance};
+use crate::common::{
+    DEADLINE, TempDir, TestServer, consumer, finish, unique_instance, wait_acknowledged,
+};
 
 const CLASSES: u32 = 3;
 const PER_CLASS: u32 = 10;
@@ -69,7 +71,7 @@ fn start_inner(tag: &str, extra: &[&str], token: Option<&str>) -> Env {
         Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": dataset()}})),
     )
     .unwrap();
-    c.wait_ready("imgs", Duration::from_secs(60)).unwrap();
+    c.wait_ready("imgs", DEADLINE).unwrap();
     env
 }
 
@@ -251,6 +253,9 @@ fn metrics_count_what_the_jobs_did() {
     finish(a);
     finish(b);
     let c = env.server.client();
+    // The clients have exited; wait until the server has seen their last acknowledgements.
+    wait_acknowledged(&c, "a", 2 * ITEMS);
+    wait_acknowledged(&c, "b", ITEMS);
     // Route patterns, not raw paths, and refused or unknown requests are counted too.
     c.ok("GET", "/v1/jobs/a", None).unwrap();
     assert_eq!(c.call("GET", "/v1/jobs/nope", None).unwrap().0, 404);
@@ -345,10 +350,19 @@ fn metrics_count_what_the_jobs_did() {
         );
         assert!(v("joader_job_sampled_total", &[("job_name", job)]) > 0.0);
     }
-    assert!(
-        v("joader_job_stall_seconds_total", &[]) > 0.0,
-        "unpaced clients on a cold cache wait for decodes"
-    );
+    // Whether a client ever found its ring empty depends on timing; what is exact is that the
+    // series is the job's stall time as the API reports it (the actors' tests check that an
+    // attached client with nothing to read is counted as stalled).
+    for job in ["a", "b"] {
+        let api = c.ok("GET", &format!("/v1/jobs/{job}"), None).unwrap()["stall_s"]
+            .as_f64()
+            .unwrap();
+        let exported = v("joader_job_stall_seconds_total", &[("job_name", job)]);
+        assert!(
+            (exported - api).abs() < 1e-6,
+            "job {job}: /metrics says {exported} s stalled, the API {api} s"
+        );
+    }
     assert_eq!(
         v("joader_decodes_total", &[]),
         stats["decodes"].as_f64().unwrap()
@@ -359,10 +373,14 @@ fn metrics_count_what_the_jobs_did() {
     assert!(v("joader_load_failures_total", &[("kind", "not_an_image")]) >= 1.0);
     assert!(v("joader_load_errors_total", &[]) >= 1.0);
     assert!(v("joader_sampler_rounds_total", &[]) > 0.0);
+    // Every request was a job's part of a pick. Whether two jobs in separate processes had
+    // credit in the same pass (and so shared picks) depends on timing: the actors' tests check
+    // sharing with passes they drive; here, a pick is shared by one job or more.
     assert_eq!(v("joader_sampler_pick_jobs_total", &[]), requests);
+    let picks = v("joader_sampler_picks_total", &[]);
     assert!(
-        v("joader_sampler_picks_total", &[]) < requests,
-        "no pick was shared"
+        picks >= ITEMS as f64 && picks <= requests,
+        "{picks} picks for {requests} requests"
     );
     assert!(v("joader_loader_busy_seconds_total", &[]) > 0.0);
     assert!(v("joader_shm_used_bytes", &[]) > 0.0);
@@ -425,22 +443,17 @@ fn metrics_count_what_the_jobs_did() {
         &[],
     );
     finish(again);
-    // The server polls acknowledgements every millisecond: give the last batch time to land.
-    let want = Some((2 * ITEMS) as f64);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let got = loop {
-        let (_, s2) = scrape(&env);
-        let got = value(
+    wait_acknowledged(&c, "b", ITEMS);
+    let (_, s2) = scrape(&env);
+    assert_eq!(
+        value(
             &s2,
             "joader_job_delivered_samples_total",
             &[("job_name", "b")],
-        );
-        if got == want || std::time::Instant::now() > deadline {
-            break got;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    assert_eq!(got, want, "a reused job name continues its counters");
+        ),
+        Some((2 * ITEMS) as f64),
+        "a reused job name continues its counters"
+    );
     // The process figures are in /v1/stats too (the dashboard reads those).
     let stats = c.ok("GET", "/v1/stats", None).unwrap();
     assert!(stats["process_cpu_s"].as_f64().unwrap() > 0.0, "{stats}");
@@ -772,7 +785,7 @@ fn prometheus_scrapes_a_running_server() {
             }
         }
         assert!(
-            start.elapsed() < Duration::from_secs(90),
+            start.elapsed() < DEADLINE,
             "Prometheus never returned the sample; last answer: {last}\nlog:\n{}",
             std::fs::read_to_string(dir.0.join("prometheus.log")).unwrap_or_default()
         );
@@ -869,7 +882,7 @@ fn the_dashboard_shows_running_jobs_in_a_real_browser() {
             break;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(60),
+            start.elapsed() < DEADLINE,
             "the jobs never reported rates: {listed}"
         );
         std::thread::sleep(Duration::from_millis(250));

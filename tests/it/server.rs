@@ -4,11 +4,13 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::{TempDir, TestServer, consumer, finish, shm_objects, unique_instance};
+use crate::common::{
+    DEADLINE, TempDir, TestServer, consumer, finish, shm_objects, unique_instance, wait_for,
+};
 
 const CLASSES: u32 = 4;
 const PER_CLASS: u32 = 12;
@@ -74,7 +76,7 @@ fn create_folder_dataset(env: &Env, name: &str, root: &Path) -> Value {
         Some(&json!({"name": name, "source": {"kind": "image_folder", "path": root}})),
     )
     .unwrap();
-    c.wait_ready(name, Duration::from_secs(60)).unwrap()
+    c.wait_ready(name, DEADLINE).unwrap()
 }
 
 fn epoch_ids(summary: &Value, epoch: usize) -> Vec<u32> {
@@ -273,9 +275,9 @@ fn every_source_kind_indexes_and_the_catalog_survives_a_restart() {
         ),
     )
     .unwrap();
-    let f = c.wait_ready("f", Duration::from_secs(60)).unwrap();
-    let t = c.wait_ready("t", Duration::from_secs(60)).unwrap();
-    let m = c.wait_ready("m", Duration::from_secs(60)).unwrap();
+    let f = c.wait_ready("f", DEADLINE).unwrap();
+    let t = c.wait_ready("t", DEADLINE).unwrap();
+    let m = c.wait_ready("m", DEADLINE).unwrap();
     assert_eq!(f["items"], list.len());
     assert_eq!(
         f["classes"],
@@ -557,18 +559,10 @@ fn a_killed_client_is_reclaimed_while_the_others_finish() {
         &["--sample-us", "500"],
     );
     // Wait until the victim has read two batches (and holds the second), then kill it.
-    let start = Instant::now();
-    loop {
-        let j = c.ok("GET", "/v1/jobs/victim", None);
-        if j.is_ok_and(|j| j["acknowledged"].as_u64().unwrap_or(0) >= 4) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the victim never read"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for("the victim to read a batch", || {
+        let j = c.ok("GET", "/v1/jobs/victim", None).ok()?;
+        (j["acknowledged"].as_u64().unwrap_or(0) >= 4).then_some(())
+    });
     let mut victim = victim;
     victim.kill().unwrap();
     victim.wait().unwrap();
@@ -581,19 +575,11 @@ fn a_killed_client_is_reclaimed_while_the_others_finish() {
             "the survivor's epoch {e} is complete"
         );
     }
-    let start = Instant::now();
-    loop {
+    let j = wait_for("the dead client to be noticed", || {
         let j = c.ok("GET", "/v1/jobs/victim", None).unwrap();
-        if j["state"] == "failed" {
-            assert!(j["reason"].as_str().unwrap().contains("died"), "{j}");
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the dead client was not noticed: {j}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        (j["state"] == "failed").then_some(j)
+    });
+    assert!(j["reason"].as_str().unwrap().contains("died"), "{j}");
     // Everything the victim held is released: the cache can be filled again.
     let s = finish(consumer(
         &env.server.url,

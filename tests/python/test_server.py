@@ -45,9 +45,9 @@ def server() -> Iterator[Dict[str, Any]]:
     assert url, "joader serve did not start"
     post(url, "/v1/datasets", {"name": "imgs", "source": {"kind": "image_folder", "path": str(data)}})
     import time
-    for _ in range(400):
-        if get(url, "/v1/datasets/imgs")["state"] == "ready":
-            break
+    deadline = time.monotonic() + 120
+    while get(url, "/v1/datasets/imgs")["state"] != "ready":
+        assert time.monotonic() < deadline, "the dataset was not indexed within 120 s"
         time.sleep(0.05)
     yield {"url": url, "instance": instance}
     proc.send_signal(signal.SIGTERM)

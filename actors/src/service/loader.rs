@@ -182,10 +182,14 @@ mod tests {
                 .await
                 .unwrap();
         }
-        for _ in 0..200 {
-            if got.lock().unwrap().len() == 3 {
-                break;
-            }
+        // The workers answer asynchronously: wait for the three results (generous deadline).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while got.lock().unwrap().len() < 3 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the loader answered {} of 3 loads in 60 s",
+                got.lock().unwrap().len()
+            );
             actix::clock::sleep(std::time::Duration::from_millis(5)).await;
         }
         let mut got = got.lock().unwrap().clone();

@@ -147,6 +147,14 @@ pub struct RemoveJob {
     pub job: JobId,
 }
 
+/// Control → Sampler: sample now, for every job that has credit, instead of waiting for the
+/// next tick; answers once the pass's deliveries are sent downstream. Tests drive the sampler
+/// with it (with a tick too long to fire), so that which jobs share a round is decided by the
+/// test, not by timing.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct Pass;
+
 /// Description of one delivery ring, as the client needs it to open it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RingInfo {

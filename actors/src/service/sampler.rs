@@ -16,7 +16,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use super::messages::{
-    AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, EndAt, JobId, JobSignal, RemoveJob,
+    AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, EndAt, JobId, JobSignal, Pass, RemoveJob,
 };
 use super::stats::{CacheStats, JobStats};
 use crate::sampling::{
@@ -204,6 +204,13 @@ impl Handler<RemoveJob> for SamplerActor {
     }
 }
 
+impl Handler<Pass> for SamplerActor {
+    type Result = ();
+    fn handle(&mut self, _: Pass, _: &mut Context<Self>) {
+        self.pass();
+    }
+}
+
 impl Handler<JobSignal> for SamplerActor {
     type Result = ();
     fn handle(&mut self, msg: JobSignal, ctx: &mut Context<Self>) {
@@ -227,6 +234,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::sync::Mutex;
 
+    /// Records what the sampler sends; `Sync` answers once every earlier message is handled.
     struct Capture(Arc<Mutex<Vec<Deliver>>>);
     impl Actor for Capture {
         type Context = Context<Self>;
@@ -237,6 +245,16 @@ mod tests {
             self.0.lock().unwrap().push(msg);
         }
     }
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Sync;
+    impl Handler<Sync> for Capture {
+        type Result = ();
+        fn handle(&mut self, _: Sync, _: &mut Context<Self>) {}
+    }
+
+    /// A tick that never fires during a test: the test samples with [`Pass`].
+    const NEVER: Duration = Duration::from_secs(3600);
 
     fn add(
         job: JobId,
@@ -256,8 +274,18 @@ mod tests {
         }
     }
 
-    async fn settle() {
-        actix::clock::sleep(Duration::from_millis(30)).await;
+    /// Runs one pass and returns once its deliveries have reached the capture.
+    async fn pass(s: &Addr<SamplerActor>, cap: &Addr<Capture>) {
+        s.send(Pass).await.unwrap();
+        cap.send(Sync).await.unwrap();
+    }
+
+    fn count(job: JobId, got: &[Deliver]) -> usize {
+        got.iter()
+            .flat_map(|d| &d.groups)
+            .flat_map(|g| &g.items)
+            .filter(|i| i.job == job)
+            .count()
     }
 
     #[actix::test]
@@ -266,8 +294,8 @@ mod tests {
         let cap = Capture(got.clone()).start();
         let s = SamplerActor::new(
             1,
-            cap.recipient(),
-            Duration::from_millis(2),
+            cap.clone().recipient(),
+            NEVER,
             Arc::new(CacheStats::default()),
         )
         .start();
@@ -289,14 +317,7 @@ mod tests {
                 .unwrap(),
             Err(SamplerError::DuplicateJob(3))
         );
-        settle().await;
-        let count = |job: JobId, got: &[Deliver]| -> usize {
-            got.iter()
-                .flat_map(|d| &d.groups)
-                .flat_map(|g| &g.items)
-                .filter(|i| i.job == job)
-                .count()
-        };
+        pass(&s, &cap).await;
         {
             let g = got.lock().unwrap();
             assert_eq!(
@@ -310,13 +331,20 @@ mod tests {
                 }
             }
         }
+        // A pass without new credit samples nothing.
+        pass(&s, &cap).await;
+        {
+            let g = got.lock().unwrap();
+            assert_eq!((count(1, &g), count(2, &g), count(3, &g)), (10, 4, 5));
+        }
         // Job 3 (independent, 20 elements) gets the rest of its epoch and finishes.
         s.do_send(JobSignal::Credit { job: 3, n: 100 });
         s.do_send(JobSignal::Gone { job: 2 });
         s.do_send(JobSignal::Credit { job: 2, n: 100 });
-        settle().await;
+        pass(&s, &cap).await;
         let g = got.lock().unwrap();
         assert_eq!(count(2, &g), 4, "a gone job receives nothing more");
+        assert_eq!(count(3, &g), 20, "job 3 received exactly its epoch");
         let ids: BTreeSet<u32> = g
             .iter()
             .flat_map(|d| &d.groups)
@@ -337,16 +365,11 @@ mod tests {
     }
 
     #[actix::test]
-    async fn jobs_with_credit_in_the_same_tick_share_elements() {
+    async fn jobs_with_credit_in_the_same_pass_share_elements() {
         let got = Arc::new(Mutex::new(Vec::new()));
         let cap = Capture(got.clone()).start();
-        let s = SamplerActor::new(
-            1,
-            cap.recipient(),
-            Duration::from_millis(20),
-            Arc::new(CacheStats::default()),
-        )
-        .start();
+        let stats = Arc::new(CacheStats::default());
+        let s = SamplerActor::new(1, cap.clone().recipient(), NEVER, stats.clone()).start();
         s.send(add(1, 0..1000, SamplerKind::Dsa, 200, None))
             .await
             .unwrap()
@@ -355,7 +378,9 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        actix::clock::sleep(Duration::from_millis(60)).await;
+        // Both jobs have credit before the first pass: DSA shares every pick of identical
+        // jobs (probability |R1 ∩ R2| / max = 1).
+        pass(&s, &cap).await;
         let g = got.lock().unwrap();
         let groups: Vec<&DeliverGroup> = g.iter().flat_map(|d| &d.groups).collect();
         assert_eq!(groups.len(), 200);
@@ -365,5 +390,8 @@ mod tests {
                 .all(|grp| grp.items.len() == 2 && grp.need == 0),
             "identical jobs share every pick"
         );
+        // The counters behind `joader_sampler_picks_total` and `…_pick_jobs_total`.
+        assert_eq!(stats.round_elements.load(Relaxed), 200);
+        assert_eq!(stats.round_deliveries.load(Relaxed), 400);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dataplane::{Reader, SegmentConfig, Writer};
@@ -16,6 +16,28 @@ use crate::sampling::SamplerKind;
 fn instance(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     format!("t_{tag}_{}_{}", std::process::id(), N.fetch_add(1, Relaxed))
+}
+
+/// How long a test waits for a state before it fails: far beyond what any state here takes,
+/// even on a loaded machine, so that reaching it is a failure of the code, not of the clock.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Waits (yielding to the actors) until `cond` holds; fails naming `what` at the deadline.
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "waited {DEADLINE:?} for {what} in vain"
+        );
+        actix::clock::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits for a reader thread without blocking the actors.
+async fn join<T>(h: std::thread::JoinHandle<T>) -> T {
+    wait_until("the reader thread to finish", || h.is_finished()).await;
+    h.join().unwrap()
 }
 
 /// Element `e` is 32 bytes derived from `e`; element 7 cannot be read.
@@ -67,6 +89,12 @@ struct World {
 }
 
 fn world(tag: &str, slots: u32, arena: u64) -> World {
+    world_ticking(tag, slots, arena, Duration::from_millis(2))
+}
+
+/// A world whose sampler passes every `tick` (tests that drive passes with [`Pass`] give a
+/// tick that never fires).
+fn world_ticking(tag: &str, slots: u32, arena: u64, tick: Duration) -> World {
     let instance = instance(tag);
     let mut cfg = SegmentConfig::new(instance.clone(), slots, arena);
     cfg.reserve = false;
@@ -81,13 +109,7 @@ fn world(tag: &str, slots: u32, arena: u64) -> World {
         let loader = Loader::new(2, ctx.address().recipient(), st.clone()).start();
         CacheActor::new(writer, &cache_cfg, loader.recipient(), st)
     });
-    let sampler = SamplerActor::new(
-        1,
-        cache.clone().recipient(),
-        Duration::from_millis(2),
-        stats.clone(),
-    )
-    .start();
+    let sampler = SamplerActor::new(1, cache.clone().recipient(), tick, stats.clone()).start();
     World {
         sampler,
         cache,
@@ -218,12 +240,13 @@ async fn two_jobs_decode_each_element_once_and_get_exact_epochs() {
     let (s2, r2) = w.job(2, subset.clone(), 2, 16).await;
     let h1 = read_all(w.instance.clone(), r1, Duration::ZERO);
     let h2 = read_all(w.instance.clone(), r2, Duration::ZERO);
-    let (a, b) = loop {
-        if h1.is_finished() && h2.is_finished() {
-            break (h1.join().unwrap(), h2.join().unwrap());
-        }
-        actix::clock::sleep(Duration::from_millis(5)).await;
-    };
+    let (a, b) = (join(h1).await, join(h2).await);
+    // The readers are done, but the Cache learns of their last acknowledgements when it next
+    // polls the rings: wait for that state, not for a time.
+    wait_until("both jobs' 80 acknowledgements", || {
+        s1.acknowledged.load(Relaxed) == 80 && s2.acknowledged.load(Relaxed) == 80
+    })
+    .await;
     let mut without7 = subset.clone();
     without7.remove(7);
     check_epochs(&a, &subset, 2);
@@ -245,8 +268,8 @@ async fn two_jobs_decode_each_element_once_and_get_exact_epochs() {
     assert!((40..=43).contains(&reads), "{reads} reads for 40 elements");
     assert_eq!(w.stats.requests.load(Relaxed), 160);
     assert_eq!(s1.delivered.load(Relaxed), 80);
-    assert_eq!(s2.acknowledged.load(Relaxed), 80);
     assert_eq!(s1.state(), JobState::Finished);
+    assert_eq!(s2.state(), JobState::Finished);
     assert!(w.stats.hits.load(Relaxed) >= 160 - 43);
     w.cache.send(Shutdown).await.unwrap();
 }
@@ -257,12 +280,7 @@ async fn a_small_cache_applies_back_pressure_and_evicts() {
     let subset: RoaringBitmap = (100..180).collect();
     let (_s, r) = w.job(1, subset.clone(), 1, 8).await;
     let h = read_all(w.instance.clone(), r, Duration::from_millis(1));
-    let seen = loop {
-        if h.is_finished() {
-            break h.join().unwrap();
-        }
-        actix::clock::sleep(Duration::from_millis(5)).await;
-    };
+    let seen = join(h).await;
     check_epochs(&seen, &subset, 1);
     assert!(
         w.stats.evictions.load(Relaxed) >= 80 - 12,
@@ -310,24 +328,29 @@ async fn closing_a_job_unpins_its_slots_and_stops_its_sampling() {
     let w = world("close", 32, 1 << 20);
     let (s, ring) = w.job(1, (0..100).collect(), 1, 16).await;
     let inst = w.instance.clone();
-    // A reader that takes a batch and never acknowledges it.
+    // A reader that takes a batch and never acknowledges it, and stays attached until told.
     let held = Arc::new(Mutex::new(None::<u32>));
     let h2 = held.clone();
+    let (leave, until_told) = std::sync::mpsc::channel::<()>();
     let t = std::thread::spawn(move || {
         let reader = Reader::open(&inst, &ring).unwrap();
         let batch = reader
-            .next_batch(16, Some(Duration::from_secs(10)))
+            .next_batch(16, Some(Duration::from_secs(60)))
             .unwrap();
         *h2.lock().unwrap() = Some(batch.len() as u32);
         std::mem::forget(batch);
-        std::thread::sleep(Duration::from_millis(300));
+        let _ = until_told.recv();
     });
-    actix::clock::sleep(Duration::from_millis(100)).await;
+    wait_until("the reader to take a batch", || {
+        held.lock().unwrap().is_some()
+    })
+    .await;
+    assert!(held.lock().unwrap().is_some_and(|n| n > 0));
     assert_eq!(s.acknowledged.load(Relaxed), 0);
     w.cache.send(CloseJob { job: 1 }).await.unwrap();
     w.sampler.send(RemoveJob { job: 1 }).await.unwrap();
     let sampled = s.sampled.load(Relaxed);
-    actix::clock::sleep(Duration::from_millis(50)).await;
+    w.sampler.send(Pass).await.unwrap();
     assert_eq!(
         s.sampled.load(Relaxed),
         sampled,
@@ -336,14 +359,33 @@ async fn closing_a_job_unpins_its_slots_and_stops_its_sampling() {
     // Every slot is evictable again: a new job can fill the whole cache.
     let (_s2, r2) = w.job(2, (200..264).collect(), 1, 16).await;
     let h = read_all(w.instance.clone(), r2, Duration::ZERO);
-    let seen = loop {
-        if h.is_finished() {
-            break h.join().unwrap();
-        }
-        actix::clock::sleep(Duration::from_millis(5)).await;
-    };
+    let seen = join(h).await;
     check_epochs(&seen, &(200..264).collect(), 1);
+    leave.send(()).unwrap();
     t.join().unwrap();
-    assert!(held.lock().unwrap().is_some());
+    w.cache.send(Shutdown).await.unwrap();
+}
+
+#[actix::test]
+async fn an_attached_reader_with_nothing_to_read_is_a_stall() {
+    // The sampler only samples when the test says so: until then the attached reader has credit
+    // and an empty ring, which is what a stall is.
+    let w = world_ticking("stall", 32, 1 << 20, Duration::from_secs(3600));
+    let subset: RoaringBitmap = (0..12).collect();
+    let (s, ring) = w.job(1, subset.clone(), 1, 8).await;
+    let h = read_all(w.instance.clone(), ring, Duration::ZERO);
+    wait_until("stall time to be counted", || s.stall_us.load(Relaxed) > 0).await;
+    assert_eq!(
+        s.state(),
+        JobState::Running,
+        "an attached reader runs the job"
+    );
+    assert_eq!(s.sampled.load(Relaxed), 0);
+    // Sampling resumes the job; the reader gets its exact epoch.
+    while !h.is_finished() {
+        w.sampler.send(Pass).await.unwrap();
+        actix::clock::sleep(Duration::from_millis(5)).await;
+    }
+    check_epochs(&join(h).await, &subset, 1);
     w.cache.send(Shutdown).await.unwrap();
 }
