@@ -1,15 +1,12 @@
-//! joader's core: the dependent sampling tree and DSA, the independent sampler, the cache
-//! policies and the cache simulator.
+//! joader's moving parts: the actix actors (Sampler, Cache, Loader) and their messages in
+//! [`service`], dataset sources in [`storage`] and the shared, deterministic preparation of an
+//! element in [`pipeline`].
 //!
-//! Everything in [`sampling`], [`cache`] and [`sim`] is a plain data structure: no actix, no
-//! I/O, no clocks. The simulator (`joader simulate`) and the server's actors drive the very
-//! same implementations.
+//! The algorithms the actors schedule (the dependent sampling tree, DSA, the cache policies)
+//! live in the runtime-free `joader-core` crate (`actors/core`); the simulator drives the
+//! same code.
 #![forbid(unsafe_code)]
 
-pub mod cache;
 pub mod pipeline;
-pub mod sampling;
 pub mod service;
-pub mod sim;
 pub mod storage;
-pub mod synth;

@@ -6,8 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 
-use actors::cache::PolicyKind;
-use actors::sampling::SamplerKind;
+use joader_core::cache::PolicyKind;
+use joader_core::sampling::SamplerKind;
 
 use crate::{Config, bench, demo, simulate};
 
@@ -43,13 +43,13 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Sampling tree: insertion time of large datasets and sampling throughput.
-    Sampler(bench::SamplerBenchArgs),
+    Sampler(bench::sampler::SamplerBenchArgs),
     /// Shared memory: collate throughput against memcpy, push-to-wake latency.
     Dataplane,
     /// End to end: joader against independent loading (and PyTorch with --torch).
-    E2e(crate::e2e::E2eArgs),
+    E2e(bench::e2e::E2eArgs),
     /// Decode pipeline against Pillow on the same files, one core each.
-    Decode(bench::DecodeBenchArgs),
+    Decode(bench::decode::DecodeBenchArgs),
 }
 
 /// Simulate samplers and cache policies.
@@ -207,7 +207,7 @@ pub struct GenDatasetArgs {
 }
 
 fn gen_dataset(a: GenDatasetArgs) -> Result<()> {
-    let spec = actors::synth::SynthSpec {
+    let spec = crate::synth::SynthSpec {
         classes: a.classes,
         per_class: a.per_class,
         width: a.width,
@@ -215,7 +215,7 @@ fn gen_dataset(a: GenDatasetArgs) -> Result<()> {
         quality: a.quality,
         seed: a.seed,
     };
-    let n = actors::synth::generate_image_folder(&a.out, &spec, &mut |_| {})
+    let n = crate::synth::generate_image_folder(&a.out, &spec, &mut |_| {})
         .with_context(|| format!("cannot generate the dataset in {}", a.out.display()))?;
     println!("{n} images in {}", a.out.display());
     Ok(())
@@ -318,19 +318,19 @@ pub fn main() -> Result<()> {
         Command::Consume(args) => consume(args),
         Command::GenDataset(args) => gen_dataset(args),
         Command::Simulate(args) => simulate::run(args),
-        Command::Bench(BenchCommand::Sampler(args)) => bench::sampler(args),
+        Command::Bench(BenchCommand::Sampler(args)) => bench::sampler::sampler(args),
         Command::Bench(BenchCommand::Dataplane) => {
             let report = dataplane::bench::run(&dataplane::bench::BenchOptions::default())?;
             println!("{report}");
             Ok(())
         }
-        Command::Bench(BenchCommand::E2e(args)) => crate::e2e::run(args),
-        Command::Bench(BenchCommand::Decode(args)) => bench::decode(args),
+        Command::Bench(BenchCommand::E2e(args)) => bench::e2e::run(args),
+        Command::Bench(BenchCommand::Decode(args)) => bench::decode::decode(args),
     }
 }
 
 /// Reads a scenario file (TOML or JSON).
-pub fn read_scenario(path: &std::path::Path) -> Result<actors::sim::Scenario> {
+pub fn read_scenario(path: &std::path::Path) -> Result<joader_core::sim::Scenario> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let scn = if path.extension().is_some_and(|e| e == "json") {

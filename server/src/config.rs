@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use actors::cache::PolicyKind;
 use actors::pipeline::Pipeline;
+use joader_core::cache::PolicyKind;
 use serde::{Deserialize, Serialize};
 
 /// Everything `joader serve` needs; `Config::default()` is a working single-user setup.

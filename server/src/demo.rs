@@ -14,8 +14,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
 use crate::client::{Client, ReadOptions, consume};
+use crate::synth::{SynthSpec, generate_image_folder};
 use crate::{Config, ServerHandle};
-use actors::synth::{SynthSpec, generate_image_folder};
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {

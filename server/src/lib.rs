@@ -2,18 +2,20 @@
 //! command line with its `serve`, `demo`, `simulate` and `bench` subcommands.
 #![forbid(unsafe_code)]
 
-pub mod api;
 pub mod bench;
 pub mod catalog;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod demo;
-pub mod e2e;
+pub mod error;
 pub mod glue;
+pub mod http;
 pub mod metrics;
+pub mod procstat;
+pub mod registry;
 pub mod simulate;
-pub mod state;
+pub mod synth;
 
 use std::future::Future;
 use std::net::TcpListener;
@@ -27,7 +29,7 @@ use anyhow::{Context, Result};
 use dataplane::{SegmentConfig, Writer};
 
 pub use config::Config;
-use state::AppState;
+use registry::AppState;
 
 /// Runs the server on `listener` until `shutdown` completes (or SIGINT/SIGTERM), then removes
 /// its shared-memory segments. Must be called inside an actix system
@@ -67,14 +69,14 @@ pub async fn run(
     });
     let state = Arc::new(AppState {
         config: config.clone(),
-        catalog,
+        catalog: Arc::new(catalog),
         cache: cache.clone(),
         stats,
-        inner: Mutex::new(state::Inner::default()),
+        inner: Mutex::new(registry::Inner::default()),
         started: Instant::now(),
         metrics: Arc::new(metrics::Metrics::new()),
     });
-    state::load_catalog(&state)?;
+    registry::load_catalog(&state)?;
     let data = web::Data::from(state.clone());
     let token = config.token.clone();
     let addr = listener.local_addr()?;
@@ -98,8 +100,8 @@ pub async fn run(
                 async move {
                     match fut {
                         Some(f) => f.await,
-                        None => Err(api::ApiError::new(
-                            api::Code::Unauthorized,
+                        None => Err(error::Error::new(
+                            error::Code::Unauthorized,
                             "a valid bearer token is required",
                         )
                         .into()),
@@ -108,8 +110,8 @@ pub async fn run(
             })
             // Outermost, so that refused requests are counted too.
             .wrap_fn(move |req, srv| recorder.observe(req, srv))
-            .configure(api::configure)
-            .default_service(web::to(api::not_found))
+            .configure(http::configure)
+            .default_service(web::to(http::not_found))
     })
     .workers(1)
     .listen(listener)?

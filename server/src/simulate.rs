@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow};
 
-use actors::sim::{self, JobScenario, ResultRow, Scenario};
+use joader_core::sim::{self, JobScenario, ResultRow, Scenario};
 
 use crate::cli::{SimulateArgs, check_exclusive, read_scenario};
 
@@ -131,7 +131,10 @@ fn print_table(out: &mut impl Write, scn: &Scenario, rows: &[ResultRow]) -> Resu
         "   accesses {:.0}; fewest possible misses |∪D| = {:.0}; misses without sharing Σ|D| = {:.0}; repetitions {}",
         first.accesses, first.union_size, first.sum_sizes, first.repetitions
     )?;
-    let mut cols: Vec<(actors::sampling::SamplerKind, actors::cache::PolicyKind)> = Vec::new();
+    let mut cols: Vec<(
+        joader_core::sampling::SamplerKind,
+        joader_core::cache::PolicyKind,
+    )> = Vec::new();
     for r in rows {
         if !cols.contains(&(r.sampler, r.policy)) {
             cols.push((r.sampler, r.policy));

@@ -20,7 +20,7 @@ fn dataset() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("joader-it-data-{}", std::process::id()));
-        let spec = actors::synth::SynthSpec {
+        let spec = server::synth::SynthSpec {
             classes: CLASSES,
             per_class: PER_CLASS,
             width: 80,
@@ -28,7 +28,7 @@ fn dataset() -> &'static Path {
             quality: 90,
             seed: 7,
         };
-        actors::synth::generate_image_folder(&dir, &spec, &mut |_| {})
+        server::synth::generate_image_folder(&dir, &spec, &mut |_| {})
             .expect("generate the test dataset");
         dir
     })
@@ -534,7 +534,7 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     );
     // The OpenAPI document names every route.
     let doc = c.ok("GET", "/v1/openapi.json", None).unwrap();
-    for (method, path) in server::api::ROUTES {
+    for (method, path) in server::http::ROUTES {
         assert!(
             doc["paths"][path][method].is_object(),
             "{method} {path} is missing from the OpenAPI document"

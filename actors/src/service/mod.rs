@@ -7,7 +7,7 @@
 //! ```
 //! Each actor receives its downstream as an injected `Recipient<M>`, so a test can run one
 //! actor alone and capture what it sends. The sampling and caching decisions are the plain data
-//! structures of [`crate::sampling`] and [`crate::cache`]; the actors only schedule them.
+//! structures of [`joader_core::sampling`] and [`joader_core::cache`]; the actors only schedule them.
 
 pub mod cache;
 pub mod loader;

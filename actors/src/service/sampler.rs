@@ -19,7 +19,7 @@ use super::messages::{
     AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, EndAt, JobId, JobSignal, Pass, RemoveJob,
 };
 use super::stats::{CacheStats, JobStats};
-use crate::sampling::{
+use joader_core::sampling::{
     DependentSamplingTree, IndependentSampler, JobEvent, JobSpec, Round, Sampler, SamplerError,
     SamplerKind,
 };

@@ -1,0 +1,11 @@
+//! joader's algorithms, without a runtime: the dependent sampling tree and DSA, the independent
+//! sampler, the cache policies and the cache simulator.
+//!
+//! Everything here is a plain data structure: no actix, no tokio, no I/O, no clocks. The
+//! simulator (`joader simulate`), the benchmarks and the server's actors (the `actors` crate)
+//! drive the very same implementations, and a reader can study the algorithm alone.
+#![forbid(unsafe_code)]
+
+pub mod cache;
+pub mod sampling;
+pub mod sim;
