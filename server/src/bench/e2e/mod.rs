@@ -1,0 +1,144 @@
+//! `joader bench e2e`: the headline claim measured side by side in one run. Each scenario runs
+//! with joader (an in-process server and one consumer thread per job through the shared-memory
+//! rings) and with independent loading (every job reads, decodes and resizes its own shuffled
+//! order with the same storage and pipeline code on the same number of worker threads), and
+//! optionally with PyTorch's DataLoader (`--torch`). It prints and writes a markdown table and a
+//! PNG chart. Nothing is asserted: the figures are what this machine did in this run.
+
+mod report;
+mod scenarios;
+mod systems;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use std::time::Instant;
+
+use actors::pipeline::Pipeline;
+use actors::storage::{DatasetIndex, SourceSpec};
+use anyhow::Result;
+use clap::Args;
+
+use crate::Config;
+use crate::synth::{SynthSpec, generate_image_folder};
+use report::{chart, markdown};
+use scenarios::{Scenario, scenarios};
+use systems::{Outcome, run_independent, run_joader, run_torch, torch_available};
+
+#[derive(Debug, Args)]
+pub struct E2eArgs {
+    /// Dataset folder (generated on first use, reused afterwards).
+    #[arg(long, default_value = "joader-bench-data")]
+    pub data: PathBuf,
+    #[arg(long, default_value_t = 10)]
+    pub classes: u32,
+    #[arg(long, default_value_t = 100)]
+    pub per_class: u32,
+    /// Shared-memory cache in MiB; the default holds about 60% of the decoded dataset.
+    #[arg(long, default_value_t = 96)]
+    pub cache_mib: u64,
+    /// Decode threads of both joader and the independent baseline (default: cores).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Where the markdown table and the PNG chart go.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// A tiny run (for CI): few images, a subset of the scenarios.
+    #[arg(long)]
+    pub quick: bool,
+    /// Also run PyTorch's DataLoader over torchvision's ImageFolder with PIL (installs torch,
+    /// torchvision and pillow from PyPI with pip when they are missing).
+    #[arg(long)]
+    pub torch: bool,
+}
+
+/// What every system of a run shares: the dataset, its index, the threads and the pipeline.
+pub(super) struct Ctx {
+    pub(super) root: PathBuf,
+    pub(super) index: Arc<DatasetIndex>,
+    pub(super) workers: usize,
+    pub(super) cache_mib: u64,
+    pub(super) pipeline: Pipeline,
+}
+
+pub fn run(args: E2eArgs) -> Result<()> {
+    let (classes, per_class) = if args.quick {
+        (4, 15)
+    } else {
+        (args.classes, args.per_class)
+    };
+    let spec = SynthSpec {
+        classes,
+        per_class,
+        width: 500,
+        height: 375,
+        quality: 90,
+        seed: 2022,
+    };
+    let data = if args.quick {
+        args.data.join("quick")
+    } else {
+        args.data.clone()
+    };
+    std::fs::create_dir_all(&data)?;
+    let root = data.canonicalize()?;
+    let t = Instant::now();
+    let n = generate_image_folder(&root, &spec, &mut |_| {})? as u32;
+    eprintln!(
+        "dataset: {n} JPEGs of 500x375 in {} ({:.1} s)",
+        root.display(),
+        t.elapsed().as_secs_f64()
+    );
+    let index = Arc::new(actors::storage::index(
+        &SourceSpec::ImageFolder { path: root.clone() },
+        std::slice::from_ref(&root),
+        &mut |_| {},
+    )?);
+    let workers = args
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let ctx = Ctx {
+        root: root.clone(),
+        index,
+        workers,
+        cache_mib: args.cache_mib,
+        pipeline: Config::default().default_pipeline,
+    };
+    let torch = args.torch
+        && {
+            let ok = torch_available();
+            if !ok {
+                eprintln!(
+                    "PyTorch baseline skipped: python3 cannot import torch, torchvision and PIL (pip install torch torchvision pillow)"
+                );
+            }
+            ok
+        };
+    let started = Instant::now();
+    let mut rows: Vec<(Scenario, Vec<Outcome>)> = Vec::new();
+    let mut epoch_alone_s = 0.0;
+    for (i, sc) in scenarios(n, args.quick).into_iter().enumerate() {
+        eprintln!("scenario {}: {} job(s)", sc.name, sc.jobs.len());
+        // Interleaved: the systems run one after the other on the same scenario.
+        let mut outs = vec![run_joader(&sc, &ctx, i)?, run_independent(&sc, &ctx)?];
+        if i == 0 {
+            epoch_alone_s = f64::from(n) / outs[1].aggregate.max(1e-9);
+        }
+        if torch {
+            outs.push(run_torch(&sc, &ctx, epoch_alone_s)?);
+        }
+        rows.push((sc, outs));
+    }
+    let table = markdown(&rows, workers, args.cache_mib, n);
+    println!("{table}");
+    std::fs::create_dir_all(&args.out)?;
+    let md = args.out.join("e2e.md");
+    std::fs::write(&md, &table)?;
+    let png = args.out.join("e2e.png");
+    match chart(&rows, &png) {
+        Ok(()) => eprintln!("wrote {} and {}", md.display(), png.display()),
+        Err(e) => eprintln!("wrote {}; no chart: {e:#}", md.display()),
+    }
+    eprintln!("bench e2e took {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}

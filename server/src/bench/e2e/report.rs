@@ -1,0 +1,120 @@
+//! The report of `joader bench e2e`: a markdown table and a PNG chart.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use super::scenarios::Scenario;
+use super::systems::Outcome;
+
+pub(super) fn markdown(
+    rows: &[(Scenario, Vec<Outcome>)],
+    workers: usize,
+    cache_mib: u64,
+    n: u32,
+) -> String {
+    let mut s = format!(
+        "joader bench e2e: {n} images 500x375 -> decode, resize 256, center crop 224; {workers} decode threads; \
+         cache {cache_mib} MiB\n\n| scenario | system | samples/s (all jobs) | per job samples/s | CPU ms/sample | decodes/sample | hit ratio | throughput vs independent | CPU vs independent |\n|---|---|---:|---|---:|---:|---:|---:|---:|\n"
+    );
+    for (sc, outs) in rows {
+        let base = outs.iter().find(|o| o.system == "independent");
+        for o in outs {
+            let per: Vec<String> = o.per_job.iter().map(|r| format!("{r:.0}")).collect();
+            let (tr, cr) = base.map_or((f64::NAN, f64::NAN), |b| {
+                (
+                    o.aggregate / b.aggregate.max(1e-9),
+                    o.cpu_ms_per_sample / b.cpu_ms_per_sample.max(1e-9),
+                )
+            });
+            s.push_str(&format!(
+                "| {} | {} | {:.0} | {} | {:.2} | {:.2} | {} | {:.2}x | {:.2}x |\n",
+                sc.name,
+                o.system,
+                o.aggregate,
+                per.join(" / "),
+                o.cpu_ms_per_sample,
+                o.decodes_per_sample,
+                o.hit_ratio
+                    .map_or("-".into(), |h| format!("{:.0}%", h * 100.0)),
+                tr,
+                cr
+            ));
+        }
+    }
+    s
+}
+
+pub(super) fn chart(rows: &[(Scenario, Vec<Outcome>)], path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let font = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read(p).ok())
+    .context("no TrueType font found (install fonts-dejavu-core)")?;
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font.into_boxed_slice()),
+    )
+    .map_err(|_| anyhow::anyhow!("the font could not be loaded"))?;
+    let systems: Vec<&str> = rows
+        .first()
+        .map(|r| r.1.iter().map(|o| o.system).collect())
+        .unwrap_or_default();
+    let max = rows
+        .iter()
+        .flat_map(|r| r.1.iter().map(|o| o.aggregate))
+        .fold(1.0, f64::max)
+        * 1.15;
+    let root = BitMapBackend::new(path, (1200, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut c = ChartBuilder::on(&root)
+        .caption("aggregate delivered samples/s", ("sans-serif", 24))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..rows.len() as f64, 0f64..max)?;
+    let names: Vec<String> = rows.iter().map(|r| r.0.name.clone()).collect();
+    c.configure_mesh()
+        .disable_x_mesh()
+        .x_labels(rows.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            if (x - x.floor() - 0.5).abs() < 0.01 {
+                names.get(i).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .x_label_style(("sans-serif", 12).into_font())
+        .y_desc("samples/s")
+        .draw()?;
+    let palette = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+    ];
+    let w = 0.8 / systems.len().max(1) as f64;
+    for (si, sys) in systems.iter().enumerate() {
+        let color = palette[si % palette.len()];
+        c.draw_series(rows.iter().enumerate().filter_map(|(i, r)| {
+            let o = r.1.iter().find(|o| o.system == *sys)?;
+            let x0 = i as f64 + 0.1 + si as f64 * w;
+            Some(Rectangle::new(
+                [(x0, 0.0), (x0 + w * 0.95, o.aggregate)],
+                color.filled(),
+            ))
+        }))?
+        .label(*sys)
+        .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled()));
+    }
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
