@@ -10,6 +10,10 @@
 //! acknowledged; the dataplane's read bits enforce the same rule in shared memory. When the
 //! arena is full and everything is pinned, decoded payloads wait (back-pressure); credits
 //! bound how many can wait, and [`OpenJob`] refuses jobs whose credit the cache cannot hold.
+//!
+//! (Longer than this codebase's usual 600 lines on purpose: one actor's state, slots, pins,
+//! rings, their queues and credit, and the handlers that must keep the invariants above
+//! together; splitting the handlers across files would scatter those invariants.)
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -22,7 +26,7 @@ use roaring::RoaringBitmap;
 
 use super::messages::*;
 use super::stats::{CacheStats, JobState, JobStats};
-use crate::cache::{Policy, PolicyKind};
+use joader_core::cache::{Policy, PolicyKind};
 
 /// Settings of the cache.
 #[derive(Debug, Clone)]
@@ -484,27 +488,26 @@ impl Actor for CacheActor {
 }
 
 impl Handler<OpenJob> for CacheActor {
-    type Result = Result<Vec<RingInfo>, String>;
+    type Result = Result<Vec<RingInfo>, OpenJobError>;
     fn handle(&mut self, msg: OpenJob, _: &mut Context<Self>) -> Self::Result {
         let Some(writer) = &self.writer else {
-            return Err("the cache is shut down".into());
+            return Err(OpenJobError::ShutDown);
         };
         if self.jobs.contains_key(&msg.job) {
-            return Err(format!("job {} already has rings", msg.job));
+            return Err(OpenJobError::AlreadyOpen(msg.job));
         }
         if msg.ranks == 0 || msg.capacity == 0 {
-            return Err("ranks and ring capacity must be positive".into());
+            return Err(OpenJobError::Empty);
         }
         let credit = msg.ranks * msg.capacity;
         let slots = u64::from(writer.slot_count());
         if self.total_credit() + u64::from(credit) > slots {
-            return Err(format!(
-                "the cache has {slots} slots and the running jobs may already hold {} of them: \
-                 a job with {} rank(s) of {} places does not fit (raise the cache's slots or lower ring capacity)",
-                self.total_credit(),
-                msg.ranks,
-                msg.capacity
-            ));
+            return Err(OpenJobError::NoSlots {
+                slots,
+                held: self.total_credit(),
+                ranks: msg.ranks,
+                capacity: msg.capacity,
+            });
         }
         let mut rings = Vec::new();
         let mut infos = Vec::new();
@@ -527,7 +530,12 @@ impl Handler<OpenJob> for CacheActor {
                         epoch_count: 0,
                     });
                 }
-                Err(e) => return Err(format!("cannot create ring {name}: {e}")),
+                Err(e) => {
+                    return Err(OpenJobError::Ring {
+                        ring: name,
+                        message: e.to_string(),
+                    });
+                }
             }
         }
         // The sampler's credit is what the rings hold in total.

@@ -8,7 +8,7 @@ use actix::prelude::*;
 use roaring::RoaringBitmap;
 
 use super::stats::JobStats;
-use crate::sampling::{JobKey, SamplerError, SamplerKind};
+use joader_core::sampling::{JobKey, SamplerError, SamplerKind};
 
 pub type DatasetId = u16;
 pub type PipelineId = u16;
@@ -155,6 +155,30 @@ pub struct RemoveJob {
 #[rtype(result = "()")]
 pub struct Pass;
 
+/// Why the Cache cannot open a job's rings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenJobError {
+    #[error("the cache is shut down")]
+    ShutDown,
+    #[error("job {0} already has rings")]
+    AlreadyOpen(JobId),
+    #[error("ranks and ring capacity must be positive")]
+    Empty,
+    #[error(
+        "the cache has {slots} slots and the running jobs may already hold {held} of them: a job \
+         with {ranks} rank(s) of {capacity} places does not fit (raise the cache's slots or \
+         lower ring capacity)"
+    )]
+    NoSlots {
+        slots: u64,
+        held: u64,
+        ranks: u32,
+        capacity: u32,
+    },
+    #[error("cannot create ring {ring}: {message}")]
+    Ring { ring: String, message: String },
+}
+
 /// Description of one delivery ring, as the client needs it to open it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RingInfo {
@@ -167,7 +191,7 @@ pub struct RingInfo {
 
 /// Control → Cache: create a job's rings.
 #[derive(Clone, Message)]
-#[rtype(result = "Result<Vec<RingInfo>, String>")]
+#[rtype(result = "Result<Vec<RingInfo>, OpenJobError>")]
 pub struct OpenJob {
     pub job: JobId,
     pub dataset: DatasetId,

@@ -10,8 +10,8 @@ use dataplane::{Reader, SegmentConfig, Writer};
 use roaring::RoaringBitmap;
 
 use super::*;
-use crate::cache::PolicyKind;
-use crate::sampling::SamplerKind;
+use joader_core::cache::PolicyKind;
+use joader_core::sampling::SamplerKind;
 
 fn instance(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -319,7 +319,8 @@ async fn jobs_beyond_the_cache_budget_are_refused() {
         .await
         .unwrap()
         .unwrap_err();
-    assert!(err.contains("does not fit"), "{err}");
+    assert!(matches!(err, OpenJobError::NoSlots { .. }), "{err}");
+    assert!(err.to_string().contains("does not fit"), "{err}");
     w.cache.send(Shutdown).await.unwrap();
 }
 

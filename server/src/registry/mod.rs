@@ -1,5 +1,10 @@
-//! The server's shared state: configuration, catalog, the registry of datasets and jobs, and
-//! the handles of the actors.
+//! The registry, the server's domain: configuration, catalog, the datasets and jobs, and the
+//! handles of the actors. It knows nothing of HTTP: its operations return [`crate::error`]
+//! errors, which the HTTP layer (`crate::http`) turns into responses.
+
+pub mod datasets;
+pub mod jobs;
+pub mod subset;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -10,15 +15,15 @@ use actix::Addr;
 use actors::pipeline::Pipeline;
 use actors::service::{CacheActor, CacheStats, ElementSource, JobStats, RingInfo, SamplerActor};
 use actors::storage::{self, DatasetIndex};
-use serde_json::json;
 
-use crate::api::{ApiError, Code, JobRequest};
 use crate::catalog::{Catalog, DatasetRecord};
 use crate::config::Config;
+use crate::error::{Code, Error};
+use jobs::JobRequest;
 
 pub struct AppState {
     pub config: Config,
-    pub catalog: Catalog,
+    pub catalog: Arc<Catalog>,
     pub cache: Addr<CacheActor>,
     pub stats: Arc<CacheStats>,
     pub inner: Mutex<Inner>,
@@ -39,9 +44,9 @@ pub struct Inner {
 }
 
 impl Inner {
-    pub fn next_dataset_id(&mut self) -> Result<u16, ApiError> {
+    pub fn next_dataset_id(&mut self) -> Result<u16, Error> {
         self.dataset_ids = self.dataset_ids.checked_add(1).ok_or_else(|| {
-            ApiError::new(
+            Error::new(
                 Code::Internal,
                 "too many datasets created since the server started",
             )
@@ -50,12 +55,12 @@ impl Inner {
     }
 
     /// The id of a pipeline (interned: jobs with equal pipelines share cached elements).
-    pub fn pipeline_id(&mut self, p: &Pipeline) -> Result<u16, ApiError> {
+    pub fn pipeline_id(&mut self, p: &Pipeline) -> Result<u16, Error> {
         if let Some(i) = self.pipelines.iter().position(|q| q == p) {
             return Ok(i as u16);
         }
         if self.pipelines.len() >= usize::from(u16::MAX) {
-            return Err(ApiError::new(Code::Internal, "too many distinct pipelines"));
+            return Err(Error::new(Code::Internal, "too many distinct pipelines"));
         }
         self.pipelines.push(p.clone());
         Ok((self.pipelines.len() - 1) as u16)
@@ -143,24 +148,40 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
         };
         let started = Instant::now();
         let result = storage::index(&spec, &state.config.allowed_roots, &mut |n| progress.store(n, Relaxed));
-        let Ok(mut inner) = state.inner.lock() else { return };
-        let Some(d) = inner.datasets.get_mut(&name) else { return };
-        match result {
+        let Some(mut record) = state.inner.lock().ok().and_then(|i| i.datasets.get(&name).map(|d| d.record.clone())) else {
+            return;
+        };
+        // Persisted before the registry's lock is taken: a redb commit of a whole index must
+        // not hold up the HTTP workers.
+        let index = match result {
             Ok(index) => {
                 progress.store(index.items.len() as u64, Relaxed);
-                d.record.state = "ready".into();
-                d.record.error = None;
-                if let Err(e) = state.catalog.put(&d.record, Some(&index)) {
+                record.state = "ready".into();
+                record.error = None;
+                if let Err(e) = state.catalog.put(&record, Some(&index)) {
                     tracing::error!(dataset = %name, error = %e, "cannot persist the dataset index");
                 }
                 tracing::info!(dataset = %name, items = index.items.len(), secs = started.elapsed().as_secs_f64(), "dataset indexed");
-                d.index = Some(Arc::new(index));
+                Some(Arc::new(index))
             }
             Err(e) => {
-                d.record.state = "failed".into();
-                d.record.error = Some(format!("{}: {e}", e.code()));
-                let _ = state.catalog.put(&d.record, None);
+                record.state = "failed".into();
+                record.error = Some(format!("{}: {e}", e.code()));
+                let _ = state.catalog.put(&record, None);
                 tracing::warn!(dataset = %name, error = %e, "indexing failed");
+                None
+            }
+        };
+        let Ok(mut inner) = state.inner.lock() else { return };
+        match inner.datasets.get_mut(&name) {
+            Some(d) => {
+                d.record = record;
+                d.index = index;
+            }
+            // Deleted while it was indexed: forget what was just persisted.
+            None => {
+                drop(inner);
+                let _ = state.catalog.remove(&name);
             }
         }
     });
@@ -204,42 +225,22 @@ pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn stats_json(state: &AppState) -> serde_json::Value {
-    let s = &state.stats;
-    let requests = s.requests.load(Relaxed);
-    let hits = s.hits.load(Relaxed);
-    let rounds_el = s.round_elements.load(Relaxed);
-    let process = crate::metrics::process_stats();
-    json!({
-        "instance": state.config.instance,
-        "version": env!("CARGO_PKG_VERSION"),
-        "uptime_s": state.started.elapsed().as_secs_f64(),
-        "requests": requests,
-        "hits": hits,
-        "misses": s.misses.load(Relaxed),
-        "hit_ratio": if requests == 0 { 0.0 } else { hits as f64 / requests as f64 },
-        "loads": s.loads.load(Relaxed),
-        "decodes": s.decodes.load(Relaxed),
-        // Deliveries served without a read and preparation of their own (as the metric
-        // `joader_decodes_saved_total`).
-        "decodes_saved": hits,
-        "bytes_read": s.bytes_read.load(Relaxed),
-        "load_errors": s.load_errors.load(Relaxed),
-        "evictions": s.evictions.load(Relaxed),
-        "evictions_unneeded": s.evictions_unneeded.load(Relaxed),
-        "evictions_needed": s.evictions_needed.load(Relaxed),
-        "slots_in_use": s.slots_in_use.load(Relaxed),
-        "slot_capacity": s.slot_capacity.load(Relaxed),
-        "bytes_in_use": s.bytes_in_use.load(Relaxed),
-        "capacity_bytes": s.capacity_bytes.load(Relaxed),
-        "waiting_for_space": s.waiting_for_space.load(Relaxed),
-        "loader_queue": s.loader_queue.load(Relaxed),
-        "loader_busy_s": s.loader_busy_us.load(Relaxed) as f64 / 1e6,
-        "rounds": s.rounds.load(Relaxed),
-        "mean_share": if rounds_el == 0 { 0.0 } else { s.round_deliveries.load(Relaxed) as f64 / rounds_el as f64 },
-        "loader_workers": state.config.loader_workers.max(1),
-        "process_cpu_s": process.map(|p| p.cpu_seconds),
-        "process_rss_bytes": process.map(|p| p.rss_bytes),
-        "process_threads": process.map(|p| p.threads),
-    })
+/// Names of datasets and jobs: they end up in shared-memory names.
+pub fn check_name(kind: &str, name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(
+            Code::InvalidRequest,
+            format!(
+                "{kind} name '{name}' must have 1 to 64 characters from A-Z a-z 0-9 _ - . and not start with '.'"
+            ),
+        ))
+    }
 }

@@ -1,0 +1,54 @@
+//! Service routes: health, `/v1/stats`, its history (what the dashboard charts) and the
+//! Prometheus `/metrics`.
+
+use actix_web::{HttpResponse, get, web};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::views::stats_json;
+use crate::error::Result;
+use crate::registry::AppState;
+
+#[get("/healthz")]
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+#[get("/v1/stats")]
+async fn cache_stats(state: web::Data<AppState>) -> Result<HttpResponse> {
+    Ok(HttpResponse::Ok().json(stats_json(&state)))
+}
+
+#[get("/metrics")]
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .insert_header(("cache-control", "no-store"))
+        .body(state.metrics.render(&state))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    /// Only samples taken after this many seconds of uptime.
+    #[serde(default)]
+    since: Option<f64>,
+}
+
+#[get("/v1/stats/history")]
+async fn stats_history(
+    state: web::Data<AppState>,
+    q: web::Query<HistoryQuery>,
+) -> Result<HttpResponse> {
+    Ok(HttpResponse::Ok().json(json!({
+        "interval_s": crate::metrics::HISTORY_INTERVAL.as_secs_f64(),
+        "samples": state.metrics.history(q.since.unwrap_or(f64::NEG_INFINITY)),
+    })))
+}
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(healthz)
+        .service(metrics)
+        .service(cache_stats)
+        .service(stats_history);
+}

@@ -1,0 +1,117 @@
+//! Datasets: creation (indexed in the background), failures, deletion.
+
+use std::sync::Arc;
+
+use actors::storage::SourceSpec;
+
+use super::{AppState, DatasetEntry, check_name, start_indexing};
+use crate::catalog::DatasetRecord;
+use crate::error::{Code, Error, Result};
+
+/// Creates a dataset and starts indexing it. Blocks on a catalog commit: call it on the
+/// blocking pool.
+pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -> Result<()> {
+    check_name("dataset", &name)?;
+    source
+        .check_roots(&state.config.allowed_roots)
+        .map_err(|e| {
+            Error::new(
+                Code::PathNotAllowed,
+                format!("{e}; allowed roots: {:?}", state.config.allowed_roots),
+            )
+        })?;
+    let record = DatasetRecord {
+        name: name.clone(),
+        source,
+        state: "indexing".into(),
+        error: None,
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    {
+        let mut inner = state.inner.lock().map_err(Error::internal)?;
+        if inner.datasets.contains_key(&record.name) {
+            return Err(Error::new(
+                Code::DatasetExists,
+                format!("dataset '{}' already exists", record.name),
+            ));
+        }
+        let id = inner.next_dataset_id()?;
+        inner
+            .datasets
+            .insert(record.name.clone(), DatasetEntry::new(id, record.clone()));
+    }
+    // Persisted outside the registry's lock (a redb commit); the caller runs this function on
+    // the blocking pool.
+    if let Err(e) = state.catalog.put(&record, None) {
+        if let Ok(mut inner) = state.inner.lock() {
+            inner.datasets.remove(&record.name);
+        }
+        return Err(Error::internal(e));
+    }
+    start_indexing(state.clone(), record.name);
+    Ok(())
+}
+
+/// Deletes a dataset; with `force`, stops the jobs that use it first.
+pub async fn delete_dataset(state: &AppState, name: &str, force: bool) -> Result<()> {
+    let users: Vec<String> = {
+        let inner = state.inner.lock().map_err(Error::internal)?;
+        if !inner.datasets.contains_key(name) {
+            return Err(Error::dataset_not_found(name));
+        }
+        inner
+            .jobs
+            .values()
+            .filter(|j| j.dataset == name)
+            .map(|j| j.name.clone())
+            .collect()
+    };
+    if !users.is_empty() && !force {
+        return Err(Error::new(
+            Code::DatasetInUse,
+            format!(
+                "dataset '{name}' is used by job(s) {}; delete them first or pass ?force=true",
+                users.join(", ")
+            ),
+        ));
+    }
+    for job in users {
+        super::jobs::stop_job(state, &job).await?;
+    }
+    state
+        .inner
+        .lock()
+        .map_err(Error::internal)?
+        .datasets
+        .remove(name);
+    // A redb commit: on the blocking pool, never on an HTTP worker or an actor.
+    let catalog = state.catalog.clone();
+    let owned = name.to_string();
+    actix_web::rt::task::spawn_blocking(move || catalog.remove(&owned))
+        .await
+        .map_err(Error::internal)?
+        .map_err(Error::internal)
+}
+
+/// An element that failed to load: (element, kind, message).
+pub type Failure = (u32, String, String);
+
+/// The elements of a dataset that failed to load.
+pub fn failures(state: &AppState, name: &str) -> Result<Vec<Failure>> {
+    let id = {
+        let inner = state.inner.lock().map_err(Error::internal)?;
+        inner
+            .datasets
+            .get(name)
+            .ok_or_else(|| Error::dataset_not_found(name))?
+            .id
+    };
+    let failures = state.stats.failures.lock().map_err(Error::internal)?;
+    Ok(failures
+        .iter()
+        .filter(|((ds, _), _)| *ds == id)
+        .map(|((_, element), (kind, message))| (*element, kind.clone(), message.clone()))
+        .collect())
+}

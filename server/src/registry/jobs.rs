@@ -1,0 +1,319 @@
+//! Jobs: registration (a new job, or another rank of a running one), and stopping.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::Actor;
+use actors::pipeline::{Limits, Pipeline};
+use actors::service::{
+    AddJob, CloseJob, JobState, JobStats, OpenJob, OpenJobError, RemoveJob, RingInfo, SamplerActor,
+};
+use joader_core::sampling::SamplerKind;
+use serde::{Deserialize, Serialize};
+
+use super::subset::SubsetSpec;
+use super::{AppState, JobEntry, check_name};
+use crate::error::{Code, Error, Result};
+use crate::glue::{IndexSource, PipelinePrepare};
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientInfo {
+    #[serde(default)]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub version: Option<String>,
+    #[serde(default)]
+    pub layout_version: Option<u32>,
+}
+
+/// `POST /v1/jobs`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JobRequest {
+    pub name: String,
+    pub dataset: String,
+    #[serde(default)]
+    pub subset: Option<SubsetSpec>,
+    pub batch_size: u32,
+    #[serde(default)]
+    pub seed: u64,
+    /// This process's rank (informational: every rank's ring is returned).
+    #[serde(default)]
+    pub rank: Option<u32>,
+    #[serde(default)]
+    pub world_size: Option<u32>,
+    /// `null`: until deleted.
+    #[serde(default)]
+    pub epochs: Option<u32>,
+    #[serde(default)]
+    pub drop_last: bool,
+    #[serde(default)]
+    pub sampler: Option<SamplerKind>,
+    #[serde(default)]
+    pub pipeline: Option<Pipeline>,
+    #[serde(default)]
+    pub ring_capacity: Option<u32>,
+    #[serde(default)]
+    pub client: Option<ClientInfo>,
+}
+
+impl JobRequest {
+    /// The parameters that define the job (two ranks registering must agree on them).
+    pub fn identity(&self) -> JobRequest {
+        JobRequest {
+            rank: None,
+            client: None,
+            ..self.clone()
+        }
+    }
+}
+
+/// Registers a job, or returns the running job this request is another rank of. Returns
+/// `view` of the job's entry and whether the job was created.
+pub async fn register_job<T>(
+    state: &AppState,
+    req: JobRequest,
+    view: impl Fn(&AppState, &JobEntry) -> T,
+) -> Result<(T, bool)> {
+    check_name("job", &req.name)?;
+    if let Some(v) = req.client.as_ref().and_then(|c| c.layout_version)
+        && v != dataplane::LAYOUT_VERSION
+    {
+        return Err(Error::new(
+            Code::VersionMismatch,
+            format!(
+                "the client speaks layout version {v}, this server {}",
+                dataplane::LAYOUT_VERSION
+            ),
+        ));
+    }
+    if req.batch_size == 0 {
+        return Err(Error::new(
+            Code::InvalidRequest,
+            "batch_size must be at least 1",
+        ));
+    }
+    if req.epochs == Some(0) {
+        return Err(Error::new(
+            Code::InvalidRequest,
+            "epochs must be at least 1 (or null for unlimited)",
+        ));
+    }
+    let world = req.world_size.unwrap_or(1);
+    if world == 0 || world > 64 {
+        return Err(Error::new(
+            Code::InvalidRequest,
+            "world_size must be between 1 and 64",
+        ));
+    }
+    if let Some(r) = req.rank
+        && r >= world
+    {
+        return Err(Error::new(
+            Code::InvalidRequest,
+            format!("rank {r} is not below world_size {world}"),
+        ));
+    }
+    let pipeline = req
+        .pipeline
+        .clone()
+        .unwrap_or_else(|| state.config.default_pipeline.clone());
+    pipeline
+        .validate()
+        .map_err(|e| Error::new(Code::InvalidRequest, format!("pipeline: {e}")))?;
+
+    // Existing job: the same parameters mean another rank of it; a finished or failed job
+    // of that name is replaced.
+    let replaced = {
+        let inner = state.inner.lock().map_err(Error::internal)?;
+        match inner.jobs.get(&req.name) {
+            Some(j)
+                if j.request.identity() == req.identity()
+                    && !matches!(j.stats.state(), JobState::Failed(_) | JobState::Finished) =>
+            {
+                return Ok((view(state, j), false));
+            }
+            Some(j) if matches!(j.stats.state(), JobState::Failed(_) | JobState::Finished) => true,
+            Some(_) => {
+                return Err(Error::new(
+                    Code::JobExists,
+                    format!(
+                        "a job named '{}' is running with other parameters",
+                        req.name
+                    ),
+                ));
+            }
+            None => false,
+        }
+    };
+    if replaced {
+        stop_job(state, &req.name).await?;
+    }
+
+    // Resolve the dataset and the subset.
+    let (dataset_id, index, source, sampler, pipeline_id) = {
+        let mut inner = state.inner.lock().map_err(Error::internal)?;
+        let pipeline_id = inner.pipeline_id(&pipeline)?;
+        let d = inner
+            .datasets
+            .get_mut(&req.dataset)
+            .ok_or_else(|| Error::dataset_not_found(&req.dataset))?;
+        let Some(index) = d.index.clone() else {
+            return Err(Error::new(
+                Code::DatasetNotReady,
+                format!("dataset '{}' is {}", req.dataset, d.record.state),
+            ));
+        };
+        let source = d
+            .source
+            .get_or_insert_with(|| Arc::new(IndexSource(index.clone())))
+            .clone();
+        let sampler = d
+            .sampler
+            .get_or_insert_with(|| {
+                SamplerActor::new(
+                    d.id,
+                    state.cache.clone().recipient(),
+                    std::time::Duration::from_millis(state.config.sampler_tick_ms),
+                    state.stats.clone(),
+                )
+                .start()
+            })
+            .clone();
+        (d.id, index, source, sampler, pipeline_id)
+    };
+    let subset = match &req.subset {
+        None => (0..index.items.len() as u32).collect(),
+        Some(s) => s.resolve(
+            index.items.len() as u32,
+            |e| index.label(e).unwrap_or(-1),
+            &index.classes,
+        )?,
+    };
+    if subset.is_empty() {
+        return Err(Error::new(
+            Code::EmptySubset,
+            "the subset selects no element of the dataset",
+        ));
+    }
+    let subset = Arc::new(subset);
+    let capacity =
+        req.ring_capacity
+            .filter(|&c| c > 0)
+            .unwrap_or(if state.config.ring_capacity > 0 {
+                state.config.ring_capacity
+            } else {
+                (2 * req.batch_size).max(64)
+            });
+    let stats = Arc::new(JobStats::default());
+    let job_id = {
+        let mut inner = state.inner.lock().map_err(Error::internal)?;
+        inner.next_job_id += 1;
+        inner.next_job_id
+    };
+    let prepare = Arc::new(PipelinePrepare {
+        pipeline: pipeline.clone(),
+        limits: Limits {
+            max_pixels: state.config.max_pixels,
+        },
+    });
+    let rings: Vec<RingInfo> = state
+        .cache
+        .send(OpenJob {
+            job: job_id,
+            dataset: dataset_id,
+            source,
+            pipeline: pipeline_id,
+            prepare,
+            subset: subset.clone(),
+            ring_prefix: req.name.clone(),
+            ranks: world,
+            capacity,
+            stats: stats.clone(),
+            sampler: sampler.clone().recipient(),
+        })
+        .await
+        .map_err(Error::internal)?
+        .map_err(|e| match e {
+            OpenJobError::AlreadyOpen(_) | OpenJobError::Empty => Error::internal(e),
+            OpenJobError::ShutDown | OpenJobError::NoSlots { .. } | OpenJobError::Ring { .. } => {
+                Error::new(Code::CacheFull, e.to_string())
+            }
+        })?;
+    let credit = rings.iter().map(|r| r.capacity).sum();
+    let added = sampler
+        .send(AddJob {
+            job: job_id,
+            subset: subset.clone(),
+            seed: req.seed,
+            epochs: req.epochs,
+            sampler: req.sampler.unwrap_or(SamplerKind::Dsa),
+            credit,
+            stats: stats.clone(),
+        })
+        .await
+        .map_err(Error::internal)?;
+    if let Err(e) = added {
+        state.cache.do_send(CloseJob { job: job_id });
+        return Err(Error::internal(e));
+    }
+    let entry = JobEntry {
+        id: job_id,
+        name: req.name.clone(),
+        dataset: req.dataset.clone(),
+        subset_len: subset.len(),
+        pipeline,
+        request: req.identity(),
+        stats,
+        rings,
+        sampler,
+        created: Instant::now(),
+        rate: Default::default(),
+    };
+    let body = view(state, &entry);
+    state
+        .inner
+        .lock()
+        .map_err(Error::internal)?
+        .jobs
+        .insert(req.name.clone(), entry);
+    tracing::info!(job = %req.name, dataset = %req.dataset, world, capacity, "job registered");
+    Ok((body, true))
+}
+
+/// Stops a job: no more sampling, its rings closed and its slots released.
+pub async fn stop_job(state: &AppState, name: &str) -> Result<()> {
+    let entry = state
+        .inner
+        .lock()
+        .map_err(Error::internal)?
+        .jobs
+        .remove(name)
+        .ok_or_else(|| Error::job_not_found(name))?;
+    entry
+        .sampler
+        .send(RemoveJob { job: entry.id })
+        .await
+        .map_err(Error::internal)?;
+    state
+        .cache
+        .send(CloseJob { job: entry.id })
+        .await
+        .map_err(Error::internal)?;
+    entry.stats.set_state(JobState::Failed("deleted".into()));
+    // Closed: its counters are final; a later job of the same name continues from them.
+    let now = crate::metrics::job_counts(&entry.stats);
+    let stall = entry
+        .stats
+        .stall_us
+        .load(std::sync::atomic::Ordering::Relaxed) as f64
+        / 1e6;
+    let mut inner = state.inner.lock().map_err(Error::internal)?;
+    let r = inner.retired.entry(name.to_string()).or_default();
+    for (acc, v) in r.counts.iter_mut().zip(now) {
+        *acc += v;
+    }
+    r.stall_s += stall;
+    Ok(())
+}
