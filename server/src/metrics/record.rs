@@ -1,0 +1,235 @@
+//! Recording: copies the counters the actors keep in atomics (`CacheStats`, every job's
+//! `JobStats`) into the server's recorder at scrape time, and records HTTP requests as they
+//! happen. Nothing here formats text; `render` does.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering::Relaxed;
+
+use actors::service::{JobState, JobStats};
+use metrics::{counter, gauge};
+
+use crate::procstat::process_stats;
+use crate::registry::AppState;
+
+/// Kinds of element failures (`StorageError::code`, `PipelineError::code`) seen in practice.
+pub(super) const COMMON_FAILURE_KINDS: [&str; 6] = [
+    "read_failed",
+    "not_found",
+    "not_an_image",
+    "corrupt_image",
+    "image_too_large",
+    "unsupported_image",
+];
+
+/// Job states exported by `joader_jobs` (each scrape sets all of them, zeros included).
+pub(super) const JOB_STATES: [&str; 4] = ["waiting", "running", "finished", "failed"];
+
+/// The per-job integer counters, in the order of [`JobSeries::counts`].
+pub(super) const JOB_COUNTERS: [(&str, &str); 7] = [
+    (
+        "joader_job_sampled_total",
+        "deliveries the sampler decided for the job",
+    ),
+    (
+        "joader_ring_pushed_total",
+        "records pushed into the job's delivery rings (data and error records)",
+    ),
+    (
+        "joader_ring_popped_total",
+        "records the job's client took from its rings and acknowledged (ring occupancy = pushed - popped)",
+    ),
+    (
+        "joader_job_delivered_samples_total",
+        "samples the job's client received and acknowledged",
+    ),
+    (
+        "joader_job_hits_total",
+        "deliveries to the job served by a cached slot or another job's load in flight",
+    ),
+    (
+        "joader_job_misses_total",
+        "deliveries to the job that needed a load of their own",
+    ),
+    (
+        "joader_job_errors_total",
+        "elements that failed to load, delivered to the job as error records",
+    ),
+];
+
+/// What the exporter remembers of a job name between scrapes.
+///
+/// A job name can be reused once its job finished or failed, and the new job's counters
+/// start at zero. Prometheus counters must not go down, so the series of a name continues
+/// from what the stopped jobs of that name counted (`state::Inner::retired`), and never
+/// goes down.
+pub(super) struct JobSeries {
+    id: u64,
+    dataset: String,
+    counts: [u64; 7],
+    stall: f64,
+}
+
+pub(crate) fn job_counts(s: &JobStats) -> [u64; 7] {
+    let acked = s.acknowledged.load(Relaxed);
+    [
+        s.sampled.load(Relaxed),
+        s.delivered.load(Relaxed),
+        acked,
+        acked,
+        s.hits.load(Relaxed),
+        s.misses.load(Relaxed),
+        s.errors.load(Relaxed),
+    ]
+}
+
+/// Copies every job's counters into the recorder (the series of a reused name continue from
+/// its stopped jobs) and returns each job name's stall seconds, which the exporter cannot hold
+/// (its counters are integers).
+pub(super) fn record_jobs(
+    jobs: &Mutex<BTreeMap<String, JobSeries>>,
+    state: &AppState,
+) -> Vec<(String, String, f64)> {
+    let mut by_state: BTreeMap<&str, u64> = JOB_STATES.iter().map(|s| (*s, 0)).collect();
+    let Ok(mut series) = jobs.lock() else {
+        return Vec::new();
+    };
+    let mut present = Vec::new();
+    if let Ok(inner) = state.inner.lock() {
+        for (name, d) in &inner.datasets {
+            let items = d.index.as_ref().map_or(0, |i| i.items.len());
+            gauge!("joader_dataset_items", "dataset" => name.clone()).set(items as f64);
+        }
+        for (name, j) in &inner.jobs {
+            let st = match j.stats.state() {
+                JobState::Waiting => "waiting",
+                JobState::Running => "running",
+                JobState::Finished => "finished",
+                JobState::Failed(_) => "failed",
+            };
+            *by_state.entry(st).or_default() += 1;
+            let e = series.entry(name.clone()).or_insert_with(|| JobSeries {
+                id: j.id,
+                dataset: j.dataset.clone(),
+                counts: [0; 7],
+                stall: 0.0,
+            });
+            // A job under a reused name continues from what the stopped ones of that name
+            // counted (recorded when they stopped, so no scrape can miss it).
+            let retired = inner.retired.get(name).copied().unwrap_or_default();
+            e.id = j.id;
+            e.dataset = j.dataset.clone();
+            let now = job_counts(&j.stats);
+            for i in 0..now.len() {
+                e.counts[i] = e.counts[i].max(retired.counts[i] + now[i]);
+            }
+            e.stall = e
+                .stall
+                .max(retired.stall_s + j.stats.stall_us.load(Relaxed) as f64 / 1e6);
+            let labels = [("job_name", name.clone()), ("dataset", j.dataset.clone())];
+            for (i, (metric, _)) in JOB_COUNTERS.iter().enumerate() {
+                counter!(*metric, &labels).absolute(e.counts[i]);
+            }
+            let s = &j.stats;
+            gauge!("joader_job_epoch", &labels).set(s.epoch.load(Relaxed) as f64);
+            gauge!("joader_job_epoch_position", &labels).set(s.position.load(Relaxed) as f64);
+            gauge!("joader_job_subset_size", &labels).set(j.subset_len as f64);
+            gauge!("joader_job_samples_per_second", &labels).set(j.rate());
+            gauge!("joader_job_running", &labels).set(f64::from(u8::from(st == "running")));
+            present.push(name.clone());
+        }
+    }
+    // Jobs deleted since: their counters stay where they were; they no longer run.
+    for (name, e) in series.iter() {
+        if !present.contains(name) {
+            let labels = [("job_name", name.clone()), ("dataset", e.dataset.clone())];
+            gauge!("joader_job_running", &labels).set(0.0);
+            gauge!("joader_job_samples_per_second", &labels).set(0.0);
+        }
+    }
+    for (st, n) in by_state {
+        gauge!("joader_jobs", "state" => st).set(n as f64);
+    }
+    series
+        .iter()
+        .map(|(name, e)| (name.clone(), e.dataset.clone(), e.stall))
+        .collect()
+}
+
+pub(super) fn histogram_http(method: &str, route: &str, secs: f64) {
+    metrics::histogram!("joader_http_request_duration_seconds",
+        "method" => method.to_string(), "route" => route.to_string())
+    .record(secs);
+}
+
+/// Copies the cache's, the loader's, the sampler's and the process's figures into the recorder.
+pub(super) fn record_cache(state: &AppState) {
+    let s = &state.stats;
+    let c = |name: &'static str, v: u64| counter!(name).absolute(v);
+    c("joader_cache_requests_total", s.requests.load(Relaxed));
+    c("joader_cache_hits_total", s.hits.load(Relaxed));
+    c("joader_cache_misses_total", s.misses.load(Relaxed));
+    c("joader_decodes_saved_total", s.hits.load(Relaxed));
+    c("joader_loads_total", s.loads.load(Relaxed));
+    c("joader_decodes_total", s.decodes.load(Relaxed));
+    c(
+        "joader_storage_read_bytes_total",
+        s.bytes_read.load(Relaxed),
+    );
+    c("joader_load_errors_total", s.load_errors.load(Relaxed));
+    counter!("joader_cache_evictions_total", "reason" => "unneeded")
+        .absolute(s.evictions_unneeded.load(Relaxed));
+    counter!("joader_cache_evictions_total", "reason" => "needed")
+        .absolute(s.evictions_needed.load(Relaxed));
+    c("joader_sampler_rounds_total", s.rounds.load(Relaxed));
+    c("joader_sampler_picks_total", s.round_elements.load(Relaxed));
+    c(
+        "joader_sampler_pick_jobs_total",
+        s.round_deliveries.load(Relaxed),
+    );
+    // The common kinds are always exported (at zero until they happen), so that dashboards
+    // and alerts have a series to look at.
+    for kind in COMMON_FAILURE_KINDS {
+        counter!("joader_load_failures_total", "kind" => kind).absolute(0);
+    }
+    if let Ok(kinds) = s.failures_by_kind.lock() {
+        for (kind, n) in kinds.iter() {
+            counter!("joader_load_failures_total", "kind" => kind.clone()).absolute(*n);
+        }
+    }
+    let g = |name: &'static str, v: f64| gauge!(name).set(v);
+    g("joader_shm_used_bytes", s.bytes_in_use.load(Relaxed) as f64);
+    g(
+        "joader_shm_capacity_bytes",
+        s.capacity_bytes.load(Relaxed) as f64,
+    );
+    g(
+        "joader_cache_slots_in_use",
+        s.slots_in_use.load(Relaxed) as f64,
+    );
+    g(
+        "joader_cache_slots_capacity",
+        s.slot_capacity.load(Relaxed) as f64,
+    );
+    g(
+        "joader_cache_waiting_payloads",
+        s.waiting_for_space.load(Relaxed) as f64,
+    );
+    g(
+        "joader_loader_queue_depth",
+        s.loader_queue.load(Relaxed) as f64,
+    );
+    g(
+        "joader_loader_workers",
+        state.config.loader_workers.max(1) as f64,
+    );
+    g(
+        "joader_uptime_seconds",
+        state.started.elapsed().as_secs_f64(),
+    );
+    if let Some(p) = process_stats() {
+        g("joader_process_resident_memory_bytes", p.rss_bytes as f64);
+        g("joader_process_threads", p.threads as f64);
+    }
+    gauge!("joader_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}

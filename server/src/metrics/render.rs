@@ -1,0 +1,181 @@
+//! Rendering: the help text of every metric (`describe_all`) and the few counters the
+//! exporter cannot hold (fractional seconds), written in the same text format after its
+//! output.
+
+use std::fmt::Write as _;
+
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+
+use super::record::JOB_COUNTERS;
+
+/// Registers the help text and unit of every metric (once per recorder).
+pub(super) fn describe_all() {
+    describe_counter!(
+        "joader_cache_requests_total",
+        "element requests: deliveries the sampler routed to the cache"
+    );
+    describe_counter!(
+        "joader_cache_hits_total",
+        "requests served by a cached slot or a load already in flight (hit ratio = hits / requests)"
+    );
+    describe_counter!(
+        "joader_cache_misses_total",
+        "requests that needed a load of their own"
+    );
+    describe_counter!(
+        "joader_decodes_saved_total",
+        "deliveries served without a read and preparation of their own, thanks to sharing"
+    );
+    describe_counter!(
+        "joader_loads_total",
+        "elements read from storage (once for all pipelines that wanted them)"
+    );
+    describe_counter!(
+        "joader_decodes_total",
+        "images decoded (pipelines other than raw)"
+    );
+    describe_counter!(
+        "joader_storage_read_bytes_total",
+        Unit::Bytes,
+        "bytes read from storage"
+    );
+    describe_counter!(
+        "joader_load_errors_total",
+        "element preparations that failed (any kind)"
+    );
+    describe_counter!(
+        "joader_load_failures_total",
+        "elements that failed to load, by kind (read_failed, corrupt_image, ...)"
+    );
+    describe_counter!(
+        "joader_cache_evictions_total",
+        "cached elements evicted to make room, by reason: unneeded (no job still needed it this epoch) or needed"
+    );
+    describe_counter!(
+        "joader_sampler_rounds_total",
+        "sampling rounds (one pick per job with credit)"
+    );
+    describe_counter!(
+        "joader_sampler_picks_total",
+        "distinct elements picked in sampling rounds"
+    );
+    describe_counter!(
+        "joader_sampler_pick_jobs_total",
+        "jobs served by the picks (mean share size = pick_jobs / picks)"
+    );
+    for (name, help) in JOB_COUNTERS {
+        describe_counter!(name, help);
+    }
+    describe_counter!(
+        "joader_http_requests_total",
+        "HTTP requests by method, route pattern and status"
+    );
+    describe_histogram!(
+        "joader_http_request_duration_seconds",
+        Unit::Seconds,
+        "HTTP request latency by method and route pattern"
+    );
+    describe_gauge!(
+        "joader_shm_used_bytes",
+        Unit::Bytes,
+        "bytes of the shared-memory cache arena in use"
+    );
+    describe_gauge!(
+        "joader_shm_capacity_bytes",
+        Unit::Bytes,
+        "size of the shared-memory cache arena"
+    );
+    describe_gauge!(
+        "joader_cache_slots_in_use",
+        "cache slots holding an element"
+    );
+    describe_gauge!("joader_cache_slots_capacity", "cache slots in the segment");
+    describe_gauge!(
+        "joader_cache_waiting_payloads",
+        "prepared elements waiting for room because everything cached is still unread"
+    );
+    describe_gauge!(
+        "joader_loader_queue_depth",
+        "loads queued for the loader workers"
+    );
+    describe_gauge!("joader_loader_workers", "loader worker threads");
+    describe_gauge!(
+        "joader_uptime_seconds",
+        Unit::Seconds,
+        "time since the server started"
+    );
+    describe_gauge!(
+        "joader_process_resident_memory_bytes",
+        Unit::Bytes,
+        "resident memory of the joader process (shared-memory pages it touched included)"
+    );
+    describe_gauge!("joader_process_threads", "threads of the joader process");
+    describe_gauge!("joader_build_info", "1, labelled with the joader version");
+    describe_gauge!("joader_dataset_items", "items indexed in the dataset");
+    describe_gauge!("joader_jobs", "registered jobs by state");
+    describe_gauge!("joader_job_epoch", "the job's current epoch");
+    describe_gauge!(
+        "joader_job_epoch_position",
+        "position of the last sampled element in the job's epoch"
+    );
+    describe_gauge!("joader_job_subset_size", "elements in the job's subset");
+    describe_gauge!(
+        "joader_job_samples_per_second",
+        "samples per second the job's client acknowledged, over the last second or so"
+    );
+    describe_gauge!("joader_job_running", "1 while the job runs");
+}
+
+/// Appends a counter with fractional values in the Prometheus text format. `series` holds
+/// (job, dataset, value); empty names mean no labels.
+/// Writes a counter of fractional values with optional `job_name`/`dataset` labels.
+pub(super) fn float_counter(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    series: &[(&str, &str, f64)],
+) {
+    if series.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    for (job, dataset, v) in series {
+        if job.is_empty() {
+            let _ = writeln!(out, "{name} {v}");
+        } else {
+            let _ = writeln!(
+                out,
+                "{name}{{job_name=\"{}\",dataset=\"{}\"}} {v}",
+                escape(job),
+                escape(dataset)
+            );
+        }
+    }
+    out.push('\n');
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_counters_render_labels_and_values() {
+        let mut out = String::new();
+        float_counter(&mut out, "x_seconds_total", "help", &[("j\"1", "d", 1.5)]);
+        assert!(out.contains("# TYPE x_seconds_total counter\n"), "{out}");
+        assert!(
+            out.contains("x_seconds_total{job_name=\"j\\\"1\",dataset=\"d\"} 1.5\n"),
+            "{out}"
+        );
+        let mut none = String::new();
+        float_counter(&mut none, "y", "help", &[]);
+        assert!(none.is_empty());
+    }
+}
