@@ -1,4 +1,7 @@
-// joader dashboard: polls the JSON API and draws everything itself (no libraries, no CDN).
+// joader dashboard: polls the JSON API and renders tiles, tables and charts. The charts are
+// uPlot 1.6.32 (https://github.com/leeoniya/uPlot, MIT, see uPlot.LICENSE), vendored as
+// uPlot.iife.min.js and uPlot.min.css and embedded in the binary with this file: no CDN, the
+// page works offline.
 //
 // Naming convention, checked by a test against the API: the variables `st`, `job`, `ds` and
 // `pt` only ever hold /v1/stats, an element of /v1/jobs, an element of /v1/datasets and a
@@ -13,6 +16,7 @@ const token = new URLSearchParams(location.search).get("token");
 const history = []; // samples of /v1/stats/history, oldest first
 const jobColors = new Map();
 let lastOk = 0;
+let clockOffset = 0; // wall-clock seconds at the server's start (history times are uptimes)
 
 function $(id) { return document.getElementById(id); }
 
@@ -47,6 +51,7 @@ function fmtBytes(b) {
   while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
   return (i === 0 ? b.toFixed(0) : b.toFixed(b >= 100 ? 0 : 1)) + " " + u[i];
 }
+function fmtNum(v) { return v >= 1e4 ? fmtCount(v) : String(+v.toFixed(2)); }
 function fmtPct(x) { return x == null || !isFinite(x) ? "–" : (100 * x).toFixed(1) + " %"; }
 function fmtRate(r) { return r == null ? "–" : r >= 100 ? r.toFixed(0) : r.toFixed(1); }
 function fmtDuration(s) {
@@ -63,17 +68,19 @@ function colorOf(name) {
 
 // ---------------------------------------------------------------- series from the history
 
-// Per-interval values from consecutive samples; `f(a, b, dt)` returns a value or null.
+// The history's `t` is the server's uptime; the charts show wall-clock time.
+function times() {
+  return history.map((pt) => pt.t + clockOffset);
+}
+
+// Per-interval values from samples `lag` apart, aligned with the history (null where unknown);
+// `f(a, b, dt)` returns a value or null.
 function derive(f, lag = 1) {
-  const out = [];
-  for (let i = lag; i < history.length; i++) {
-    const a = history[i - lag], b = history[i];
-    const dt = b.t - a.t;
-    if (dt <= 0) continue;
-    const v = f(a, b, dt);
-    if (v != null && isFinite(v)) out.push([b.t, v]);
-  }
-  return out;
+  return history.map((b, i) => {
+    const a = history[i - lag];
+    const v = a && b.t > a.t ? f(a, b, b.t - a.t) : null;
+    return v != null && isFinite(v) ? v : null;
+  });
 }
 
 function jobRateSeries(name) {
@@ -97,124 +104,101 @@ function cpuSeries() {
 }
 
 function memSeries() {
-  return history.map((pt) => [pt.t, pt.bytes_in_use]);
+  return history.map((pt) => pt.bytes_in_use);
 }
 
-// ---------------------------------------------------------------- drawing
-
-function setupCanvas(canvas) {
-  const dpr = window.devicePixelRatio || 1;
-  const w = canvas.clientWidth || 300, h = canvas.clientHeight || 130;
-  if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
-    canvas.width = Math.round(w * dpr);
-    canvas.height = Math.round(h * dpr);
-  }
-  const ctx = canvas.getContext("2d");
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.clearRect(0, 0, w, h);
-  return { ctx, w, h };
+function lastValue(values) {
+  for (let i = values.length - 1; i >= 0; i--) if (values[i] != null) return values[i];
+  return null;
 }
 
-function niceMax(v) {
-  if (!(v > 0)) return 1;
-  const p = Math.pow(10, Math.floor(Math.log10(v)));
-  for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
-  return 10 * p;
+// ---------------------------------------------------------------- charts (uPlot)
+
+const CHART_H = 150;
+const charts = new Map(); // element id -> uPlot
+const hm = uPlot.fmtDate("{HH}:{mm}"), hms = uPlot.fmtDate("{HH}:{mm}:{ss}");
+// Clock labels of the time axis; none too close to the right edge, where it would be cut.
+function clockLabels(u, ts) {
+  const fmt = ts.every((t) => t % 60 === 0) ? hm : hms;
+  return ts.map((t) => (u.valToPos(t, "x") > u.bbox.width / uPlot.pxRatio - 14 ? "" : fmt(new Date(t * 1000))));
+}
+const axis = {
+  stroke: "#8b95ad",
+  font: "11px system-ui, sans-serif",
+  grid: { stroke: "#2a3450", width: 1 },
+  ticks: { stroke: "#2a3450", width: 1, size: 4 },
+};
+
+// Out of the charts, their legends show the newest values; over one, those under the cursor.
+function showNewest(u) {
+  const last = u.data[0].length - 1;
+  if (u.cursor.idx == null && last >= 0 && u.legend.idxs[0] !== last) u.setLegend({ idx: last });
 }
 
-// The time axis: the last five minutes, or less while the history is shorter (at least 30 s).
-function timeWindow() {
-  if (!history.length) return { t0: -60, t1: 0 };
-  const t1 = history[history.length - 1].t;
-  const span = Math.min(WINDOW_S, Math.max(30, t1 - history[0].t));
-  return { t0: t1 - span, t1 };
+// A time chart in `#id` of `data` ([times, ...values]). series: [{label, color, fill}];
+// y: {fmt (axis), value (legend), range, incrs, size}. The time axis spans the history, at
+// least 30 s.
+function makeChart(id, data, series, y) {
+  const el = $(id);
+  return new uPlot(
+    {
+      width: el.clientWidth || 300,
+      height: CHART_H,
+      padding: [10, 12, 0, 0],
+      cursor: { sync: { key: "joader" }, drag: { x: false, y: false } },
+      legend: { markers: { width: 0, fill: (u, i) => series[i - 1].color } },
+      scales: {
+        x: { time: true, range: (u, min, max) => (max == null ? [min, max] : [Math.min(min, max - 30), max]) },
+        y: { range: y.range },
+      },
+      axes: [
+        { ...axis, size: 22, gap: 3, space: 40, incrs: [1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600], values: clockLabels },
+        { ...axis, size: y.size || 48, gap: 4, incrs: y.incrs, values: (u, vs) => vs.map(y.fmt) },
+      ],
+      series: [
+        { label: "time", value: (u, t) => (t == null ? "–" : hms(new Date(t * 1000))) },
+        ...series.map((s) => ({
+          label: s.label,
+          stroke: s.color,
+          width: 1.5,
+          fill: s.fill ? s.color + "26" : undefined,
+          points: { show: false },
+          value: (u, v) => (v == null ? "–" : (y.value || y.fmt)(v)),
+        })),
+      ],
+      hooks: { setLegend: [showNewest] },
+    },
+    data,
+    el,
+  );
 }
 
-function fmtAgo(s) {
-  return s === 0 ? "now" : s % 60 === 0 ? "-" + s / 60 + " min" : "-" + s + " s";
-}
-
-// series: [{color, points: [[t, v]], fill}]; opts: {max, fmt}
-function drawChart(canvas, series, opts) {
-  const { ctx, w, h } = setupCanvas(canvas);
-  const left = 54, right = 8, top = 6, bottom = 18;
-  const pw = w - left - right, ph = h - top - bottom;
-  const { t0, t1 } = timeWindow();
-  const span = t1 - t0;
-  let max = opts.max;
-  if (max == null) {
-    let m = 0;
-    for (const s of series) for (const [t, v] of s.points) if (t >= t0 && v > m) m = v;
-    max = niceMax(m * 1.1);
+// Creates the chart `id` the first time (or again when `key`, its set of series, changes) and
+// gives it `data` ([times, ...values]).
+function chart(id, key, data, series, y) {
+  let u = charts.get(id);
+  if (u && u.key !== key) {
+    u.destroy();
+    u = null;
   }
-  ctx.font = "11px system-ui, sans-serif";
-  ctx.fillStyle = "#8b95ad";
-  ctx.strokeStyle = "#2a3450";
-  ctx.lineWidth = 1;
-  ctx.textAlign = "right";
-  ctx.textBaseline = "middle";
-  for (let i = 0; i <= 4; i++) {
-    const y = top + ph - (ph * i) / 4;
-    ctx.beginPath();
-    ctx.moveTo(left, Math.round(y) + 0.5);
-    ctx.lineTo(left + pw, Math.round(y) + 0.5);
-    ctx.stroke();
-    ctx.fillText(opts.fmt((max * i) / 4), left - 6, y);
-  }
-  ctx.textBaseline = "alphabetic";
-  const step = [10, 15, 30, 60].find((s) => span / s <= 5) || 60;
-  for (let ago = 0; ago <= span + 0.001; ago += step) {
-    const xx = left + pw * (1 - ago / span);
-    ctx.textAlign = ago === 0 ? "right" : "center";
-    if (xx - left > 14) ctx.fillText(fmtAgo(ago), xx, h - 4);
-  }
-  const x = (t) => left + pw * ((t - t0) / span);
-  const y = (v) => top + ph - ph * Math.min(1, Math.max(0, v / max));
-  for (const s of series) {
-    const pts = s.points.filter(([t]) => t >= t0);
-    if (pts.length === 0) continue;
-    ctx.strokeStyle = s.color;
-    ctx.lineWidth = 1.8;
-    ctx.lineJoin = "round";
-    ctx.beginPath();
-    pts.forEach(([t, v], i) => (i ? ctx.lineTo(x(t), y(v)) : ctx.moveTo(x(t), y(v))));
-    ctx.stroke();
-    if (s.fill) {
-      ctx.lineTo(x(pts[pts.length - 1][0]), top + ph);
-      ctx.lineTo(x(pts[0][0]), top + ph);
-      ctx.closePath();
-      ctx.globalAlpha = 0.15;
-      ctx.fillStyle = s.color;
-      ctx.fill();
-      ctx.globalAlpha = 1;
-    }
-    if (pts.length === 1) {
-      ctx.fillStyle = s.color;
-      ctx.beginPath();
-      ctx.arc(x(pts[0][0]), y(pts[0][1]), 2.5, 0, 2 * Math.PI);
-      ctx.fill();
-    }
-  }
-  if (series.every((s) => s.points.length === 0)) {
-    ctx.fillStyle = "#8b95ad";
-    ctx.textAlign = "center";
-    ctx.fillText("collecting…", left + pw / 2, top + ph / 2);
+  if (u) {
+    u.setData(data);
+  } else {
+    u = makeChart(id, data, series, y);
+    u.key = key;
+    charts.set(id, u);
   }
 }
 
-function drawSpark(canvas, points, color) {
-  const { ctx, w, h } = setupCanvas(canvas);
-  const { t0, t1 } = timeWindow();
-  const pts = points.filter(([t]) => t >= t0);
-  if (pts.length < 2) return;
-  const max = Math.max(...pts.map((p) => p[1])) || 1;
-  const x = (t) => (w * (t - t0)) / (t1 - t0);
-  const y = (v) => h - 2 - (h - 4) * (v / max);
-  ctx.strokeStyle = color;
-  ctx.lineWidth = 1.5;
-  ctx.beginPath();
-  pts.forEach(([t, v], i) => (i ? ctx.lineTo(x(t), y(v)) : ctx.moveTo(x(t), y(v))));
-  ctx.stroke();
+// A sparkline of `values` at `ts`, as a small inline SVG (it lives in a table row rebuilt on
+// every poll).
+function spark(ts, values, color) {
+  const pts = values.map((v, i) => [ts[i], v]).filter(([, v]) => v != null);
+  if (pts.length < 2) return "";
+  const t0 = ts[0], span = ts[ts.length - 1] - t0 || 1;
+  const max = Math.max(...pts.map(([, v]) => v)) || 1;
+  const xy = pts.map(([t, v]) => ((100 * (t - t0)) / span).toFixed(1) + "," + (21 - (20 * v) / max).toFixed(1));
+  return '<svg class="spark" viewBox="0 0 100 22" preserveAspectRatio="none"><polyline stroke="' + color + '" points="' + xy.join(" ") + '"/></svg>';
 }
 
 // ---------------------------------------------------------------- rendering
@@ -233,8 +217,8 @@ function renderTiles(st, jobs) {
   $("k-slots").textContent = fmtCount(st.slots_in_use);
   $("k-slots-sub").textContent = "of " + fmtCount(st.slot_capacity) + " slots";
   $("k-slots-bar").style.width = (st.slot_capacity ? (100 * st.slots_in_use) / st.slot_capacity : 0) + "%";
-  const cpu = cpuSeries();
-  $("k-cpu").textContent = cpu.length ? cpu[cpu.length - 1][1].toFixed(0) + " %" : "–";
+  const cpu = lastValue(cpuSeries());
+  $("k-cpu").textContent = cpu == null ? "–" : cpu.toFixed(0) + " %";
   $("k-cpu-sub").textContent = "RSS " + fmtBytes(st.process_rss_bytes) + " · " + (st.process_cpu_s == null ? "–" : st.process_cpu_s.toFixed(1)) + " s total";
   $("meta").textContent = "instance " + st.instance + " · v" + st.version + " · up " + fmtDuration(st.uptime_s);
 }
@@ -246,6 +230,7 @@ function renderJobs(jobs) {
     body.innerHTML = '<tr><td colspan="10" class="empty">no jobs yet</td></tr>';
     return;
   }
+  const ts = times();
   body.innerHTML = jobs
     .map((job) => {
       const frac = job.subset_size ? Math.min(1, (job.position + 1) / job.subset_size) : 0;
@@ -261,17 +246,13 @@ function renderJobs(jobs) {
         '<td><div class="progress"><div class="bar"><div style="width:' + (100 * frac).toFixed(1) + '%"></div></div><span>' +
         fmtCount(job.position + 1) + " / " + fmtCount(job.subset_size) + "</span></div></td>" +
         '<td class="num rate">' + fmtRate(job.samples_per_s) + "</td>" +
-        '<td><canvas class="spark" data-spark="' + esc(job.name) + '"></canvas></td>' +
+        "<td>" + spark(ts, jobRateSeries(job.name), colorOf(job.name)) + "</td>" +
         '<td class="num">' + fmtPct(job.hits + job.misses ? job.hit_ratio : null) + "</td>" +
         '<td class="num">' + job.stall_s.toFixed(1) + " s <span class=\"unit\">(" + fmtPct(stallPct) + ")</span></td>" +
         '<td class="num">' + fmtCount(job.errors) + "</td></tr>"
       );
     })
     .join("");
-  for (const c of body.querySelectorAll("canvas[data-spark]")) {
-    const name = c.getAttribute("data-spark");
-    drawSpark(c, jobRateSeries(name), colorOf(name));
-  }
 }
 
 function renderDatasets(datasets) {
@@ -314,20 +295,25 @@ function renderFacts(st) {
 }
 
 function renderCharts(jobs) {
+  const ts = times();
   const names = jobs.map((job) => job.name);
-  drawChart($("c-throughput"), names.map((n) => ({ color: colorOf(n), points: jobRateSeries(n) })), { fmt: (v) => fmtCount(v) });
-  $("l-throughput").innerHTML = names
-    .map((n) => '<span><i style="background:' + colorOf(n) + '"></i>' + esc(n) + "</span>")
-    .join("");
-  drawChart($("c-hit"), [{ color: "#4cd497", points: hitRatioSeries(), fill: true }], { max: 1, fmt: (v) => (100 * v).toFixed(0) + "%" });
-  const cap = history.length ? history[history.length - 1].capacity_bytes : 0;
-  const mem = memSeries();
-  const memMax = Math.max(1, ...mem.map((p) => p[1]));
-  drawChart($("c-mem"), [{ color: "#5eb1ff", points: mem, fill: true }], {
-    max: Math.min(cap || Infinity, niceMax(memMax * 1.1)),
-    fmt: (v) => fmtBytes(v).replace(" ", ""),
+  const upFrom0 = (u, min, max) => [0, max > 0 ? max * 1.15 : 10];
+  chart("c-throughput", names.join("\n"), [ts, ...names.map(jobRateSeries)],
+    names.map((n) => ({ label: n, color: colorOf(n) })),
+    { fmt: fmtNum, value: fmtRate, range: upFrom0 });
+  chart("c-hit", "", [ts, hitRatioSeries()], [{ label: "hit ratio", color: "#4cd497", fill: true }],
+    { fmt: (v) => (100 * v).toFixed(0) + " %", value: fmtPct, range: () => [0, 1] });
+  // (Options are read when a chart is made: the range reads the capacity when it is called.)
+  const cap = () => (history.length ? history[history.length - 1].capacity_bytes : 0);
+  chart("c-mem", "", [ts, memSeries()], [{ label: "in use", color: "#5eb1ff", fill: true }], {
+    fmt: (v) => fmtBytes(v).replace(".0 ", " "),
+    value: fmtBytes,
+    size: 58,
+    range: (u, min, max) => [0, Math.min(cap() || Infinity, max > 0 ? max * 1.15 : 1)],
+    incrs: Array.from({ length: 50 }, (_, i) => 2 ** i), // binary steps: 256 MiB, 512 MiB, …
   });
-  drawChart($("c-cpu"), [{ color: "#f5b94c", points: cpuSeries(), fill: true }], { fmt: (v) => v.toFixed(0) });
+  chart("c-cpu", "", [ts, cpuSeries()], [{ label: "CPU", color: "#f5b94c", fill: true }],
+    { fmt: fmtNum, value: (v) => v.toFixed(0) + " %", range: upFrom0 });
 }
 
 // ---------------------------------------------------------------- polling
@@ -343,9 +329,10 @@ async function refresh() {
     ]);
     for (const pt of hist.samples) {
       if (history.length && pt.t < history[history.length - 1].t) history.length = 0; // restarted
+      if (!history.length) clockOffset = Date.now() / 1000 - st.uptime_s;
       history.push(pt);
     }
-    while (history.length && history[history.length - 1].t - history[0].t > WINDOW_S + 10) history.shift();
+    while (history.length && history[history.length - 1].t - history[0].t > WINDOW_S) history.shift();
     const jobs = jobsDoc.jobs;
     renderTiles(st, jobs);
     renderJobs(jobs);
@@ -366,4 +353,6 @@ async function refresh() {
 
 refresh();
 setInterval(refresh, POLL_MS);
-window.addEventListener("resize", () => refresh());
+window.addEventListener("resize", () => {
+  for (const [id, u] of charts) u.setSize({ width: $(id).clientWidth, height: CHART_H });
+});
