@@ -5,6 +5,10 @@
 //! through [`RawReader`], which has no borrows (batches are identified by
 //! their record range) so that it can live inside a Python object and release
 //! the GIL while waiting.
+//!
+//! (Longer than this codebase's usual 600 lines on purpose: this is the client's half of the
+//! ring protocol, and every acquire here pairs with a release in `ring.rs`/`segment.rs` as
+//! `DESIGN.md` lists them; one file keeps the pairs readable together.)
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
