@@ -86,9 +86,10 @@ def writer(instance) -> Iterator:
     started: List[Writer] = []
 
     def start(rings: str = "r", elements: int = 10, height: int = 4, width: int = 5, epochs: int = 1,
-              capacity: int = 16, error_every: int = 0, inst: Optional[str] = None) -> Writer:
+              capacity: int = 16, error_every: int = 0, inst: Optional[str] = None, pace_us: int = 0) -> Writer:
         args = ["--rings", rings, "--elements", str(elements), "--height", str(height), "--width", str(width),
-                "--epochs", str(epochs), "--capacity", str(capacity), "--error-every", str(error_every)]
+                "--epochs", str(epochs), "--capacity", str(capacity), "--error-every", str(error_every),
+                "--pace-us", str(pace_us)]
         w = Writer(inst or instance, args)
         started.append(w)
         return w

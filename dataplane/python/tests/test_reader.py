@@ -92,33 +92,25 @@ def test_error_records_are_reported(writer):
 
 
 def test_timeout_returns_empty_batch_and_releases_the_gil(writer):
-    w = writer(elements=2, capacity=2)
-    with joader.RingReader(w.instance, "r") as r:
-        assert len(r.next_batch(2, timeout=LONG)) == 2
-        # The ring is full from our side until we ack; ack by taking again, then wait on an empty ring.
-        r.ack()
-        r.next_batch(8, timeout=LONG)  # end-of-epoch + end-of-stream records
-        # A timeout never fires early (monotonic clock), and an empty ring gives an empty batch.
-        t0 = time.monotonic()
-        assert len(r.next_batch(4, timeout=0.3)) == 0
-        assert time.monotonic() - t0 >= 0.29
+    # A writer that waits at least 30 s before its first push: its ring stays empty meanwhile.
+    w = writer(elements=1, capacity=1, pace_us=60_000_000)
+    r = joader.RingReader(w.instance, "r")
+    # A timeout never fires early (monotonic clock), and an empty ring gives an empty batch.
+    t0 = time.monotonic()
+    assert len(r.next_batch(4, timeout=0.3)) == 0
+    assert time.monotonic() - t0 >= 0.29
 
     # The GIL is released while a reader waits: another thread finishes Python work while the
     # waiter is still blocked. Had the waiter held the GIL, that work could only finish after
     # the wait returned (when the killed writer is noticed), so a GIL held while waiting fails
     # this check whatever the machine's load.
-    w2 = writer(elements=1, capacity=1)
-    r2 = joader.RingReader(w2.instance, "r")
-    assert len(r2.next_batch(1, timeout=LONG)) == 1
-    r2.ack()
-    r2.next_batch(8, timeout=LONG)  # end-of-epoch + end-of-stream
     entered = threading.Event()
     outcome: list = []
 
     def waiter():
         entered.set()
         try:
-            outcome.append(len(r2.next_batch(4, timeout=LONG)))
+            outcome.append(len(r.next_batch(4, timeout=LONG)))
         except joader.JoaderError as e:
             outcome.append(e.code)
 
@@ -127,11 +119,14 @@ def test_timeout_returns_empty_batch_and_releases_the_gil(writer):
     entered.wait()
     total = sum(range(2_000_000))  # Python bytecode: needs the GIL
     still_waiting = t.is_alive()
-    w2.kill()  # ends the wait with server_gone
+    w.kill()  # ends the wait with server_gone
     t.join()
-    r2.close()
+    r.close()
     assert total > 0
     assert still_waiting, f"the waiter returned ({outcome}) before other Python code could run"
+    assert outcome == ["server_gone"], outcome
+    # Clean the killed writer's segments the way a restarted server would.
+    writer(elements=1, inst=w.instance)
 
 
 def test_dead_server_is_reported(writer):
@@ -191,7 +186,7 @@ def test_killed_python_reader_is_reclaimed_and_others_continue(writer):
     code = (
         "import sys, time, joader\n"
         f"r = joader.RingReader({w.instance!r}, 'victim')\n"
-        "b = r.next_batch(5, timeout=LONG)\n"
+        "b = r.next_batch(5, timeout=60)\n"
         "print('TOOK', len(b), flush=True)\n"
         "time.sleep(60)\n"
     )
