@@ -634,3 +634,87 @@ fn unreadable_elements_are_reported_not_fatal() {
         "the server is still up"
     );
 }
+
+#[test]
+fn ranks_registering_at_once_create_each_job_once_and_join_it() {
+    // 15 jobs of world size 2 and 5 of world size 4: all 50 ranks POST at the same moment, as
+    // torchrun starts them.
+    let root = dataset();
+    let env = start("ddp", root);
+    create_folder_dataset(&env, "imgs", root);
+    let ranks: Vec<(String, u32, u32)> = (0..20u32)
+        .flat_map(|j| {
+            let world = if j < 15 { 2 } else { 4 };
+            (0..world).map(move |r| (format!("ddp{j}"), world, r))
+        })
+        .collect();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(ranks.len()));
+    let handles: Vec<_> = ranks
+        .into_iter()
+        .map(|(name, world, rank)| {
+            let url = env.server.url.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let c = server::client::Client::new(url);
+                let body = json!({"name": name, "dataset": "imgs", "batch_size": 4, "epochs": 1,
+                                  "world_size": world, "rank": rank});
+                barrier.wait();
+                let (status, v) = c.call("POST", "/v1/jobs", Some(&body)).unwrap();
+                (name, world, status, v)
+            })
+        })
+        .collect();
+    let mut by_job: std::collections::BTreeMap<String, Vec<(u32, u16, Value)>> = Default::default();
+    for h in handles {
+        let (name, world, status, v) = h.join().unwrap();
+        assert!(
+            status == 200 || status == 201,
+            "rank of {name} refused: {status} {v}"
+        );
+        by_job.entry(name).or_default().push((world, status, v));
+    }
+    assert_eq!(by_job.len(), 20);
+    for (name, regs) in &by_job {
+        let world = regs[0].0 as usize;
+        assert_eq!(regs.len(), world);
+        assert_eq!(
+            regs.iter().filter(|r| r.1 == 201).count(),
+            1,
+            "job {name} was created exactly once"
+        );
+        let rings: BTreeSet<String> = regs[0].2["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["ring"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(rings.len(), world, "job {name}: one ring per rank");
+        for r in regs {
+            assert_eq!(
+                r.2["ranks"], regs[0].2["ranks"],
+                "job {name}: every rank sees the same rings"
+            );
+        }
+    }
+    // A rank whose parameters differ is refused, naming the field.
+    let c = env.server.client();
+    let (status, v) = c
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(
+                &json!({"name": "ddp0", "dataset": "imgs", "batch_size": 8, "epochs": 1,
+                         "world_size": 2, "rank": 1}),
+            ),
+        )
+        .unwrap();
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "job_exists", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("batch_size"),
+        "{v}"
+    );
+}

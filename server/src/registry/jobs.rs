@@ -10,9 +10,10 @@ use actors::service::{
 };
 use joader_core::sampling::SamplerKind;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use super::subset::SubsetSpec;
-use super::{AppState, JobEntry, check_name};
+use super::{AppState, JobEntry, Registering, check_name};
 use crate::error::{Code, Error, Result};
 use crate::glue::{IndexSource, PipelinePrepare};
 
@@ -66,6 +67,46 @@ impl JobRequest {
             client: None,
             ..self.clone()
         }
+    }
+}
+
+/// The first field in which two job requests differ (ranks of one job must agree on all).
+fn differing_field(a: &JobRequest, b: &JobRequest) -> Option<String> {
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
+        (serde_json::to_value(a), serde_json::to_value(b))
+    else {
+        return Some("parameters".into());
+    };
+    a.keys()
+        .chain(b.keys())
+        .find(|k| a.get(*k) != b.get(*k))
+        .cloned()
+}
+
+fn conflict(name: &str, field: &str) -> Error {
+    Error::new(
+        Code::JobExists,
+        format!(
+            "a job named '{name}' is running with other parameters ('{field}' differs): every \
+             rank of a job must send the same parameters, and another job needs another name"
+        ),
+    )
+}
+
+/// A job name reserved for one registration; dropping it (the registration ended, however)
+/// frees the name and wakes the ranks waiting for it.
+struct Reservation<'a> {
+    state: &'a AppState,
+    name: String,
+    _done: watch::Sender<()>,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut inner) = self.state.inner.lock() {
+            inner.registering.remove(&self.name);
+        }
+        // `_done` is dropped after this: the waiters see the registry as it now is.
     }
 }
 
@@ -124,28 +165,52 @@ pub async fn register_job<T>(
         .map_err(|e| Error::new(Code::InvalidRequest, format!("pipeline: {e}")))?;
 
     // Existing job: the same parameters mean another rank of it; a finished or failed job
-    // of that name is replaced.
-    let replaced = {
-        let inner = state.inner.lock().map_err(Error::internal)?;
-        match inner.jobs.get(&req.name) {
-            Some(j)
-                if j.request.identity() == req.identity()
-                    && !matches!(j.stats.state(), JobState::Failed(_) | JobState::Finished) =>
-            {
-                return Ok((view(state, j), false));
+    // of that name is replaced. The name is reserved before the first await, so that ranks
+    // arriving together (as torchrun starts them) create the job once and join it.
+    let identity = req.identity();
+    let (replaced, _reservation) = loop {
+        let mut done = {
+            let mut inner = state.inner.lock().map_err(Error::internal)?;
+            if let Some(r) = inner.registering.get(&req.name) {
+                if let Some(field) = differing_field(&r.request, &identity) {
+                    return Err(conflict(&req.name, &field));
+                }
+                r.done.clone()
+            } else {
+                let replaced = match inner.jobs.get(&req.name) {
+                    Some(j)
+                        if matches!(j.stats.state(), JobState::Failed(_) | JobState::Finished) =>
+                    {
+                        true
+                    }
+                    Some(j) => {
+                        return match differing_field(&j.request, &identity) {
+                            None => Ok((view(state, j), false)),
+                            Some(field) => Err(conflict(&req.name, &field)),
+                        };
+                    }
+                    None => false,
+                };
+                let (tx, rx) = watch::channel(());
+                inner.registering.insert(
+                    req.name.clone(),
+                    Registering {
+                        request: identity.clone(),
+                        done: rx,
+                    },
+                );
+                break (
+                    replaced,
+                    Reservation {
+                        state,
+                        name: req.name.clone(),
+                        _done: tx,
+                    },
+                );
             }
-            Some(j) if matches!(j.stats.state(), JobState::Failed(_) | JobState::Finished) => true,
-            Some(_) => {
-                return Err(Error::new(
-                    Code::JobExists,
-                    format!(
-                        "a job named '{}' is running with other parameters",
-                        req.name
-                    ),
-                ));
-            }
-            None => false,
-        }
+        };
+        // Resolves when the registration in progress ends; then look again.
+        let _ = done.changed().await;
     };
     if replaced {
         stop_job(state, &req.name).await?;

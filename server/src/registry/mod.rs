@@ -38,6 +38,9 @@ pub struct Inner {
     pub jobs: BTreeMap<String, JobEntry>,
     /// Final counters of the stopped jobs of each name (a reused name continues its metrics).
     pub retired: BTreeMap<String, Retired>,
+    /// Job names being registered, reserved before the registration's first await: a rank
+    /// that arrives meanwhile waits for that registration to end, then joins the job.
+    pub registering: BTreeMap<String, Registering>,
     pub pipelines: Vec<Pipeline>,
     pub next_job_id: u64,
     pub dataset_ids: u16,
@@ -65,6 +68,13 @@ impl Inner {
         self.pipelines.push(p.clone());
         Ok((self.pipelines.len() - 1) as u16)
     }
+}
+
+/// A registration in progress: the job's parameters, and a channel whose sender is dropped
+/// when the registration ends (created or failed).
+pub struct Registering {
+    pub request: JobRequest,
+    pub done: tokio::sync::watch::Receiver<()>,
 }
 
 /// What the stopped jobs of one name had counted, in the order of `metrics::job_counts`.
