@@ -74,18 +74,21 @@ pub async fn run(
         stats,
         inner: Mutex::new(registry::Inner::default()),
         started: Instant::now(),
-        metrics: Arc::new(metrics::Metrics::new()),
     });
     registry::load_catalog(&state)?;
     let data = web::Data::from(state.clone());
     let token = config.token.clone();
     let addr = listener.local_addr()?;
-    let recorder = state.metrics.clone();
+    // The recorder lives beside the registry (it reads the registry, never the reverse).
+    let recorder = Arc::new(metrics::Metrics::new());
+    let metrics_data = web::Data::from(recorder.clone());
+    let sampler_metrics = recorder.clone();
     let server = HttpServer::new(move || {
         let token = token.clone();
         let recorder = recorder.clone();
         App::new()
             .app_data(data.clone())
+            .app_data(metrics_data.clone())
             .wrap_fn(move |req, srv| {
                 use actix_web::dev::Service;
                 let denied = token.as_ref().is_some_and(|t| {
@@ -124,7 +127,7 @@ pub async fn run(
         let mut every = actix_web::rt::time::interval(metrics::HISTORY_INTERVAL);
         loop {
             every.tick().await;
-            sampled.metrics.sample(&sampled);
+            sampler_metrics.sample(&sampled);
         }
     });
     actix_web::rt::spawn(async move {

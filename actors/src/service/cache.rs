@@ -445,6 +445,7 @@ impl CacheActor {
             }
             drop(rr.ring);
         }
+        job.stats.closed.store(true, Relaxed);
         if let Some(reason) = failure {
             tracing::warn!(job = id, reason = %reason, "job stopped");
             job.stats.set_state(JobState::Failed(reason));

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 /// Life cycle of a job as the API reports it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -41,6 +41,10 @@ pub struct JobStats {
     /// actor at every acknowledgement poll.
     pub stall_us: AtomicU64,
     pub state: Mutex<JobState>,
+    /// The Cache has closed the job's rings (read to the end and left, failed, or stopped):
+    /// nothing of the job is left in shared memory. `Finished` alone only says that the end
+    /// of the stream was pushed; a rank may not even have attached yet.
+    pub closed: AtomicBool,
 }
 
 impl Default for JobStats {
@@ -56,6 +60,7 @@ impl Default for JobStats {
             position: AtomicU64::new(0),
             stall_us: AtomicU64::new(0),
             state: Mutex::new(JobState::Waiting),
+            closed: AtomicBool::new(false),
         }
     }
 }

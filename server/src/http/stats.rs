@@ -7,6 +7,7 @@ use serde_json::json;
 
 use super::views::stats_json;
 use crate::error::Result;
+use crate::metrics::Metrics;
 use crate::registry::AppState;
 
 #[get("/healthz")]
@@ -20,11 +21,11 @@ async fn cache_stats(state: web::Data<AppState>) -> Result<HttpResponse> {
 }
 
 #[get("/metrics")]
-async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+async fn metrics(state: web::Data<AppState>, recorder: web::Data<Metrics>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .insert_header(("cache-control", "no-store"))
-        .body(state.metrics.render(&state))
+        .body(recorder.render(&state))
 }
 
 #[derive(Debug, Deserialize)]
@@ -37,12 +38,12 @@ struct HistoryQuery {
 
 #[get("/v1/stats/history")]
 async fn stats_history(
-    state: web::Data<AppState>,
+    recorder: web::Data<Metrics>,
     q: web::Query<HistoryQuery>,
 ) -> Result<HttpResponse> {
     Ok(HttpResponse::Ok().json(json!({
         "interval_s": crate::metrics::HISTORY_INTERVAL.as_secs_f64(),
-        "samples": state.metrics.history(q.since.unwrap_or(f64::NEG_INFINITY)),
+        "samples": recorder.history(q.since.unwrap_or(f64::NEG_INFINITY)),
     })))
 }
 

@@ -40,7 +40,6 @@ use serde_json::json;
 
 use crate::procstat::process_stats;
 use crate::registry::AppState;
-pub(crate) use record::job_counts;
 use record::{JobSeries, histogram_http, record_cache, record_jobs};
 use render::{describe_all, float_counter};
 

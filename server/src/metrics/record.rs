@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
 
-use actors::service::{JobState, JobStats};
+use actors::service::JobState;
 use metrics::{counter, gauge};
 
 use crate::procstat::process_stats;
-use crate::registry::AppState;
+use crate::registry::{AppState, job_counts};
 
 /// Kinds of element failures (`StorageError::code`, `PipelineError::code`) seen in practice.
 pub(super) const COMMON_FAILURE_KINDS: [&str; 6] = [
@@ -68,19 +68,6 @@ pub(super) struct JobSeries {
     dataset: String,
     counts: [u64; 7],
     stall: f64,
-}
-
-pub(crate) fn job_counts(s: &JobStats) -> [u64; 7] {
-    let acked = s.acknowledged.load(Relaxed);
-    [
-        s.sampled.load(Relaxed),
-        s.delivered.load(Relaxed),
-        acked,
-        acked,
-        s.hits.load(Relaxed),
-        s.misses.load(Relaxed),
-        s.errors.load(Relaxed),
-    ]
 }
 
 /// Copies every job's counters into the recorder (the series of a reused name continue from

@@ -178,16 +178,19 @@ pub async fn register_job<T>(
                 r.done.clone()
             } else {
                 let replaced = match inner.jobs.get(&req.name) {
-                    Some(j)
-                        if matches!(j.stats.state(), JobState::Failed(_) | JobState::Finished) =>
-                    {
-                        true
-                    }
                     Some(j) => {
-                        return match differing_field(&j.request, &identity) {
-                            None => Ok((view(state, j), false)),
-                            Some(field) => Err(conflict(&req.name, &field)),
-                        };
+                        let differs = differing_field(&j.request, &identity);
+                        let closed = j.stats.closed.load(std::sync::atomic::Ordering::Relaxed);
+                        match (j.stats.state(), differs) {
+                            (JobState::Failed(_), _) => true,
+                            (JobState::Finished, _) if closed => true,
+                            // A finished job's name, wanted by another job.
+                            (JobState::Finished, Some(_)) => true,
+                            // Another rank of this job (a small job's end of stream may be
+                            // pushed before its last rank arrives: it still joins).
+                            (_, None) => return Ok((view(state, j), false)),
+                            (_, Some(field)) => return Err(conflict(&req.name, &field)),
+                        }
                     }
                     None => false,
                 };
@@ -368,7 +371,7 @@ pub async fn stop_job(state: &AppState, name: &str) -> Result<()> {
         .map_err(Error::internal)?;
     entry.stats.set_state(JobState::Failed("deleted".into()));
     // Closed: its counters are final; a later job of the same name continues from them.
-    let now = crate::metrics::job_counts(&entry.stats);
+    let now = super::job_counts(&entry.stats);
     let stall = entry
         .stats
         .stall_us

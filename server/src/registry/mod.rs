@@ -28,8 +28,6 @@ pub struct AppState {
     pub stats: Arc<CacheStats>,
     pub inner: Mutex<Inner>,
     pub started: Instant,
-    /// This server's Prometheus recorder (see `metrics.rs`).
-    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 #[derive(Default)]
@@ -70,6 +68,20 @@ impl Inner {
     }
 }
 
+/// A job's integer counters, in the order the metrics export them (`metrics::record`).
+pub fn job_counts(s: &JobStats) -> [u64; 7] {
+    let acked = s.acknowledged.load(Relaxed);
+    [
+        s.sampled.load(Relaxed),
+        s.delivered.load(Relaxed),
+        acked,
+        acked,
+        s.hits.load(Relaxed),
+        s.misses.load(Relaxed),
+        s.errors.load(Relaxed),
+    ]
+}
+
 /// A registration in progress: the job's parameters, and a channel whose sender is dropped
 /// when the registration ends (created or failed).
 pub struct Registering {
@@ -77,7 +89,7 @@ pub struct Registering {
     pub done: tokio::sync::watch::Receiver<()>,
 }
 
-/// What the stopped jobs of one name had counted, in the order of `metrics::job_counts`.
+/// What the stopped jobs of one name had counted, in the order of [`job_counts`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Retired {
     pub counts: [u64; 7],
