@@ -638,25 +638,28 @@ fn unreadable_elements_are_reported_not_fatal() {
 #[test]
 fn ranks_registering_at_once_create_each_job_once_and_join_it() {
     // 15 jobs of world size 2 and 5 of world size 4: all 50 ranks POST at the same moment, as
-    // torchrun starts them.
+    // torchrun starts them. Jobs 0-9 have one epoch of 48 elements, which fits in their rings:
+    // its end of stream may be pushed before the last rank arrives, which must still join.
+    // Jobs 10-19 run until deleted.
     let root = dataset();
     let env = start("ddp", root);
     create_folder_dataset(&env, "imgs", root);
-    let ranks: Vec<(String, u32, u32)> = (0..20u32)
+    let ranks: Vec<(String, u32, u32, Value)> = (0..20u32)
         .flat_map(|j| {
             let world = if j < 15 { 2 } else { 4 };
-            (0..world).map(move |r| (format!("ddp{j}"), world, r))
+            let epochs = if j < 10 { json!(1) } else { Value::Null };
+            (0..world).map(move |r| (format!("ddp{j}"), world, r, epochs.clone()))
         })
         .collect();
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(ranks.len()));
     let handles: Vec<_> = ranks
         .into_iter()
-        .map(|(name, world, rank)| {
+        .map(|(name, world, rank, epochs)| {
             let url = env.server.url.clone();
             let barrier = barrier.clone();
             std::thread::spawn(move || {
                 let c = server::client::Client::new(url);
-                let body = json!({"name": name, "dataset": "imgs", "batch_size": 4, "epochs": 1,
+                let body = json!({"name": name, "dataset": "imgs", "batch_size": 4, "epochs": epochs,
                                   "world_size": world, "rank": rank});
                 barrier.wait();
                 let (status, v) = c.call("POST", "/v1/jobs", Some(&body)).unwrap();
@@ -703,7 +706,7 @@ fn ranks_registering_at_once_create_each_job_once_and_join_it() {
             "POST",
             "/v1/jobs",
             Some(
-                &json!({"name": "ddp0", "dataset": "imgs", "batch_size": 8, "epochs": 1,
+                &json!({"name": "ddp10", "dataset": "imgs", "batch_size": 8, "epochs": null,
                          "world_size": 2, "rank": 1}),
             ),
         )
