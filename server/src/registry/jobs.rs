@@ -164,8 +164,9 @@ pub async fn register_job<T>(
         .validate()
         .map_err(|e| Error::new(Code::InvalidRequest, format!("pipeline: {e}")))?;
 
-    // Existing job: the same parameters mean another rank of it; a finished or failed job
-    // of that name is replaced. The name is reserved before the first await, so that ranks
+    // Existing job: the same parameters mean another rank of it. A failed job's name, or a
+    // finished one whose rings are closed, is taken over; so is a finished job's name by a
+    // job with other parameters. The name is reserved before the first await, so that ranks
     // arriving together (as torchrun starts them) create the job once and join it.
     let identity = req.identity();
     let (replaced, _reservation) = loop {
