@@ -83,7 +83,6 @@ failed_tests() {
 
 if [ ${#filters[@]} -gt 0 ] || [ -n "$py_expr" ]; then
     # Build once, outside the runs, so that a run measures the tests and not the compiler.
-    cargo build --quiet --workspace --all-targets || exit 1
     cargo test --workspace --no-run --quiet || exit 1
     [ -n "$py_expr" ] && cargo build --quiet -p server --bin joader
 fi
