@@ -120,8 +120,8 @@ pub struct ServeArgs {
     /// Shared-memory instance name (default "default").
     #[arg(long, env = "JOADER_INSTANCE")]
     pub instance: Option<String>,
-    /// Shared-memory cache size in bytes (default 1 GiB).
-    #[arg(long, env = "JOADER_CACHE_BYTES")]
+    /// Shared-memory cache size: bytes or a size such as 512MiB, 2GiB (default 1GiB).
+    #[arg(long, env = "JOADER_CACHE_BYTES", value_parser = crate::config::parse_bytes)]
     pub cache_bytes: Option<u64>,
     /// Cache slots (default 16384).
     #[arg(long, env = "JOADER_CACHE_SLOTS")]
@@ -132,6 +132,9 @@ pub struct ServeArgs {
     /// Decode threads (default: number of cores).
     #[arg(long, env = "JOADER_LOADER_WORKERS")]
     pub loader_workers: Option<usize>,
+    /// HTTP worker threads (default: number of cores, between 2 and 8).
+    #[arg(long, env = "JOADER_HTTP_WORKERS")]
+    pub http_workers: Option<usize>,
     /// Folders datasets may be read from (repeat; default: the current directory).
     #[arg(
         long = "allowed-root",
@@ -175,6 +178,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.loader_workers {
             c.loader_workers = v;
+        }
+        if let Some(v) = self.http_workers {
+            c.http_workers = v;
         }
         if !self.allowed_roots.is_empty() {
             c.allowed_roots = self.allowed_roots;

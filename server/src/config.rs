@@ -19,13 +19,19 @@ pub struct Config {
     /// Names the shared-memory segments (`/dev/shm/joader-<instance>-*`): two servers on one
     /// machine need two instances.
     pub instance: String,
-    /// Bytes of decoded data the cache may hold in shared memory.
+    /// Bytes of decoded data the cache may hold in shared memory: an integer or a size as
+    /// users write it (`"2GiB"`, `"512MiB"`, `"1.5 GB"`).
+    #[serde(deserialize_with = "de_bytes")]
     pub cache_bytes: u64,
     /// Number of cache slots (elements cached at most).
     pub cache_slots: u32,
     pub cache_policy: PolicyKind,
     /// Decode threads (default: number of cores).
     pub loader_workers: usize,
+    /// HTTP worker threads (default: number of cores, between 2 and 8). Handlers never block
+    /// them (catalog commits run on the blocking pool), but a slow client must not hold the
+    /// only one.
+    pub http_workers: usize,
     /// Dataset paths must lie under one of these folders (default: the current directory).
     pub allowed_roots: Vec<PathBuf>,
     /// Bearer token required by the REST API when set.
@@ -52,6 +58,7 @@ impl Default for Config {
             cache_slots: 16384,
             cache_policy: PolicyKind::RefCnt,
             loader_workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            http_workers: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
             allowed_roots: vec![std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))],
             token: None,
             ring_capacity: 0,
@@ -66,6 +73,20 @@ impl Default for Config {
     }
 }
 
+/// Parses a byte size as users write it: `1073741824`, `512MiB`, `2GiB`, `1.5 GB` (binary
+/// units with `i`, decimal without; the `bytesize` crate's grammar).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64())
+        .map_err(|e| format!("'{s}' is not a byte size such as 512MiB or 2GiB ({e})"))
+}
+
+/// A byte-size setting in a configuration file: an integer or a string such as `"2GiB"`.
+fn de_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    bytesize::ByteSize::deserialize(d).map(|b| b.as_u64())
+}
+
 impl Config {
     pub fn validate(&self) -> anyhow::Result<()> {
         dataplane::names::validate_instance(&self.instance)
@@ -76,6 +97,7 @@ impl Config {
             "cache_bytes must be at least 1 MiB"
         );
         anyhow::ensure!(self.loader_workers > 0, "loader_workers must be positive");
+        anyhow::ensure!(self.http_workers > 0, "http_workers must be positive");
         anyhow::ensure!(
             !self.allowed_roots.is_empty(),
             "allowed_roots must name at least one folder"
@@ -91,5 +113,25 @@ impl Config {
             tracing::warn!(bind = %self.bind, "the REST API is bound beyond loopback without a token");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_are_read_as_users_write_them() {
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1073741824"), Ok(1 << 30));
+        assert_eq!(parse_bytes(" 1.5 GB "), Ok(1_500_000_000));
+        let e = parse_bytes("lots").unwrap_err();
+        assert!(e.contains("'lots'") && e.contains("512MiB"), "{e}");
+        let c: Config = toml::from_str("cache_bytes = \"96MiB\"").unwrap();
+        assert_eq!(c.cache_bytes, 96 << 20);
+        let c: Config = toml::from_str("cache_bytes = 1048576").unwrap();
+        assert_eq!(c.cache_bytes, 1 << 20);
+        assert!(toml::from_str::<Config>("cache_bytes = \"many\"").is_err());
     }
 }

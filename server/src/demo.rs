@@ -31,9 +31,9 @@ pub struct DemoArgs {
     pub epochs: u32,
     #[arg(long, default_value_t = 32)]
     pub batch_size: u32,
-    /// Shared-memory cache size in MiB.
-    #[arg(long, default_value_t = 768)]
-    pub cache_mib: u64,
+    /// Shared-memory cache size (bytes or 512MiB, 2GiB, …).
+    #[arg(long, default_value = "768MiB", value_parser = crate::config::parse_bytes)]
+    pub cache_bytes: u64,
     /// Decode threads (default: number of cores).
     #[arg(long)]
     pub workers: Option<usize>,
@@ -94,7 +94,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         bind: "127.0.0.1:0".parse()?,
         data_dir: state_dir.path().to_path_buf(),
         instance: format!("demo_{}", std::process::id()),
-        cache_bytes: args.cache_mib << 20,
+        cache_bytes: args.cache_bytes,
         cache_slots: 8192,
         allowed_roots: vec![data.clone()],
         loader_workers: args

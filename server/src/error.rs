@@ -18,7 +18,9 @@ pub enum Code {
     DatasetNotReady,
     EmptySubset,
     VersionMismatch,
+    TooLarge,
     CacheFull,
+    ShuttingDown,
     Internal,
 }
 
@@ -37,7 +39,9 @@ impl Code {
             Code::DatasetNotReady => "dataset_not_ready",
             Code::EmptySubset => "empty_subset",
             Code::VersionMismatch => "version_mismatch",
+            Code::TooLarge => "too_large",
             Code::CacheFull => "cache_full",
+            Code::ShuttingDown => "shutting_down",
             Code::Internal => "internal",
         }
     }

@@ -67,10 +67,12 @@ pub async fn run(
         let loader = Loader::new(workers, ctx.address().recipient(), st.clone()).start();
         CacheActor::new(writer, &cache_cfg, loader.recipient(), st)
     });
+    let samplers = actix::Arbiter::new();
     let state = Arc::new(AppState {
         config: config.clone(),
         catalog: Arc::new(catalog),
         cache: cache.clone(),
+        samplers: samplers.handle(),
         stats,
         inner: Mutex::new(registry::Inner::default()),
         started: Instant::now(),
@@ -116,7 +118,7 @@ pub async fn run(
             .configure(http::configure)
             .default_service(web::to(http::not_found))
     })
-    .workers(1)
+    .workers(config.http_workers)
     .listen(listener)?
     .run();
     tracing::info!(%addr, instance = %config.instance, "joader is serving");
@@ -136,6 +138,9 @@ pub async fn run(
     });
     let result = server.await;
     cache.send(Shutdown).await.ok();
+    samplers.stop();
+    // The arbiter's thread ends once its samplers have stopped (no blocking join here: this
+    // runs on the system's thread).
     tracing::info!("joader stopped; shared memory removed");
     result.context("the HTTP server failed")
 }

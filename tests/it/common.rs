@@ -154,7 +154,7 @@ impl TestServer {
             "--instance",
             instance,
             "--cache-bytes",
-            "268435456",
+            "256MiB", // a size as users write it (parsed by bytesize)
             "--cache-slots",
             "4096",
         ])

@@ -433,6 +433,43 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             400,
             "invalid_request",
         ),
+        // Requests that can never fit are 422 naming the limit, not a transient 503.
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 4, "ring_capacity": 1_000_000_000}),
+            422,
+            "too_large",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 1_000_000_000}),
+            422,
+            "too_large",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 4, "world_size": 100_000}),
+            422,
+            "too_large",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            // 8 ranks × 4096 records: more than the test server's 4096 cache slots.
+            json!({"name": "j", "dataset": "imgs", "batch_size": 4, "world_size": 8, "ring_capacity": 4096}),
+            422,
+            "too_large",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
+            json!({"name": "j", "dataset": "imgs", "batch_size": 64, "ring_capacity": 16}),
+            400,
+            "invalid_request",
+        ),
         ("GET", "/v1/jobs/ghost", Value::Null, 404, "job_not_found"),
         (
             "DELETE",
@@ -459,7 +496,16 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             (status, code),
             "{method} {path} {body}: {v}"
         );
-        assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
+        let message = v["error"]["message"].as_str().unwrap_or("");
+        assert!(!message.is_empty());
+        if code == "too_large" {
+            assert!(
+                ["ring_capacity", "world_size", "cache_slots", "limit"]
+                    .iter()
+                    .any(|l| message.contains(l)),
+                "a refusal names the limit: {message}"
+            );
+        }
     }
     // Malformed JSON.
     let resp = ureq::post(format!("{}/v1/jobs", env.server.url))
@@ -720,4 +766,75 @@ fn ranks_registering_at_once_create_each_job_once_and_join_it() {
             .contains("batch_size"),
         "{v}"
     );
+}
+
+#[test]
+fn the_api_answers_while_a_large_manifest_is_indexed_and_persisted() {
+    // 200,000 manifest lines (the dataset's 48 files, repeated): indexing and the catalog
+    // commit of the whole index happen while the API is probed from two threads.
+    const LINES: usize = 200_000;
+    let root = dataset();
+    let scratch = TempDir::new("manifest-200k");
+    let list = files(root);
+    let mut text = String::from("path,label\n");
+    for i in 0..LINES {
+        let (path, label) = &list[i % list.len()];
+        text.push_str(&format!("{},{label}\n", path.display()));
+    }
+    let manifest = scratch.0.join("big.csv");
+    std::fs::write(&manifest, text).unwrap();
+    let state = TempDir::new("manifest-200k-state");
+    let mut server = TestServer::start(
+        &unique_instance("big"),
+        &state.0,
+        &scratch.0,
+        &["--allowed-root", root.to_str().unwrap()],
+    );
+    let c = server.client();
+    create_folder_dataset_at(&c, "small", root);
+    c.ok(
+        "POST",
+        "/v1/jobs",
+        Some(&json!({"name": "running", "dataset": "small", "batch_size": 4})),
+    )
+    .unwrap();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "big", "source": {"kind": "manifest", "path": manifest}})),
+    )
+    .unwrap();
+    let probes = std::sync::atomic::AtomicU64::new(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for path in ["/healthz", "/v1/jobs"] {
+            let (c, probes, done) = (server.client(), &probes, &done);
+            s.spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (status, body) = c.call("GET", path, None).unwrap();
+                    assert_eq!(status, 200, "GET {path} while indexing: {body}");
+                    probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        let ready = c.wait_ready("big", DEADLINE);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let ready = ready.unwrap();
+        assert_eq!(ready["items"].as_u64(), Some(LINES as u64), "{ready}");
+    });
+    assert!(probes.into_inner() > 0);
+    // The job on the other dataset is still there, and the index survived the commit.
+    let jobs = c.ok("GET", "/v1/jobs", None).unwrap();
+    assert_eq!(jobs["jobs"].as_array().unwrap().len(), 1, "{jobs}");
+    server.stop();
+}
+
+fn create_folder_dataset_at(c: &server::client::Client, name: &str, root: &Path) {
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": name, "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    c.wait_ready(name, DEADLINE).unwrap();
 }

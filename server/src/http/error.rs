@@ -19,7 +19,8 @@ pub fn status(code: Code) -> StatusCode {
         | Code::DatasetInUse
         | Code::DatasetNotReady
         | Code::VersionMismatch => StatusCode::CONFLICT,
-        Code::CacheFull => StatusCode::SERVICE_UNAVAILABLE,
+        Code::TooLarge => StatusCode::UNPROCESSABLE_ENTITY,
+        Code::CacheFull | Code::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -28,6 +28,58 @@ pub struct ClientInfo {
     pub layout_version: Option<u32>,
 }
 
+/// The most ranks a job may have.
+pub const MAX_WORLD_SIZE: u32 = 64;
+/// The most records a delivery ring may hold (64 bytes each: a 4 MiB ring).
+pub const MAX_RING_CAPACITY: u32 = 1 << 16;
+
+/// The ring capacity of each of a job's ranks, or a refusal if it can never fit: above
+/// [`MAX_RING_CAPACITY`], or all ranks' rings together above the cache's slots (every record
+/// of a ring pins a slot).
+fn ring_capacity(config: &crate::config::Config, req: &JobRequest) -> Result<u32> {
+    let capacity = req
+        .ring_capacity
+        .filter(|&c| c > 0)
+        .unwrap_or(if config.ring_capacity > 0 {
+            config.ring_capacity
+        } else {
+            req.batch_size.saturating_mul(2).max(64)
+        });
+    if capacity < req.batch_size {
+        return Err(Error::new(
+            Code::InvalidRequest,
+            format!(
+                "ring_capacity {capacity} cannot hold one batch of {}: give at least batch_size",
+                req.batch_size
+            ),
+        ));
+    }
+    if capacity > MAX_RING_CAPACITY {
+        return Err(Error::new(
+            Code::TooLarge,
+            format!(
+                "ring_capacity {capacity} is above the limit of {MAX_RING_CAPACITY} records per \
+                 ring (a batch_size above {} needs an explicit smaller ring_capacity)",
+                MAX_RING_CAPACITY / 2
+            ),
+        ));
+    }
+    let world = u64::from(req.world_size.unwrap_or(1));
+    let needed = u64::from(capacity) * world;
+    if needed > u64::from(config.cache_slots) {
+        return Err(Error::new(
+            Code::TooLarge,
+            format!(
+                "the job's {world} ring(s) of {capacity} records need {needed} cache slots and \
+                 the cache has {} (cache_slots): raise --cache-slots or lower ring_capacity or \
+                 batch_size",
+                config.cache_slots
+            ),
+        ));
+    }
+    Ok(capacity)
+}
+
 /// `POST /v1/jobs`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -142,10 +194,16 @@ pub async fn register_job<T>(
         ));
     }
     let world = req.world_size.unwrap_or(1);
-    if world == 0 || world > 64 {
+    if world == 0 {
         return Err(Error::new(
             Code::InvalidRequest,
-            "world_size must be between 1 and 64",
+            "world_size must be at least 1",
+        ));
+    }
+    if world > MAX_WORLD_SIZE {
+        return Err(Error::new(
+            Code::TooLarge,
+            format!("world_size {world} is above this server's limit of {MAX_WORLD_SIZE} ranks"),
         ));
     }
     if let Some(r) = req.rank
@@ -156,6 +214,7 @@ pub async fn register_job<T>(
             format!("rank {r} is not below world_size {world}"),
         ));
     }
+    let capacity = ring_capacity(&state.config, &req)?;
     let pipeline = req
         .pipeline
         .clone()
@@ -241,13 +300,11 @@ pub async fn register_job<T>(
         let sampler = d
             .sampler
             .get_or_insert_with(|| {
-                SamplerActor::new(
-                    d.id,
-                    state.cache.clone().recipient(),
-                    std::time::Duration::from_millis(state.config.sampler_tick_ms),
-                    state.stats.clone(),
-                )
-                .start()
+                let (id, cache, stats) = (d.id, state.cache.clone(), state.stats.clone());
+                let tick = std::time::Duration::from_millis(state.config.sampler_tick_ms);
+                SamplerActor::start_in_arbiter(&state.samplers, move |_| {
+                    SamplerActor::new(id, cache.recipient(), tick, stats)
+                })
             })
             .clone();
         (d.id, index, source, sampler, pipeline_id)
@@ -267,14 +324,6 @@ pub async fn register_job<T>(
         ));
     }
     let subset = Arc::new(subset);
-    let capacity =
-        req.ring_capacity
-            .filter(|&c| c > 0)
-            .unwrap_or(if state.config.ring_capacity > 0 {
-                state.config.ring_capacity
-            } else {
-                (2 * req.batch_size).max(64)
-            });
     let stats = Arc::new(JobStats::default());
     let job_id = {
         let mut inner = state.inner.lock().map_err(Error::internal)?;
@@ -306,7 +355,8 @@ pub async fn register_job<T>(
         .map_err(Error::internal)?
         .map_err(|e| match e {
             OpenJobError::AlreadyOpen(_) | OpenJobError::Empty => Error::internal(e),
-            OpenJobError::ShutDown | OpenJobError::NoSlots { .. } | OpenJobError::Ring { .. } => {
+            OpenJobError::ShutDown => Error::new(Code::ShuttingDown, e.to_string()),
+            OpenJobError::NoSlots { .. } | OpenJobError::Ring { .. } => {
                 Error::new(Code::CacheFull, e.to_string())
             }
         })?;

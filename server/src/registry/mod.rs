@@ -25,6 +25,9 @@ pub struct AppState {
     pub config: Config,
     pub catalog: Arc<Catalog>,
     pub cache: Addr<CacheActor>,
+    /// The thread the samplers run on (never an HTTP worker's: a pass must not wait for a
+    /// request, nor a request for a pass).
+    pub samplers: actix::ArbiterHandle,
     pub stats: Arc<CacheStats>,
     pub inner: Mutex<Inner>,
     pub started: Instant,

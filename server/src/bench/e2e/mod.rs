@@ -34,9 +34,10 @@ pub struct E2eArgs {
     pub classes: u32,
     #[arg(long, default_value_t = 100)]
     pub per_class: u32,
-    /// Shared-memory cache in MiB; the default holds about 60% of the decoded dataset.
-    #[arg(long, default_value_t = 96)]
-    pub cache_mib: u64,
+    /// Shared-memory cache size (bytes or 96MiB, 1GiB, …); the default holds about 60% of
+    /// the decoded dataset.
+    #[arg(long, default_value = "96MiB", value_parser = crate::config::parse_bytes)]
+    pub cache_bytes: u64,
     /// Decode threads of both joader and the independent baseline (default: cores).
     #[arg(long)]
     pub workers: Option<usize>,
@@ -57,7 +58,7 @@ pub(super) struct Ctx {
     pub(super) root: PathBuf,
     pub(super) index: Arc<DatasetIndex>,
     pub(super) workers: usize,
-    pub(super) cache_mib: u64,
+    pub(super) cache_bytes: u64,
     pub(super) pipeline: Pipeline,
 }
 
@@ -101,7 +102,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
         root: root.clone(),
         index,
         workers,
-        cache_mib: args.cache_mib,
+        cache_bytes: args.cache_bytes,
         pipeline: Config::default().default_pipeline,
     };
     let torch = args.torch
@@ -129,7 +130,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
         }
         rows.push((sc, outs));
     }
-    let table = markdown(&rows, workers, args.cache_mib, n);
+    let table = markdown(&rows, workers, args.cache_bytes, n);
     println!("{table}");
     std::fs::create_dir_all(&args.out)?;
     let md = args.out.join("e2e.md");

@@ -10,12 +10,13 @@ use super::systems::Outcome;
 pub(super) fn markdown(
     rows: &[(Scenario, Vec<Outcome>)],
     workers: usize,
-    cache_mib: u64,
+    cache_bytes: u64,
     n: u32,
 ) -> String {
+    let cache = bytesize::ByteSize(cache_bytes).display().iec();
     let mut s = format!(
         "joader bench e2e: {n} images 500x375 -> decode, resize 256, center crop 224; {workers} decode threads; \
-         cache {cache_mib} MiB\n\n| scenario | system | samples/s (all jobs) | per job samples/s | CPU ms/sample | decodes/sample | hit ratio | throughput vs independent | CPU vs independent |\n|---|---|---:|---|---:|---:|---:|---:|---:|\n"
+         cache {cache}\n\n| scenario | system | samples/s (all jobs) | per job samples/s | CPU ms/sample | decodes/sample | hit ratio | throughput vs independent | CPU vs independent |\n|---|---|---:|---|---:|---:|---:|---:|---:|\n"
     );
     for (sc, outs) in rows {
         let base = outs.iter().find(|o| o.system == "independent");

@@ -61,7 +61,7 @@ pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome
         bind: "127.0.0.1:0".parse()?,
         data_dir: state.path().to_path_buf(),
         instance: format!("e2e_{}_{tag}", std::process::id()),
-        cache_bytes: ctx.cache_mib << 20,
+        cache_bytes: ctx.cache_bytes,
         cache_slots: 8192,
         allowed_roots: vec![ctx.root.clone()],
         loader_workers: ctx.workers,
