@@ -132,6 +132,16 @@ pub struct ServeArgs {
     /// Decode threads (default: number of cores).
     #[arg(long, env = "JOADER_LOADER_WORKERS")]
     pub loader_workers: Option<usize>,
+    /// Ended jobs the API still lists (default 100); older ones are forgotten.
+    #[arg(long, env = "JOADER_ENDED_JOBS_KEPT")]
+    pub ended_jobs_kept: Option<usize>,
+    /// Seconds after which an ended job is forgotten (default 86400).
+    #[arg(long, env = "JOADER_ENDED_JOB_TTL_S")]
+    pub ended_job_ttl_s: Option<u64>,
+    /// Seconds a job name's counters and metric series outlive its last job (default 600;
+    /// keep it above the scrape interval).
+    #[arg(long, env = "JOADER_METRICS_RETENTION_S")]
+    pub metrics_retention_s: Option<u64>,
     /// HTTP worker threads (default: number of cores, between 2 and 8).
     #[arg(long, env = "JOADER_HTTP_WORKERS")]
     pub http_workers: Option<usize>,
@@ -181,6 +191,15 @@ impl ServeArgs {
         }
         if let Some(v) = self.http_workers {
             c.http_workers = v;
+        }
+        if let Some(v) = self.ended_jobs_kept {
+            c.ended_jobs_kept = v;
+        }
+        if let Some(v) = self.ended_job_ttl_s {
+            c.ended_job_ttl_s = v;
+        }
+        if let Some(v) = self.metrics_retention_s {
+            c.metrics_retention_s = v;
         }
         if !self.allowed_roots.is_empty() {
             c.allowed_roots = self.allowed_roots;

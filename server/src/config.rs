@@ -46,6 +46,13 @@ pub struct Config {
     pub sampler_tick_ms: u64,
     /// Acknowledgement polling interval, in milliseconds.
     pub cache_tick_ms: u64,
+    /// Ended jobs (finished and read, or failed) the API still lists; older ones are forgotten.
+    pub ended_jobs_kept: usize,
+    /// Seconds after which an ended job is forgotten however few there are.
+    pub ended_job_ttl_s: u64,
+    /// Seconds a job name's counters and metric series outlive its last job (keep it above
+    /// the Prometheus scrape interval, so that the last values are scraped).
+    pub metrics_retention_s: u64,
 }
 
 impl Default for Config {
@@ -69,6 +76,9 @@ impl Default for Config {
             max_pixels: 100_000_000,
             sampler_tick_ms: 2,
             cache_tick_ms: 1,
+            ended_jobs_kept: 100,
+            ended_job_ttl_s: 24 * 3600,
+            metrics_retention_s: 600,
         }
     }
 }
@@ -88,6 +98,14 @@ fn de_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 }
 
 impl Config {
+    pub fn retention(&self) -> crate::registry::Retention {
+        crate::registry::Retention {
+            ended_jobs: self.ended_jobs_kept,
+            ended_ttl: std::time::Duration::from_secs(self.ended_job_ttl_s),
+            metrics: std::time::Duration::from_secs(self.metrics_retention_s),
+        }
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         dataplane::names::validate_instance(&self.instance)
             .map_err(|e| anyhow::anyhow!("instance: {e}"))?;

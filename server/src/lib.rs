@@ -130,6 +130,7 @@ pub async fn run(
         loop {
             every.tick().await;
             sampler_metrics.sample(&sampled);
+            registry::housekeep(&sampled);
         }
     });
     actix_web::rt::spawn(async move {

@@ -1,6 +1,7 @@
 //! joader's integration tests: one binary that runs the real `joader` executable.
 
 mod bench;
+mod bounded;
 mod common;
 mod observability;
 mod server;

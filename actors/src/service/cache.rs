@@ -73,6 +73,7 @@ struct RankRing {
 }
 
 struct CacheJob {
+    dataset: DatasetId,
     pipeline: PipelineId,
     prepare: Arc<dyn Prepare>,
     subset: Arc<RoaringBitmap>,
@@ -146,6 +147,10 @@ impl CacheActor {
         self.stats
             .waiting_for_space
             .store(self.waiting.len() as u64, Relaxed);
+        self.stats.open_jobs.store(self.jobs.len() as u64, Relaxed);
+        self.stats
+            .open_sources
+            .store(self.sources.len() as u64, Relaxed);
     }
 
     /// A job's epoch starts: every cached element of its subset is needed once more.
@@ -446,6 +451,11 @@ impl CacheActor {
             drop(rr.ring);
         }
         job.stats.closed.store(true, Relaxed);
+        // The last job of a dataset forgets its source (the dataset may be deleted: its index
+        // must not live on here). Loads in flight hold their own reference.
+        if !self.jobs.values().any(|j| j.dataset == job.dataset) {
+            self.sources.remove(&job.dataset);
+        }
         if let Some(reason) = failure {
             tracing::warn!(job = id, reason = %reason, "job stopped");
             job.stats.set_state(JobState::Failed(reason));
@@ -545,6 +555,7 @@ impl Handler<OpenJob> for CacheActor {
         self.jobs.insert(
             msg.job,
             CacheJob {
+                dataset: msg.dataset,
                 pipeline: msg.pipeline,
                 prepare: msg.prepare,
                 subset: msg.subset,
@@ -554,6 +565,7 @@ impl Handler<OpenJob> for CacheActor {
                 sampler: msg.sampler,
             },
         );
+        self.update_gauges();
         Ok(infos)
     }
 }

@@ -111,6 +111,10 @@ pub struct CacheStats {
     /// Payloads decoded but waiting for room because everything cached is unread.
     pub waiting_for_space: AtomicU64,
     pub loader_queue: AtomicU64,
+    /// Jobs whose rings the Cache holds open, and datasets it holds a source of (state that
+    /// must return to zero when every job is gone).
+    pub open_jobs: AtomicU64,
+    pub open_sources: AtomicU64,
     pub loader_busy_us: AtomicU64,
     pub rounds: AtomicU64,
     /// Σ over rounds of deliveries, and of distinct elements: their ratio is the mean share size.

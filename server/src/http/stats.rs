@@ -16,8 +16,32 @@ async fn healthz() -> HttpResponse {
 }
 
 #[get("/v1/stats")]
-async fn cache_stats(state: web::Data<AppState>) -> Result<HttpResponse> {
-    Ok(HttpResponse::Ok().json(stats_json(&state)))
+async fn cache_stats(
+    state: web::Data<AppState>,
+    recorder: web::Data<Metrics>,
+) -> Result<HttpResponse> {
+    let mut body = stats_json(&state);
+    body["state"] = state_sizes(&state, &recorder);
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// The sizes of the server's per-job state (each returns to its idle value once the jobs
+/// are gone and the retention periods have passed: see `registry::housekeep`).
+fn state_sizes(state: &AppState, recorder: &Metrics) -> serde_json::Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (jobs, retired, registering) = state
+        .inner
+        .lock()
+        .map(|i| (i.jobs.len(), i.retired.len(), i.registering.len()))
+        .unwrap_or_default();
+    json!({
+        "jobs": jobs,
+        "retired_job_names": retired,
+        "registering": registering,
+        "metric_job_series": recorder.job_series(),
+        "cache_open_jobs": state.stats.open_jobs.load(Relaxed),
+        "cache_sources": state.stats.open_sources.load(Relaxed),
+    })
 }
 
 #[get("/metrics")]

@@ -40,8 +40,8 @@ use serde_json::json;
 
 use crate::procstat::process_stats;
 use crate::registry::AppState;
-use record::{JobSeries, histogram_http, record_cache, record_jobs};
-use render::{describe_all, float_counter};
+use record::{JobSeries, histogram_http, record_cache, record_jobs, series_len};
+use render::{describe_all, family};
 
 /// Buckets of `joader_http_request_duration_seconds`.
 const HTTP_BUCKETS: &[f64] = &[
@@ -53,7 +53,55 @@ pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     jobs: Mutex<BTreeMap<String, JobSeries>>,
-    history: Mutex<VecDeque<serde_json::Value>>,
+    history: Mutex<VecDeque<Sample>>,
+}
+
+/// One sample of the history, compact (the JSON is made when asked for).
+struct Sample {
+    t: f64,
+    /// In the order of [`SAMPLE_COUNTERS`].
+    counters: [u64; 8],
+    cpu_s: Option<f64>,
+    rss_bytes: Option<u64>,
+    /// (job name, acknowledged, stall seconds) of the jobs that had not ended.
+    jobs: Box<[(Box<str>, u64, f64)]>,
+}
+
+/// The names of a sample's counters in the history's JSON.
+const SAMPLE_COUNTERS: [&str; 8] = [
+    "requests",
+    "hits",
+    "decodes",
+    "loads",
+    "bytes_read",
+    "bytes_in_use",
+    "capacity_bytes",
+    "slots_in_use",
+];
+
+impl Sample {
+    fn to_json(&self) -> serde_json::Value {
+        let mut v = json!({
+            "t": self.t,
+            "cpu_s": self.cpu_s,
+            "rss_bytes": self.rss_bytes,
+        });
+        for (name, n) in SAMPLE_COUNTERS.iter().zip(self.counters) {
+            v[*name] = json!(n);
+        }
+        let jobs: serde_json::Map<String, serde_json::Value> = self
+            .jobs
+            .iter()
+            .map(|(name, acked, stall)| {
+                (
+                    name.to_string(),
+                    json!({"acknowledged": acked, "stall_s": stall}),
+                )
+            })
+            .collect();
+        v["jobs"] = serde_json::Value::Object(jobs);
+        v
+    }
 }
 
 /// Seconds between two samples of the history.
@@ -89,43 +137,46 @@ impl Metrics {
     }
 
     /// Records one sample of the cumulative counters the dashboard charts (rates are
-    /// differences of consecutive samples, so the page needs no clock of its own).
+    /// differences of consecutive samples, so the page needs no clock of its own). Jobs that
+    /// ended are left out (their figures no longer change), so a sample's size is bounded by
+    /// the jobs running, not by the jobs the server has served.
     pub fn sample(&self, state: &AppState) {
         let s = &state.stats;
         let process = process_stats();
-        let jobs: serde_json::Map<String, serde_json::Value> = state
+        let jobs: Box<[(Box<str>, u64, f64)]> = state
             .inner
             .lock()
             .map(|inner| {
                 inner
                     .jobs
                     .iter()
+                    .filter(|(_, j)| !j.has_ended())
                     .map(|(name, j)| {
                         (
-                            name.clone(),
-                            json!({
-                                "acknowledged": j.stats.acknowledged.load(Relaxed),
-                                "stall_s": j.stats.stall_us.load(Relaxed) as f64 / 1e6,
-                            }),
+                            name.as_str().into(),
+                            j.stats.acknowledged.load(Relaxed),
+                            j.stats.stall_us.load(Relaxed) as f64 / 1e6,
                         )
                     })
                     .collect()
             })
             .unwrap_or_default();
-        let point = json!({
-            "t": state.started.elapsed().as_secs_f64(),
-            "requests": s.requests.load(Relaxed),
-            "hits": s.hits.load(Relaxed),
-            "decodes": s.decodes.load(Relaxed),
-            "loads": s.loads.load(Relaxed),
-            "bytes_read": s.bytes_read.load(Relaxed),
-            "bytes_in_use": s.bytes_in_use.load(Relaxed),
-            "capacity_bytes": s.capacity_bytes.load(Relaxed),
-            "slots_in_use": s.slots_in_use.load(Relaxed),
-            "cpu_s": process.map(|p| p.cpu_seconds),
-            "rss_bytes": process.map(|p| p.rss_bytes),
-            "jobs": jobs,
-        });
+        let point = Sample {
+            t: state.started.elapsed().as_secs_f64(),
+            counters: [
+                s.requests.load(Relaxed),
+                s.hits.load(Relaxed),
+                s.decodes.load(Relaxed),
+                s.loads.load(Relaxed),
+                s.bytes_read.load(Relaxed),
+                s.bytes_in_use.load(Relaxed),
+                s.capacity_bytes.load(Relaxed),
+                s.slots_in_use.load(Relaxed),
+            ],
+            cpu_s: process.map(|p| p.cpu_seconds),
+            rss_bytes: process.map(|p| p.rss_bytes),
+            jobs,
+        };
         if let Ok(mut h) = self.history.lock() {
             if h.len() == HISTORY_LEN {
                 h.pop_front();
@@ -140,11 +191,16 @@ impl Metrics {
             .lock()
             .map(|h| {
                 h.iter()
-                    .filter(|p| p["t"].as_f64().is_some_and(|t| t > since))
-                    .cloned()
+                    .filter(|p| p.t > since)
+                    .map(Sample::to_json)
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Job names whose series the exporter remembers.
+    pub fn job_series(&self) -> usize {
+        series_len(&self.jobs)
     }
 
     fn with<T>(&self, f: impl FnOnce() -> T) -> T {
@@ -154,33 +210,28 @@ impl Metrics {
     /// Copies the server's counters into the recorder and renders the Prometheus text.
     pub fn render(&self, state: &AppState) -> String {
         let mut extra = String::new();
-        let stalls = self.with(|| {
+        let labelled = self.with(|| {
             record_cache(state);
             record_jobs(&self.jobs, state)
         });
-        let stalls: Vec<(&str, &str, f64)> = stalls
-            .iter()
-            .map(|(name, dataset, s)| (name.as_str(), dataset.as_str(), *s))
-            .collect();
-        float_counter(
-            &mut extra,
-            "joader_job_stall_seconds_total",
-            "time the job's ring sat empty while its client was attached and had credit (sampled at every cache tick, summed over ranks)",
-            &stalls,
-        );
+        for (name, kind, help, rows) in &labelled.families {
+            family(&mut extra, name, kind, help, rows);
+        }
         let s = &state.stats;
-        float_counter(
+        family(
             &mut extra,
             "joader_loader_busy_seconds_total",
+            "counter",
             "time the loader workers spent reading and preparing elements, summed over workers",
-            &[("", "", s.loader_busy_us.load(Relaxed) as f64 / 1e6)],
+            &[(vec![], s.loader_busy_us.load(Relaxed) as f64 / 1e6)],
         );
         if let Some(p) = process_stats() {
-            float_counter(
+            family(
                 &mut extra,
                 "joader_process_cpu_seconds_total",
+                "counter",
                 "user and system CPU time of the joader process",
-                &[("", "", p.cpu_seconds)],
+                &[(vec![], p.cpu_seconds)],
             );
         }
         let mut out = self.handle.render();

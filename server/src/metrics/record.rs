@@ -61,86 +61,156 @@ pub(super) const JOB_COUNTERS: [(&str, &str); 7] = [
 ///
 /// A job name can be reused once its job finished or failed, and the new job's counters
 /// start at zero. Prometheus counters must not go down, so the series of a name continues
-/// from what the stopped jobs of that name counted (`state::Inner::retired`), and never
-/// goes down.
+/// from what the stopped jobs of that name counted (`registry::Inner::retired`), and never
+/// goes down. A name with neither a job nor retired counters (the registry forgets them after
+/// `metrics_retention_s`) is dropped here too: its series end.
 pub(super) struct JobSeries {
-    id: u64,
     dataset: String,
     counts: [u64; 7],
     stall: f64,
 }
 
-/// Copies every job's counters into the recorder (the series of a reused name continue from
-/// its stopped jobs) and returns each job name's stall seconds, which the exporter cannot hold
-/// (its counters are integers).
-pub(super) fn record_jobs(
-    jobs: &Mutex<BTreeMap<String, JobSeries>>,
-    state: &AppState,
-) -> Vec<(String, String, f64)> {
+/// The per-job and per-dataset families, rendered by `render::family` (not through the
+/// recorder, which never forgets a series: these must end when their job or dataset is gone).
+#[derive(Default)]
+pub(super) struct Labelled {
+    pub families: Vec<Family>,
+}
+
+/// One family: (name, type, help, rows of (labels, value)).
+pub(super) type Family = (&'static str, &'static str, &'static str, Vec<(Labels, f64)>);
+
+/// Label pairs of one series.
+pub(super) type Labels = Vec<(&'static str, String)>;
+
+/// Help texts of the per-job gauges, in the order `record_jobs` fills them.
+const JOB_GAUGES: [(&str, &str); 5] = [
+    ("joader_job_epoch", "the job's current epoch"),
+    (
+        "joader_job_epoch_position",
+        "position of the last sampled element in the job's epoch",
+    ),
+    ("joader_job_subset_size", "elements in the job's subset"),
+    (
+        "joader_job_samples_per_second",
+        "samples per second the job's client acknowledged, over the last second or so",
+    ),
+    ("joader_job_running", "1 while the job runs"),
+];
+
+/// Every job's and dataset's series (the series of a reused name continue from its stopped
+/// jobs), and the jobs-by-state gauge into the recorder. Forgets the series of names the
+/// registry no longer knows.
+pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &AppState) -> Labelled {
     let mut by_state: BTreeMap<&str, u64> = JOB_STATES.iter().map(|s| (*s, 0)).collect();
+    let mut out = Labelled::default();
     let Ok(mut series) = jobs.lock() else {
-        return Vec::new();
+        return out;
     };
-    let mut present = Vec::new();
-    if let Ok(inner) = state.inner.lock() {
-        for (name, d) in &inner.datasets {
-            let items = d.index.as_ref().map_or(0, |i| i.items.len());
-            gauge!("joader_dataset_items", "dataset" => name.clone()).set(items as f64);
+    let Ok(inner) = state.inner.lock() else {
+        return out;
+    };
+    let items = inner
+        .datasets
+        .iter()
+        .map(|(name, d)| {
+            let n = d.index.as_ref().map_or(0, |i| i.items.len());
+            (vec![("dataset", name.clone())], n as f64)
+        })
+        .collect();
+    out.families.push((
+        "joader_dataset_items",
+        "gauge",
+        "items indexed in the dataset",
+        items,
+    ));
+    let mut gauges: [Vec<(Labels, f64)>; 5] = Default::default();
+    for (name, j) in &inner.jobs {
+        let st = match j.stats.state() {
+            JobState::Waiting => "waiting",
+            JobState::Running => "running",
+            JobState::Finished => "finished",
+            JobState::Failed(_) => "failed",
+        };
+        *by_state.entry(st).or_default() += 1;
+        let e = series.entry(name.clone()).or_insert_with(|| JobSeries {
+            dataset: j.dataset.clone(),
+            counts: [0; 7],
+            stall: 0.0,
+        });
+        // A job under a reused name continues from what the stopped ones of that name
+        // counted (recorded when they stopped, so no scrape can miss it).
+        let retired = inner.retired.get(name).copied().unwrap_or_default();
+        e.dataset = j.dataset.clone();
+        let now = job_counts(&j.stats);
+        for i in 0..now.len() {
+            e.counts[i] = e.counts[i].max(retired.counts[i] + now[i]);
         }
-        for (name, j) in &inner.jobs {
-            let st = match j.stats.state() {
-                JobState::Waiting => "waiting",
-                JobState::Running => "running",
-                JobState::Finished => "finished",
-                JobState::Failed(_) => "failed",
-            };
-            *by_state.entry(st).or_default() += 1;
-            let e = series.entry(name.clone()).or_insert_with(|| JobSeries {
-                id: j.id,
-                dataset: j.dataset.clone(),
-                counts: [0; 7],
-                stall: 0.0,
-            });
-            // A job under a reused name continues from what the stopped ones of that name
-            // counted (recorded when they stopped, so no scrape can miss it).
-            let retired = inner.retired.get(name).copied().unwrap_or_default();
-            e.id = j.id;
-            e.dataset = j.dataset.clone();
-            let now = job_counts(&j.stats);
-            for i in 0..now.len() {
-                e.counts[i] = e.counts[i].max(retired.counts[i] + now[i]);
-            }
-            e.stall = e
-                .stall
-                .max(retired.stall_s + j.stats.stall_us.load(Relaxed) as f64 / 1e6);
-            let labels = [("job_name", name.clone()), ("dataset", j.dataset.clone())];
-            for (i, (metric, _)) in JOB_COUNTERS.iter().enumerate() {
-                counter!(*metric, &labels).absolute(e.counts[i]);
-            }
-            let s = &j.stats;
-            gauge!("joader_job_epoch", &labels).set(s.epoch.load(Relaxed) as f64);
-            gauge!("joader_job_epoch_position", &labels).set(s.position.load(Relaxed) as f64);
-            gauge!("joader_job_subset_size", &labels).set(j.subset_len as f64);
-            gauge!("joader_job_samples_per_second", &labels).set(j.rate());
-            gauge!("joader_job_running", &labels).set(f64::from(u8::from(st == "running")));
-            present.push(name.clone());
+        e.stall = e
+            .stall
+            .max(retired.stall_s + j.stats.stall_us.load(Relaxed) as f64 / 1e6);
+        let s = &j.stats;
+        let labels = || vec![("job_name", name.clone()), ("dataset", j.dataset.clone())];
+        let values = [
+            s.epoch.load(Relaxed) as f64,
+            s.position.load(Relaxed) as f64,
+            j.subset_len as f64,
+            j.rate(),
+            f64::from(u8::from(st == "running")),
+        ];
+        for (g, v) in gauges.iter_mut().zip(values) {
+            g.push((labels(), v));
         }
     }
-    // Jobs deleted since: their counters stay where they were; they no longer run.
+    // Names with neither a job nor retired counters are forgotten; the others that have no
+    // job no longer run.
+    series.retain(|name, _| inner.jobs.contains_key(name) || inner.retired.contains_key(name));
     for (name, e) in series.iter() {
-        if !present.contains(name) {
-            let labels = [("job_name", name.clone()), ("dataset", e.dataset.clone())];
-            gauge!("joader_job_running", &labels).set(0.0);
-            gauge!("joader_job_samples_per_second", &labels).set(0.0);
+        if !inner.jobs.contains_key(name) {
+            let labels = || vec![("job_name", name.clone()), ("dataset", e.dataset.clone())];
+            gauges[3].push((labels(), 0.0));
+            gauges[4].push((labels(), 0.0));
         }
+    }
+    for (i, (metric, help)) in JOB_COUNTERS.iter().enumerate() {
+        let rows = series
+            .iter()
+            .map(|(name, e)| {
+                (
+                    vec![("job_name", name.clone()), ("dataset", e.dataset.clone())],
+                    e.counts[i] as f64,
+                )
+            })
+            .collect();
+        out.families.push((metric, "counter", help, rows));
+    }
+    let stalls = series
+        .iter()
+        .map(|(name, e)| {
+            (
+                vec![("job_name", name.clone()), ("dataset", e.dataset.clone())],
+                e.stall,
+            )
+        })
+        .collect();
+    out.families.push((
+        "joader_job_stall_seconds_total",
+        "counter",
+        "time the job's ring sat empty while its client was attached and had credit (sampled at every cache tick, summed over ranks)",
+        stalls,
+    ));
+    for ((metric, help), rows) in JOB_GAUGES.iter().zip(gauges) {
+        out.families.push((metric, "gauge", help, rows));
     }
     for (st, n) in by_state {
         gauge!("joader_jobs", "state" => st).set(n as f64);
     }
-    series
-        .iter()
-        .map(|(name, e)| (name.clone(), e.dataset.clone(), e.stall))
-        .collect()
+    out
+}
+
+/// The number of job names the exporter remembers (for the state-size report).
+pub(super) fn series_len(jobs: &Mutex<BTreeMap<String, JobSeries>>) -> usize {
+    jobs.lock().map_or(0, |s| s.len())
 }
 
 pub(super) fn histogram_http(method: &str, route: &str, secs: f64) {

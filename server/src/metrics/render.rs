@@ -6,8 +6,6 @@ use std::fmt::Write as _;
 
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 
-use super::record::JOB_COUNTERS;
-
 /// Registers the help text and unit of every metric (once per recorder).
 pub(super) fn describe_all() {
     describe_counter!(
@@ -63,9 +61,6 @@ pub(super) fn describe_all() {
         "joader_sampler_pick_jobs_total",
         "jobs served by the picks (mean share size = pick_jobs / picks)"
     );
-    for (name, help) in JOB_COUNTERS {
-        describe_counter!(name, help);
-    }
     describe_counter!(
         "joader_http_requests_total",
         "HTTP requests by method, route pattern and status"
@@ -111,45 +106,32 @@ pub(super) fn describe_all() {
     );
     describe_gauge!("joader_process_threads", "threads of the joader process");
     describe_gauge!("joader_build_info", "1, labelled with the joader version");
-    describe_gauge!("joader_dataset_items", "items indexed in the dataset");
     describe_gauge!("joader_jobs", "registered jobs by state");
-    describe_gauge!("joader_job_epoch", "the job's current epoch");
-    describe_gauge!(
-        "joader_job_epoch_position",
-        "position of the last sampled element in the job's epoch"
-    );
-    describe_gauge!("joader_job_subset_size", "elements in the job's subset");
-    describe_gauge!(
-        "joader_job_samples_per_second",
-        "samples per second the job's client acknowledged, over the last second or so"
-    );
-    describe_gauge!("joader_job_running", "1 while the job runs");
 }
 
-/// Appends a counter with fractional values in the Prometheus text format. `series` holds
-/// (job, dataset, value); empty names mean no labels.
-/// Writes a counter of fractional values with optional `job_name`/`dataset` labels.
-pub(super) fn float_counter(
+/// Appends one metric family in the Prometheus text format: `rows` of (labels, value);
+/// a family without rows is not written.
+pub(super) fn family(
     out: &mut String,
     name: &str,
+    kind: &str,
     help: &str,
-    series: &[(&str, &str, f64)],
+    rows: &[(Vec<(&str, String)>, f64)],
 ) {
-    if series.is_empty() {
+    if rows.is_empty() {
         return;
     }
     let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} counter");
-    for (job, dataset, v) in series {
-        if job.is_empty() {
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, v) in rows {
+        if labels.is_empty() {
             let _ = writeln!(out, "{name} {v}");
         } else {
-            let _ = writeln!(
-                out,
-                "{name}{{job_name=\"{}\",dataset=\"{}\"}} {v}",
-                escape(job),
-                escape(dataset)
-            );
+            let l: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
+            let _ = writeln!(out, "{name}{{{}}} {v}", l.join(","));
         }
     }
     out.push('\n');
@@ -166,16 +148,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn float_counters_render_labels_and_values() {
+    fn families_render_labels_and_values() {
         let mut out = String::new();
-        float_counter(&mut out, "x_seconds_total", "help", &[("j\"1", "d", 1.5)]);
+        let rows = vec![(
+            vec![("job_name", "j\"1".to_string()), ("dataset", "d".into())],
+            1.5,
+        )];
+        family(&mut out, "x_seconds_total", "counter", "help", &rows);
         assert!(out.contains("# TYPE x_seconds_total counter\n"), "{out}");
         assert!(
             out.contains("x_seconds_total{job_name=\"j\\\"1\",dataset=\"d\"} 1.5\n"),
             "{out}"
         );
+        let mut plain = String::new();
+        family(&mut plain, "y", "gauge", "help", &[(vec![], 2.0)]);
+        assert!(plain.contains("\ny 2\n"), "{plain}");
         let mut none = String::new();
-        float_counter(&mut none, "y", "help", &[]);
+        family(&mut none, "z", "gauge", "help", &[]);
         assert!(none.is_empty());
     }
 }

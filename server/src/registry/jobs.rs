@@ -389,6 +389,7 @@ pub async fn register_job<T>(
         sampler,
         created: Instant::now(),
         rate: Default::default(),
+        ended_at: Default::default(),
     };
     let body = view(state, &entry);
     state
@@ -422,17 +423,10 @@ pub async fn stop_job(state: &AppState, name: &str) -> Result<()> {
         .map_err(Error::internal)?;
     entry.stats.set_state(JobState::Failed("deleted".into()));
     // Closed: its counters are final; a later job of the same name continues from them.
-    let now = super::job_counts(&entry.stats);
-    let stall = entry
-        .stats
-        .stall_us
-        .load(std::sync::atomic::Ordering::Relaxed) as f64
-        / 1e6;
-    let mut inner = state.inner.lock().map_err(Error::internal)?;
-    let r = inner.retired.entry(name.to_string()).or_default();
-    for (acc, v) in r.counts.iter_mut().zip(now) {
-        *acc += v;
-    }
-    r.stall_s += stall;
+    state
+        .inner
+        .lock()
+        .map_err(Error::internal)?
+        .retire(name, &entry.stats);
     Ok(())
 }

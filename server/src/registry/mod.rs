@@ -13,7 +13,9 @@ use std::time::Instant;
 
 use actix::Addr;
 use actors::pipeline::Pipeline;
-use actors::service::{CacheActor, CacheStats, ElementSource, JobStats, RingInfo, SamplerActor};
+use actors::service::{
+    CacheActor, CacheStats, ElementSource, JobState, JobStats, RingInfo, SamplerActor,
+};
 use actors::storage::{self, DatasetIndex};
 
 use crate::catalog::{Catalog, DatasetRecord};
@@ -92,11 +94,72 @@ pub struct Registering {
     pub done: tokio::sync::watch::Receiver<()>,
 }
 
-/// What the stopped jobs of one name had counted, in the order of [`job_counts`].
+/// What the stopped jobs of one name had counted, in the order of [`job_counts`], and when
+/// the last of them stopped (the registry forgets the name `metrics_retention_s` later).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Retired {
     pub counts: [u64; 7],
     pub stall_s: f64,
+    pub at: Option<Instant>,
+}
+
+impl Inner {
+    /// Adds a stopped job's final counters to its name's retired counters.
+    pub fn retire(&mut self, name: &str, stats: &JobStats) {
+        let now = job_counts(stats);
+        let stall = stats.stall_us.load(Relaxed) as f64 / 1e6;
+        let r = self.retired.entry(name.to_string()).or_default();
+        for (acc, v) in r.counts.iter_mut().zip(now) {
+            *acc += v;
+        }
+        r.stall_s += stall;
+        r.at = Some(Instant::now());
+    }
+}
+
+/// How long state about jobs is kept: a long-running server's memory must not grow with
+/// the number of jobs it has served.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// Ended jobs (finished and closed, or failed) still listed; older ones are forgotten.
+    pub ended_jobs: usize,
+    /// Ended jobs are also forgotten this long after they ended.
+    pub ended_ttl: std::time::Duration,
+    /// A name's counters (and metric series) are kept this long after its last job stopped
+    /// or was forgotten, longer than any scrape interval, then dropped.
+    pub metrics: std::time::Duration,
+}
+
+/// Forgets what the retention rules say is no longer needed (called every second).
+pub fn housekeep(state: &AppState) {
+    let keep = state.config.retention();
+    let now = Instant::now();
+    let Ok(mut inner) = state.inner.lock() else {
+        return;
+    };
+    let mut ended: Vec<(Instant, String)> = inner
+        .jobs
+        .iter()
+        .filter(|(_, j)| j.has_ended())
+        .map(|(name, j)| (*j.ended_at.get_or_init(|| now), name.clone()))
+        .collect();
+    ended.sort();
+    let excess = ended.len().saturating_sub(keep.ended_jobs);
+    let forget: Vec<String> = ended
+        .into_iter()
+        .enumerate()
+        .filter(|(i, (t, _))| *i < excess || now.duration_since(*t) >= keep.ended_ttl)
+        .map(|(_, (_, name))| name)
+        .collect();
+    for name in forget {
+        if let Some(j) = inner.jobs.remove(&name) {
+            inner.retire(&name, &j.stats);
+        }
+    }
+    let Inner { jobs, retired, .. } = &mut *inner;
+    retired.retain(|name, r| {
+        jobs.contains_key(name) || r.at.is_some_and(|t| now.duration_since(t) < keep.metrics)
+    });
 }
 
 pub struct DatasetEntry {
@@ -135,9 +198,21 @@ pub struct JobEntry {
     pub created: Instant,
     /// (time, acknowledged, rate) of the last rate estimate.
     pub rate: Mutex<Option<(Instant, u64, f64)>>,
+    /// When housekeeping first saw the job ended.
+    pub ended_at: std::sync::OnceLock<Instant>,
 }
 
 impl JobEntry {
+    /// Nothing more will happen to the job: it failed, or it finished and its rings are
+    /// closed (its reader took everything and left).
+    pub fn has_ended(&self) -> bool {
+        match self.stats.state() {
+            JobState::Failed(_) => true,
+            JobState::Finished => self.stats.closed.load(Relaxed),
+            _ => false,
+        }
+    }
+
     /// Samples per second acknowledged by the client, over the last second or so.
     pub fn rate(&self) -> f64 {
         let now = Instant::now();

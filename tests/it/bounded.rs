@@ -1,0 +1,191 @@
+//! A long-running server's state is bounded: thousands of short jobs (read to the end, left
+//! early, deleted) leave no trace beyond the configured retention, and its memory does not
+//! grow with the number of jobs it served.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use server::client::{Client, ReadOptions, consume};
+
+use crate::common::{DEADLINE, TempDir, TestServer, unique_instance, wait_for};
+
+/// Elements of the dataset the short jobs read ranges of.
+const ITEMS: u32 = 24;
+
+/// Anonymous resident memory of a process (heap and stacks; not the shared-memory cache).
+fn rss_anon_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("RssAnon in /proc/PID/status")
+}
+
+/// One short job: a random range, batch size and ending. Returns nothing; panics on a
+/// wrong epoch.
+fn short_job(c: &Client, i: u64) {
+    // A small deterministic generator (no timing, no global RNG): the mix is reproducible.
+    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    let mut next = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let start = next(u64::from(ITEMS - 1)) as u32;
+    let len = 1 + next(u64::from(ITEMS - start).min(8)) as u32;
+    let batch = 1 + next(4) as u32;
+    let name = format!("soak-{i}");
+    let job = c
+        .ok(
+            "POST",
+            "/v1/jobs",
+            Some(&json!({"name": name, "dataset": "d", "batch_size": batch, "epochs": 1,
+                "seed": i, "subset": {"start": start, "end": start + len}, "pipeline": {"kind": "raw"}})),
+        )
+        .unwrap();
+    let instance = job["ranks"][0]["instance"].as_str().unwrap();
+    let ring = job["ranks"][0]["ring"].as_str().unwrap();
+    let opts = |max: Option<u64>| ReadOptions {
+        batch: batch as usize,
+        max_samples: max,
+        hold: Duration::ZERO,
+    };
+    match i % 5 {
+        // A client that leaves after its first batch (as a killed one would): the job fails.
+        0 => {
+            consume(
+                instance,
+                ring,
+                opts(Some(1)),
+                |_, _| Duration::ZERO,
+                |_| {},
+                |_, _| {},
+            )
+            .unwrap();
+        }
+        // Deleted while its client still reads.
+        1 if i % 10 == 1 => {
+            c.call("DELETE", &format!("/v1/jobs/{name}"), None).unwrap();
+        }
+        _ => {
+            let got = consume(
+                instance,
+                ring,
+                opts(None),
+                |_, _| Duration::ZERO,
+                |_| {},
+                |_, _| {},
+            )
+            .unwrap();
+            let mut ids: Vec<u32> = got.epochs[0].iter().map(|(e, _)| *e).collect();
+            ids.sort_unstable();
+            assert_eq!(ids, (start..start + len).collect::<Vec<_>>(), "job {name}");
+        }
+    }
+}
+
+/// Client threads running short jobs at once.
+const CLIENT_THREADS: u64 = 1;
+
+/// Runs jobs `from..to` from [`CLIENT_THREADS`] threads, scraping `/metrics` meanwhile (so that
+/// series are created, and must be dropped again).
+fn run_jobs(server: &TestServer, from: u64, to: u64) {
+    std::thread::scope(|s| {
+        for t in 0..CLIENT_THREADS {
+            let (c, url) = (server.client(), server.url.as_str());
+            s.spawn(move || {
+                for i in (from + t..to).step_by(CLIENT_THREADS as usize) {
+                    short_job(&c, i);
+                    if i % 50 == 0 {
+                        scrape(url);
+                    }
+                }
+            });
+        }
+    });
+}
+
+fn scrape(url: &str) -> String {
+    ureq::get(format!("{url}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+}
+
+/// Waits until every per-job table is back to its idle size, and returns the state report.
+fn wait_idle(c: &Client, url: &str) -> Value {
+    wait_for("the per-job state to return to its idle size", || {
+        // A scrape drops the series of forgotten names.
+        scrape(url);
+        let s = c.ok("GET", "/v1/stats", None).ok()?;
+        let st = &s["state"];
+        let idle = [
+            "jobs",
+            "retired_job_names",
+            "registering",
+            "metric_job_series",
+            "cache_open_jobs",
+            "cache_sources",
+        ]
+        .iter()
+        .all(|k| st[k].as_u64() == Some(0));
+        idle.then(|| st.clone())
+    })
+}
+
+#[test]
+fn ten_thousand_short_jobs_leave_the_server_state_as_it_was() {
+    let data = TempDir::new("bounded-data");
+    let spec = server::synth::SynthSpec {
+        classes: 2,
+        per_class: ITEMS / 2,
+        width: 32,
+        height: 24,
+        quality: 80,
+        seed: 3,
+    };
+    server::synth::generate_image_folder(&data.0, &spec, &mut |_| {}).unwrap();
+    let state = TempDir::new("bounded-state");
+    let mut server = TestServer::start(
+        &unique_instance("bounded"),
+        &state.0,
+        &data.0,
+        &[
+            "--ended-jobs-kept",
+            "20",
+            "--ended-job-ttl-s",
+            "1",
+            "--metrics-retention-s",
+            "1",
+        ],
+    );
+    let c = server.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "d", "source": {"kind": "image_folder", "path": data.0}})),
+    )
+    .unwrap();
+    c.wait_ready("d", DEADLINE).unwrap();
+    let pid = server.child.as_ref().unwrap().id();
+
+    run_jobs(&server, 0, 1_000);
+    wait_idle(&c, &server.url);
+    let after_1k = rss_anon_kib(pid);
+    run_jobs(&server, 1_000, 10_000);
+    let st = wait_idle(&c, &server.url);
+    let after_10k = rss_anon_kib(pid);
+    eprintln!("RssAnon after 1,000 jobs: {after_1k} KiB; after 10,000: {after_10k} KiB; {st}");
+    assert!(
+        after_10k <= after_1k + 5 * 1024,
+        "anonymous RSS grew from {after_1k} KiB after 1,000 jobs to {after_10k} KiB after \
+         10,000 (more than 5 MiB)"
+    );
+    // The dataset and its sampler remain: a new job runs as before.
+    short_job(&c, 10_002);
+    assert!(server.stop(), "the server stops cleanly");
+}
