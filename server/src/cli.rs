@@ -132,6 +132,13 @@ pub struct ServeArgs {
     /// Decode threads (default: number of cores).
     #[arg(long, env = "JOADER_LOADER_WORKERS")]
     pub loader_workers: Option<usize>,
+    /// Images with more pixels are refused from their header, before any decoding (reported
+    /// as `image_too_large` elements; default 100000000).
+    #[arg(long, env = "JOADER_MAX_PIXELS")]
+    pub max_pixels: Option<u64>,
+    /// Seconds running jobs get to finish after SIGTERM before the server stops (default 30).
+    #[arg(long, env = "JOADER_DRAIN_GRACE_S")]
+    pub drain_grace_s: Option<u64>,
     /// Ended jobs the API still lists (default 100); older ones are forgotten.
     #[arg(long, env = "JOADER_ENDED_JOBS_KEPT")]
     pub ended_jobs_kept: Option<usize>,
@@ -191,6 +198,12 @@ impl ServeArgs {
         }
         if let Some(v) = self.http_workers {
             c.http_workers = v;
+        }
+        if let Some(v) = self.max_pixels {
+            c.max_pixels = v;
+        }
+        if let Some(v) = self.drain_grace_s {
+            c.drain_grace_s = v;
         }
         if let Some(v) = self.ended_jobs_kept {
             c.ended_jobs_kept = v;

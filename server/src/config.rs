@@ -46,6 +46,9 @@ pub struct Config {
     pub sampler_tick_ms: u64,
     /// Acknowledgement polling interval, in milliseconds.
     pub cache_tick_ms: u64,
+    /// Seconds running jobs get to finish after SIGTERM before the server stops (new jobs
+    /// are refused meanwhile).
+    pub drain_grace_s: u64,
     /// Ended jobs (finished and read, or failed) the API still lists; older ones are forgotten.
     pub ended_jobs_kept: usize,
     /// Seconds after which an ended job is forgotten however few there are.
@@ -76,6 +79,7 @@ impl Default for Config {
             max_pixels: 100_000_000,
             sampler_tick_ms: 2,
             cache_tick_ms: 1,
+            drain_grace_s: 30,
             ended_jobs_kept: 100,
             ended_job_ttl_s: 24 * 3600,
             metrics_retention_s: 600,

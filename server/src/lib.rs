@@ -73,6 +73,7 @@ pub async fn run(
         catalog: Arc::new(catalog),
         cache: cache.clone(),
         samplers: samplers.handle(),
+        draining: Default::default(),
         stats,
         inner: Mutex::new(registry::Inner::default()),
         started: Instant::now(),
@@ -119,6 +120,8 @@ pub async fn run(
             .default_service(web::to(http::not_found))
     })
     .workers(config.http_workers)
+    // Signals are ours: SIGTERM drains (see `drain`), it does not cut running jobs off.
+    .disable_signals()
     .listen(listener)?
     .run();
     tracing::info!(%addr, instance = %config.instance, "joader is serving");
@@ -133,8 +136,12 @@ pub async fn run(
             registry::housekeep(&sampled);
         }
     });
+    let draining = state.clone();
+    let grace = Duration::from_secs(config.drain_grace_s);
     actix_web::rt::spawn(async move {
-        shutdown.await;
+        if stop_requested(shutdown).await {
+            drain(&draining, grace).await;
+        }
         handle.stop(true).await;
     });
     let result = server.await;
@@ -144,6 +151,57 @@ pub async fn run(
     // runs on the system's thread).
     tracing::info!("joader stopped; shared memory removed");
     result.context("the HTTP server failed")
+}
+
+/// Resolves when the server should stop: `true` for SIGTERM/SIGINT (drain first), `false`
+/// when `shutdown` completed (the embedding program stops it: no drain).
+async fn stop_requested(shutdown: impl Future<Output = ()>) -> bool {
+    use actix_web::rt::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot listen for SIGTERM/SIGINT; the server stops only when killed");
+        shutdown.await;
+        return false;
+    };
+    tokio::select! {
+        _ = shutdown => false,
+        _ = term.recv() => true,
+        _ = int.recv() => true,
+    }
+}
+
+/// SIGTERM: refuse new datasets and jobs (`503 shutting_down`), let running jobs go on for
+/// up to `grace` (or until none is left), then stop; clients still reading then get
+/// `server_gone` ("server shut down segment"), never a hang. A rolling upgrade gives running
+/// jobs `grace` to finish.
+async fn drain(state: &AppState, grace: Duration) {
+    state
+        .draining
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let running = || {
+        state
+            .inner
+            .lock()
+            .map_or(0, |i| i.jobs.values().filter(|j| !j.has_ended()).count())
+    };
+    tracing::info!(
+        running = running(),
+        grace_s = grace.as_secs_f64(),
+        "stop requested: draining (no new jobs; running jobs have the grace period to finish)"
+    );
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline && running() > 0 {
+        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    let left = running();
+    if left > 0 {
+        tracing::warn!(
+            jobs = left,
+            "grace period over: stopping with jobs still running"
+        );
+    }
 }
 
 /// A server running on its own thread (for `joader demo`, the benchmarks and tests).

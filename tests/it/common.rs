@@ -164,6 +164,8 @@ impl TestServer {
         .arg(root)
         .args(extra)
         .env("JOADER_LOG", "info")
+        // A stopped test server gives running jobs 5 s, not 30 (a flag overrides it).
+        .env("JOADER_DRAIN_GRACE_S", "5")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn joader serve");

@@ -647,6 +647,17 @@ fn unreadable_elements_are_reported_not_fatal() {
     std::fs::write(bad.join("zz_not_an_image.jpg"), b"hello, I am text").unwrap();
     let good = std::fs::read(files(&root.0)[0].0.clone()).unwrap();
     std::fs::write(bad.join("zz_truncated.jpg"), &good[..good.len() / 3]).unwrap();
+    std::fs::write(bad.join("zz_empty.jpg"), b"").unwrap();
+    // Decompression bombs: headers claiming 30000x30000 (JPEG) and 20000x20000 (PNG), far
+    // above the pixel limit: refused from the header, never allocated.
+    let mut jpeg_bomb = good.clone();
+    let sof = jpeg_bomb
+        .windows(2)
+        .position(|w| w == [0xFF, 0xC0])
+        .expect("a baseline JPEG");
+    jpeg_bomb[sof + 5..sof + 9].copy_from_slice(&[0x75, 0x30, 0x75, 0x30]);
+    std::fs::write(bad.join("zz_bomb.jpg"), &jpeg_bomb).unwrap();
+    std::fs::write(bad.join("zz_bomb.png"), png_header_only(20_000, 20_000)).unwrap();
     let env = start("corrupt", &root.0);
     create_folder_dataset(&env, "imgs", &root.0);
     let s = finish(consumer(
@@ -654,7 +665,7 @@ fn unreadable_elements_are_reported_not_fatal() {
         &json!({"name": "j", "dataset": "imgs", "batch_size": 5, "epochs": 2}),
         &[],
     ));
-    let total = (CLASSES * PER_CLASS + 2) as usize;
+    let total = (CLASSES * PER_CLASS + 5) as usize;
     for e in 0..2 {
         let errors = s["errors"][e].as_array().unwrap();
         let ok = epoch_ids(&s, e).len();
@@ -670,8 +681,23 @@ fn unreadable_elements_are_reported_not_fatal() {
     }
     let c = env.server.client();
     let failures = c.ok("GET", "/v1/datasets/imgs/failures", None).unwrap();
+    let mut kinds: Vec<&str> = failures["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap())
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds.len(), 5, "{failures}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "image_too_large").count(),
+        2,
+        "both bombs are refused by the pixel limit: {failures}"
+    );
     assert!(
-        !failures["failures"].as_array().unwrap().is_empty(),
+        kinds
+            .iter()
+            .all(|k| ["image_too_large", "corrupt_image", "not_an_image"].contains(k)),
         "{failures}"
     );
     assert_eq!(
@@ -679,6 +705,51 @@ fn unreadable_elements_are_reported_not_fatal() {
         "ok",
         "the server is still up"
     );
+    // Decoding either bomb would take gigabytes; the server's peak resident memory stays
+    // that of a server with a 256 MiB cache.
+    let pid = env.server.child.as_ref().unwrap().id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(peak_kib < 600 * 1024, "peak RSS {peak_kib} KiB");
+}
+
+/// A PNG that is only a valid signature, IHDR (8-bit RGB, `w`×`h`) and IEND: a header
+/// claiming a huge image.
+fn png_header_only(w: u32, h: u32) -> Vec<u8> {
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut c = 0xFFFF_FFFFu32;
+        for &b in bytes {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 == 1 {
+                    (c >> 1) ^ 0xEDB8_8320
+                } else {
+                    c >> 1
+                };
+            }
+        }
+        !c
+    }
+    fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
+        out.extend((data.len() as u32).to_be_bytes());
+        let start = out.len();
+        out.extend(kind);
+        out.extend(data);
+        let crc = crc32(&out[start..]);
+        out.extend(crc.to_be_bytes());
+    }
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut ihdr = Vec::new();
+    ihdr.extend(w.to_be_bytes());
+    ihdr.extend(h.to_be_bytes());
+    ihdr.extend([8, 2, 0, 0, 0]);
+    chunk(&mut out, b"IHDR", &ihdr);
+    chunk(&mut out, b"IEND", &[]);
+    out
 }
 
 #[test]
@@ -837,4 +908,76 @@ fn create_folder_dataset_at(c: &server::client::Client, name: &str, root: &Path)
     )
     .unwrap();
     c.wait_ready(name, DEADLINE).unwrap();
+}
+
+#[test]
+fn sigterm_drains_new_jobs_refused_running_ones_ended_with_a_clear_error() {
+    let root = dataset();
+    let state = TempDir::new("drain");
+    let instance = unique_instance("drain");
+    let mut server = TestServer::start(&instance, &state.0, root, &["--drain-grace-s", "3"]);
+    let c = server.client();
+    create_folder_dataset_at(&c, "imgs", root);
+    let job = c
+        .ok(
+            "POST",
+            "/v1/jobs",
+            Some(&json!({"name": "endless", "dataset": "imgs", "batch_size": 4, "epochs": null})),
+        )
+        .unwrap();
+    let ring = job["ranks"][0]["ring"].as_str().unwrap().to_string();
+    let inst = instance.clone();
+    // A client reading an endless job: it must end with a clear error, never hang.
+    let reader = std::thread::spawn(move || {
+        let r = dataplane::Reader::open(&inst, &ring).unwrap();
+        let mut got = 0u64;
+        loop {
+            match r.next_batch(4, Some(Duration::from_secs(60))) {
+                Ok(b) => {
+                    got += b.len() as u64;
+                    r.ack(b);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return (got, e),
+            }
+        }
+    });
+    wait_for("the client to read", || {
+        let j = c.ok("GET", "/v1/jobs/endless", None).ok()?;
+        (j["acknowledged"].as_u64()? > 0).then_some(())
+    });
+    let child = server.child.take().unwrap();
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    // Draining: new work is refused as a transient condition, the API still answers.
+    let refused = wait_for("new jobs to be refused", || {
+        let (status, v) = c
+            .call(
+                "POST",
+                "/v1/jobs",
+                Some(&json!({"name": "late", "dataset": "imgs", "batch_size": 4})),
+            )
+            .ok()?;
+        (status == 503).then_some(v)
+    });
+    assert_eq!(refused["error"]["code"], "shutting_down", "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{refused}"
+    );
+    // After the grace period the server stops; the client gets an error that says so.
+    let (got, err) = reader.join().unwrap();
+    eprintln!("the client got: {err}");
+    assert!(got > 0);
+    assert!(
+        ["server_gone", "ring_closed"].contains(&err.code()),
+        "a clear end-of-service error, not {err:?}"
+    );
+    let mut child = child;
+    let status = wait_for("the server to exit", || child.try_wait().unwrap());
+    assert!(status.success(), "{status:?}");
+    assert!(shm_objects(&instance).is_empty(), "no segment is left");
 }

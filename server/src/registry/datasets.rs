@@ -12,6 +12,7 @@ use crate::error::{Code, Error, Result};
 /// blocking pool.
 pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -> Result<()> {
     check_name("dataset", &name)?;
+    super::check_not_draining(state)?;
     source
         .check_roots(&state.config.allowed_roots)
         .map_err(|e| {

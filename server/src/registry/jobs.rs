@@ -170,6 +170,7 @@ pub async fn register_job<T>(
     view: impl Fn(&AppState, &JobEntry) -> T,
 ) -> Result<(T, bool)> {
     check_name("job", &req.name)?;
+    super::check_not_draining(state)?;
     if let Some(v) = req.client.as_ref().and_then(|c| c.layout_version)
         && v != dataplane::LAYOUT_VERSION
     {

@@ -30,6 +30,8 @@ pub struct AppState {
     /// The thread the samplers run on (never an HTTP worker's: a pass must not wait for a
     /// request, nor a request for a pass).
     pub samplers: actix::ArbiterHandle,
+    /// Set by SIGTERM: new datasets and jobs are refused while running jobs drain.
+    pub draining: std::sync::atomic::AtomicBool,
     pub stats: Arc<CacheStats>,
     pub inner: Mutex<Inner>,
     pub started: Instant,
@@ -321,6 +323,18 @@ pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
     }
     for name in reindex {
         start_indexing(state.clone(), name);
+    }
+    Ok(())
+}
+
+/// Refuses new work while the server drains (after SIGTERM).
+pub fn check_not_draining(state: &AppState) -> Result<(), Error> {
+    if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(Error::new(
+            Code::ShuttingDown,
+            "the server is shutting down (SIGTERM): it takes no new datasets or jobs; \
+             register with the server that replaces it",
+        ));
     }
     Ok(())
 }
