@@ -576,6 +576,10 @@ impl RawReader {
                     Err(e) => break Err(e),
                 }
                 if self.cur.head == out.start {
+                    // A ring closed because the server shut down says so.
+                    if let Err(gone) = self.check_server() {
+                        break Err(gone);
+                    }
                     break Err(Error::RingClosed {
                         ring: self.maps.ring.clone(),
                     });

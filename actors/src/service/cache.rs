@@ -476,13 +476,15 @@ impl CacheActor {
     }
 
     fn shutdown(&mut self) {
+        // The data segment is marked shut down first, so that a client whose ring is closed
+        // next learns why (`server_gone`: "server shut down"), not merely `ring_closed`.
+        self.writer.take();
         let ids: Vec<JobId> = self.jobs.keys().copied().collect();
         for id in ids {
             self.close_job(id, None);
         }
         self.slots.clear();
         self.by_slot.clear();
-        self.writer.take();
     }
 }
 
