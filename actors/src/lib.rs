@@ -10,3 +10,6 @@
 pub mod pipeline;
 pub mod service;
 pub mod storage;
+
+#[cfg(test)]
+mod fuzz;

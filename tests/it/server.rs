@@ -971,7 +971,11 @@ fn sigterm_drains_new_jobs_refused_running_ones_ended_with_a_clear_error() {
     // After the grace period the server stops; the client gets an error that says so.
     let (got, err) = reader.join().unwrap();
     assert!(got > 0);
-    assert_eq!(err.code(), "server_gone", "a clear end-of-service error: {err}");
+    assert_eq!(
+        err.code(),
+        "server_gone",
+        "a clear end-of-service error: {err}"
+    );
     assert!(err.to_string().contains("shut down"), "{err}");
     let mut child = child;
     let status = wait_for("the server to exit", || child.try_wait().unwrap());
@@ -1031,10 +1035,12 @@ fn a_killed_server_is_noticed_by_its_clients_and_a_restart_cleans_up() {
         .filter(|n| n.contains("-ring-"))
         .collect();
     assert!(left.is_empty(), "stale rings removed at start-up: {left:?}");
-    assert!(c.ok("GET", "/v1/jobs", None).unwrap()["jobs"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    assert!(
+        c.ok("GET", "/v1/jobs", None).unwrap()["jobs"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
     assert!(again.stop());
     assert!(shm_objects(&instance).is_empty());
 }

@@ -1,0 +1,202 @@
+//! Fuzz targets of the parsers that read what users hand the server: manifests (CSV and JSON
+//! lines), tar shards, and JPEG/PNG decoding. Under `cargo test` each runs a short bounded
+//! random search (bolero's test engine) as part of the test command; for long runs on nightly,
+//! `cargo bolero test -p actors fuzz::<name>` drives the same target with libFuzzer.
+//! The property is always the same: any input gives a value or an error, never a panic, and
+//! a value is well-formed.
+
+use std::path::{Path, PathBuf};
+
+use bolero::check;
+
+use crate::pipeline::{self, Limits, Pipeline};
+use crate::storage::{self, Location, SourceSpec};
+
+/// Inputs tried per target in the test command (a few seconds in all).
+const ITERATIONS: usize = 2_000;
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("joader-fuzz-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        // Two real files a fuzzed manifest can name.
+        std::fs::write(p.join("a.jpg"), b"a").unwrap();
+        std::fs::write(p.join("b.jpg"), b"b").unwrap();
+        Scratch(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Indexes `bytes` written as `name` in `dir`; checks what an index must be.
+fn index_as(dir: &Path, name: &str, bytes: &[u8], spec: SourceSpec) {
+    std::fs::write(dir.join(name), bytes).unwrap();
+    if let Ok(index) = storage::index(&spec, &[dir.to_path_buf()], &mut |_| {}) {
+        for item in &index.items {
+            match &item.location {
+                Location::File(p) => assert!(p.starts_with(dir), "{p:?} escaped the root"),
+                Location::TarMember { shard, offset, len } => {
+                    let shard = &index.shards[*shard as usize];
+                    let size = std::fs::metadata(shard).unwrap().len();
+                    assert!(offset + len <= size, "member past the end of {shard:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn manifests_never_panic() {
+    let dir = Scratch::new("manifest");
+    // Seeds: valid lines mixed with bytes, so that the search reaches the field parsing.
+    check!()
+        .with_type::<(Vec<u8>, u8)>()
+        .with_iterations(ITERATIONS)
+        .for_each(|(noise, shape)| {
+            let mut text = match shape % 4 {
+                0 => b"path,label\na.jpg,1\n\"b.jpg\",cat\n".to_vec(),
+                1 => b"{\"path\": \"a.jpg\", \"label\": 3}\n".to_vec(),
+                2 => b"a.jpg,\"x\"\"y\"\n../b.jpg,2\n".to_vec(),
+                _ => Vec::new(),
+            };
+            text.extend_from_slice(noise);
+            index_as(
+                &dir.0,
+                "m.csv",
+                &text,
+                SourceSpec::Manifest {
+                    path: dir.0.join("m.csv"),
+                },
+            );
+            index_as(
+                &dir.0,
+                "m.jsonl",
+                &text,
+                SourceSpec::Manifest {
+                    path: dir.0.join("m.jsonl"),
+                },
+            );
+        });
+}
+
+/// A valid two-sample WebDataset shard to mutate.
+fn shard_seed() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in [
+        ("s0.jpg", &b"jpegbytes"[..]),
+        ("s0.cls", b"1"),
+        ("s1.png", b"pngbytes"),
+        ("s1.cls", b"0"),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+#[test]
+fn tar_shards_never_panic() {
+    let dir = Scratch::new("tar");
+    let seed = shard_seed();
+    check!()
+        .with_type::<(Vec<(u16, u8)>, u16)>()
+        .with_iterations(ITERATIONS)
+        .for_each(|(edits, cut)| {
+            let mut bytes = seed.clone();
+            for &(at, v) in edits {
+                let n = bytes.len();
+                bytes[usize::from(at) % n] = v;
+            }
+            bytes.truncate(usize::from(*cut).max(1).min(bytes.len()));
+            index_as(
+                &dir.0,
+                "shard.tar",
+                &bytes,
+                SourceSpec::TarShards {
+                    paths: vec![dir.0.join("shard.tar")],
+                },
+            );
+        });
+}
+
+fn jpeg_seed() -> Vec<u8> {
+    let (w, h) = (48u16, 32u16);
+    let pixels: Vec<u8> = (0..usize::from(w) * usize::from(h) * 3)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    let mut out = Vec::new();
+    jpeg_encoder::Encoder::new(&mut out, 90)
+        .encode(&pixels, w, h, jpeg_encoder::ColorType::Rgb)
+        .unwrap();
+    out
+}
+
+fn png_seed() -> Vec<u8> {
+    use zune_core::bit_depth::BitDepth;
+    use zune_core::colorspace::ColorSpace;
+    use zune_core::options::EncoderOptions;
+    let (w, h) = (40usize, 24usize);
+    let pixels: Vec<u8> = (0..w * h * 3).map(|i| (i * 13 % 253) as u8).collect();
+    let options = EncoderOptions::new(w, h, ColorSpace::RGB, BitDepth::Eight);
+    let mut out = Vec::new();
+    zune_png::PngEncoder::new(&pixels, options)
+        .encode(&mut out)
+        .unwrap();
+    out
+}
+
+#[test]
+fn image_decoding_never_panics_and_respects_the_limits() {
+    let seeds = [jpeg_seed(), png_seed()];
+    let pipelines = [
+        Pipeline::Decode {
+            resize_shorter: None,
+            center_crop: None,
+        },
+        Pipeline::Decode {
+            resize_shorter: Some(16),
+            center_crop: Some([16, 16]),
+        },
+    ];
+    let limits = Limits {
+        max_pixels: 1 << 20,
+    };
+    check!()
+        .with_type::<(bool, Vec<(u16, u8)>, u16, bool)>()
+        .with_iterations(ITERATIONS)
+        .for_each(|(png, edits, cut, crop)| {
+            let mut bytes = seeds[usize::from(*png)].clone();
+            for &(at, v) in edits {
+                let n = bytes.len();
+                bytes[usize::from(at) % n] = v;
+            }
+            bytes.truncate(usize::from(*cut).max(1).min(bytes.len()));
+            let p = &pipelines[usize::from(*crop)];
+            match pipeline::run(p, &bytes, &limits) {
+                Ok(pipeline::Output::Hwc {
+                    data,
+                    height,
+                    width,
+                    channels,
+                }) => {
+                    assert_eq!(channels, 3);
+                    assert!(u64::from(height) * u64::from(width) <= limits.max_pixels);
+                    assert_eq!(data.len(), (height * width * channels) as usize);
+                    if *crop {
+                        assert_eq!((height, width), (16, 16));
+                    }
+                }
+                Ok(pipeline::Output::Raw(_)) => panic!("a decode pipeline returned raw bytes"),
+                Err(_) => {}
+            }
+        });
+}
