@@ -44,7 +44,11 @@ fn short_job(c: &Client, i: u64) {
             Some(&json!({"name": name, "dataset": "d", "batch_size": batch, "epochs": 1,
                 "seed": i, "subset": {"start": start, "end": start + len}, "pipeline": {"kind": "raw"}})),
         )
-        .unwrap();
+        .unwrap_or_else(|e| {
+            let jobs = c.ok("GET", "/v1/jobs", None).unwrap_or_default();
+            let stats = c.ok("GET", "/v1/stats", None).unwrap_or_default();
+            panic!("registering {name}: {e}\njobs: {jobs}\nstats: {stats}")
+        });
     let instance = job["ranks"][0]["instance"].as_str().unwrap();
     let ring = job["ranks"][0]["ring"].as_str().unwrap();
     let opts = |max: Option<u64>| ReadOptions {

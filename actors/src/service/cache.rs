@@ -70,6 +70,10 @@ struct RankRing {
     shadow: VecDeque<bool>,
     acked: u64,
     epoch_count: u64,
+    /// The client was attached and alive at the last liveness probe.
+    alive: bool,
+    /// The ring has been probed at least once (before that, a client may be reading it).
+    probed: bool,
 }
 
 struct CacheJob {
@@ -100,7 +104,16 @@ pub struct CacheActor {
     tick: Duration,
     /// When acknowledgements were last polled (stall time is counted in poll intervals).
     last_poll: Instant,
+    /// When the clients' liveness (a flock probe per ring) was last checked.
+    last_liveness: Instant,
+    /// The next poll, and whether it was scheduled at the idle interval.
+    next_poll: Option<(SpawnHandle, bool)>,
 }
+
+/// How often the clients' liveness is probed (two syscalls per ring).
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(20);
+/// How often an idle cache (see `CacheActor::idle`) polls at all.
+const IDLE_POLL: Duration = Duration::from_millis(50);
 
 impl CacheActor {
     pub fn new(
@@ -129,6 +142,8 @@ impl CacheActor {
             stats,
             tick: cfg.tick,
             last_poll: Instant::now(),
+            last_liveness: Instant::now(),
+            next_poll: None,
         }
     }
 
@@ -364,6 +379,10 @@ impl CacheActor {
             .duration_since(self.last_poll)
             .min(Duration::from_secs(1));
         self.last_poll = now;
+        let probe = now.duration_since(self.last_liveness) >= LIVENESS_INTERVAL;
+        if probe {
+            self.last_liveness = now;
+        }
         let mut gone: Vec<(JobId, String)> = Vec::new();
         let mut done: Vec<JobId> = Vec::new();
         let mut released: Vec<SlotRef> = Vec::new();
@@ -385,19 +404,27 @@ impl CacheActor {
                     }
                 }
                 rr.acked = acked;
+                // A stall: the client is attached, has taken everything pushed and could
+                // take more (it has credit), but nothing is ready for it.
+                if rr.alive
+                    && rr.ring.consumer_position() == rr.ring.pushed()
+                    && rr.ring.free_credit() > 0
+                    && job.stats.state() != JobState::Finished
+                {
+                    job.stats
+                        .stall_us
+                        .fetch_add(interval.as_micros() as u64, Relaxed);
+                }
+                if !probe {
+                    alive |= rr.alive;
+                    continue;
+                }
+                rr.alive = false;
+                rr.probed = true;
                 match rr.ring.reader_status() {
                     ReaderStatus::Alive => {
                         alive = true;
-                        // A stall: the client has taken everything pushed and could take
-                        // more (it has credit), but nothing is ready for it.
-                        if rr.ring.consumer_position() == rr.ring.pushed()
-                            && rr.ring.free_credit() > 0
-                            && job.stats.state() != JobState::Finished
-                        {
-                            job.stats
-                                .stall_us
-                                .fetch_add(interval.as_micros() as u64, Relaxed);
-                        }
+                        rr.alive = true;
                     }
                     ReaderStatus::Dead => gone.push((id, "client process died".into())),
                     // A ring cannot be reopened: a client that left before the end of the
@@ -430,6 +457,45 @@ impl CacheActor {
         }
         self.drain_waiting();
         self.pump();
+    }
+
+    /// Nothing can change but by a message or a client attaching, leaving or dying (which the
+    /// liveness probe notices): nothing loading or waiting for room, and every ring either
+    /// fully acknowledged or without a live client, with nothing queued that it could take.
+    fn idle(&self) -> bool {
+        self.loading.is_empty()
+            && self.waiting.is_empty()
+            && self.jobs.values().all(|j| {
+                j.rings.iter().all(|rr| {
+                    (rr.ring.pushed() == rr.ring.acked() || (rr.probed && !rr.alive))
+                        && (rr.queue.is_empty() || rr.ring.free_credit() == 0)
+                })
+            })
+    }
+
+    /// Schedules the next poll: one tick away while anything moves, [`IDLE_POLL`] when idle
+    /// (an idle server's cache costs a few probes a second, not a thousand polls).
+    fn schedule_poll(&mut self, ctx: &mut Context<Self>) {
+        let idle = self.idle();
+        let delay = if idle { IDLE_POLL } else { self.tick };
+        let handle = ctx.run_later(delay, |act, ctx| {
+            act.next_poll = None;
+            act.poll();
+            act.schedule_poll(ctx);
+        });
+        self.next_poll = Some((handle, idle));
+    }
+
+    /// Something arrived: if the cache is no longer idle and the next poll is an idle one,
+    /// poll at the fast tick instead (never later than already scheduled).
+    fn wake(&mut self, ctx: &mut Context<Self>) {
+        if let Some((handle, true)) = self.next_poll
+            && !self.idle()
+        {
+            ctx.cancel_future(handle);
+            self.next_poll = None;
+            self.schedule_poll(ctx);
+        }
     }
 
     /// Drops a job's rings and everything it held; tells its sampler when it failed.
@@ -492,7 +558,7 @@ impl Actor for CacheActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(self.tick, |act, _| act.poll());
+        self.schedule_poll(ctx);
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
@@ -541,6 +607,8 @@ impl Handler<OpenJob> for CacheActor {
                         shadow: VecDeque::new(),
                         acked: 0,
                         epoch_count: 0,
+                        alive: false,
+                        probed: false,
                     });
                 }
                 Err(e) => {
@@ -588,7 +656,14 @@ impl Handler<Shutdown> for CacheActor {
 
 impl Handler<Deliver> for CacheActor {
     type Result = ();
-    fn handle(&mut self, msg: Deliver, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) {
+        self.deliver(msg);
+        self.wake(ctx);
+    }
+}
+
+impl CacheActor {
+    fn deliver(&mut self, msg: Deliver) {
         let Some(source) = self.sources.get(&msg.dataset).cloned() else {
             return;
         };
@@ -673,7 +748,14 @@ impl Handler<Deliver> for CacheActor {
 
 impl Handler<Loaded> for CacheActor {
     type Result = ();
-    fn handle(&mut self, msg: Loaded, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Loaded, ctx: &mut Context<Self>) {
+        self.loaded(msg);
+        self.wake(ctx);
+    }
+}
+
+impl CacheActor {
+    fn loaded(&mut self, msg: Loaded) {
         for (pipeline, result) in msg.results {
             let key = cache_key(msg.dataset, pipeline, msg.element);
             if !self.loading.contains_key(&key) {

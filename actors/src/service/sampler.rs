@@ -4,9 +4,11 @@
 //! of its rings): fast jobs never wait for slow ones, and a job without credit is masked, not
 //! dropped.
 //!
-//! Rounds are sampled in passes, on a short tick: jobs that consume at the same pace gain
-//! credit within the same tick and are therefore sampled together, which is what lets DSA make
-//! them share elements.
+//! Rounds are sampled in passes, a short batching window (the tick) after an event that can
+//! let a job move (credit returned, a job added): jobs that consume at the same pace gain
+//! credit within the same window and are therefore sampled together, which is what lets DSA
+//! make them share elements. With no job able to move, no pass is scheduled: an idle sampler
+//! costs nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +45,8 @@ pub struct SamplerActor {
     tick: Duration,
     stats: Arc<CacheStats>,
     round: Round,
+    /// A pass is scheduled (one batching window at a time).
+    scheduled: bool,
 }
 
 impl SamplerActor {
@@ -61,7 +65,22 @@ impl SamplerActor {
             tick,
             stats,
             round: Round::default(),
+            scheduled: false,
         }
+    }
+
+    /// Schedules a pass one tick from now if some job can move and none is scheduled.
+    fn wake(&mut self, ctx: &mut Context<Self>) {
+        if self.scheduled || !self.jobs.values().any(|j| j.credit > 0) {
+            return;
+        }
+        self.scheduled = true;
+        ctx.run_later(self.tick, |act, ctx| {
+            act.scheduled = false;
+            act.pass();
+            // A pass stops after MAX_ROUNDS_PER_PASS rounds: what is left goes on next window.
+            act.wake(ctx);
+        });
     }
 
     /// Samples rounds while some job has credit, and sends them downstream in one message.
@@ -158,15 +177,11 @@ impl SamplerActor {
 
 impl Actor for SamplerActor {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(self.tick, |act, _| act.pass());
-    }
 }
 
 impl Handler<AddJob> for SamplerActor {
     type Result = Result<(), SamplerError>;
-    fn handle(&mut self, msg: AddJob, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: AddJob, ctx: &mut Context<Self>) -> Self::Result {
         if self.jobs.contains_key(&msg.job) {
             return Err(SamplerError::DuplicateJob(msg.job));
         }
@@ -188,6 +203,7 @@ impl Handler<AddJob> for SamplerActor {
                 stats: msg.stats,
             },
         );
+        self.wake(ctx);
         Ok(())
     }
 }
@@ -219,6 +235,7 @@ impl Handler<JobSignal> for SamplerActor {
                 if let Some(j) = self.jobs.get_mut(&job) {
                     j.credit += i64::from(n);
                 }
+                self.wake(ctx);
             }
             JobSignal::Gone { job } => {
                 <Self as Handler<RemoveJob>>::handle(self, RemoveJob { job }, ctx);
