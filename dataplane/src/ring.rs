@@ -139,6 +139,16 @@ impl RingWriter {
         self.acked
     }
 
+    /// The client says it has attached (its consumer-state word; one atomic load, no
+    /// syscall). Only the flock probe of [`RingWriter::reader_status`] tells whether it is
+    /// still alive; this tells that one came, cheaply enough to check on every poll.
+    pub fn reader_attached(&self) -> bool {
+        self.map
+            .atomic_u32(ring::CONSUMER_STATE)
+            .load(Ordering::Acquire)
+            == consumer_state::ATTACHED
+    }
+
     /// Records the client has taken (not necessarily acknowledged), as reported by it.
     pub fn consumer_position(&self) -> u64 {
         self.map

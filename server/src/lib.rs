@@ -60,6 +60,7 @@ pub async fn run(
     let cache_cfg = CacheConfig {
         policy: config.cache_policy,
         tick: Duration::from_millis(config.cache_tick_ms),
+        max_loading: CacheConfig::max_loading_for(config.loader_workers),
     };
     let workers = config.loader_workers;
     let st = stats.clone();

@@ -466,6 +466,15 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         (
             "POST",
             "/v1/jobs",
+            // 2000 crops of 224×224×3 bytes: more than the whole 256 MiB cache.
+            json!({"name": "j", "dataset": "imgs", "batch_size": 2000,
+                   "pipeline": {"kind": "decode", "resize_shorter": 256, "center_crop": [224, 224]}}),
+            422,
+            "too_large",
+        ),
+        (
+            "POST",
+            "/v1/jobs",
             json!({"name": "j", "dataset": "imgs", "batch_size": 64, "ring_capacity": 16}),
             400,
             "invalid_request",
@@ -500,9 +509,15 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         assert!(!message.is_empty());
         if code == "too_large" {
             assert!(
-                ["ring_capacity", "world_size", "cache_slots", "limit"]
-                    .iter()
-                    .any(|l| message.contains(l)),
+                [
+                    "ring_capacity",
+                    "world_size",
+                    "cache_slots",
+                    "cache_bytes",
+                    "limit"
+                ]
+                .iter()
+                .any(|l| message.contains(l)),
                 "a refusal names the limit: {message}"
             );
         }

@@ -135,7 +135,8 @@ pub struct AddJob {
     pub seed: u64,
     pub epochs: Option<u32>,
     pub sampler: SamplerKind,
-    /// Deliveries the job may have outstanding (its rings' capacity).
+    /// Deliveries the job may have outstanding from the start. Jobs the Cache serves start at
+    /// 0: the Cache grants their rings' capacity when every rank's client has attached.
     pub credit: u32,
     pub stats: Arc<JobStats>,
 }
@@ -162,19 +163,8 @@ pub enum OpenJobError {
     ShutDown,
     #[error("job {0} already has rings")]
     AlreadyOpen(JobId),
-    #[error("ranks and ring capacity must be positive")]
+    #[error("ranks, ring capacity and batch must be positive, and a batch must fit its ring")]
     Empty,
-    #[error(
-        "the cache has {slots} slots and the running jobs may already hold {held} of them: a job \
-         with {ranks} rank(s) of {capacity} places does not fit (raise the cache's slots or \
-         lower ring capacity)"
-    )]
-    NoSlots {
-        slots: u64,
-        held: u64,
-        ranks: u32,
-        capacity: u32,
-    },
     #[error("cannot create ring {ring}: {message}")]
     Ring { ring: String, message: String },
 }
@@ -203,6 +193,8 @@ pub struct OpenJob {
     pub ring_prefix: String,
     pub ranks: u32,
     pub capacity: u32,
+    /// Records per batch of one rank: the Cache pushes whole batches (see the Cache's docs).
+    pub batch: u32,
     pub stats: Arc<JobStats>,
     pub sampler: Recipient<JobSignal>,
 }

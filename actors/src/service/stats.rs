@@ -102,14 +102,20 @@ pub struct CacheStats {
     pub evictions: AtomicU64,
     /// Evictions of elements no job needed any more in its current epoch (RefCnt's ideal).
     pub evictions_unneeded: AtomicU64,
-    /// Evictions of elements some job still needed (the cache was too small).
+    /// Evictions of elements some job still needed (the cache was too small): either a
+    /// cached element nobody held, or one queued for a slow ring to make room for a faster one.
     pub evictions_needed: AtomicU64,
+    /// Loads of an element evicted while a ring still had it queued.
+    pub reloads: AtomicU64,
     pub slots_in_use: AtomicU64,
     pub bytes_in_use: AtomicU64,
     pub capacity_bytes: AtomicU64,
     pub slot_capacity: AtomicU64,
-    /// Payloads decoded but waiting for room because everything cached is unread.
+    /// Payloads decoded but waiting for room because everything cached is held or needed
+    /// sooner.
     pub waiting_for_space: AtomicU64,
+    /// Elements rings need that wait for a load to start (loads in flight are bounded).
+    pub pending_loads: AtomicU64,
     pub loader_queue: AtomicU64,
     /// Jobs whose rings the Cache holds open, and datasets it holds a source of (state that
     /// must return to zero when every job is gone).

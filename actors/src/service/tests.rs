@@ -103,6 +103,7 @@ fn world_ticking(tag: &str, slots: u32, arena: u64, tick: Duration) -> World {
     let cache_cfg = CacheConfig {
         policy: PolicyKind::RefCnt,
         tick: Duration::from_millis(1),
+        max_loading: 16,
     };
     let st = stats.clone();
     let cache = CacheActor::create(move |ctx| {
@@ -143,13 +144,14 @@ impl World {
                 ring_prefix: format!("job{job}"),
                 ranks: 1,
                 capacity,
+                batch: BATCH,
                 stats: stats.clone(),
                 sampler: self.sampler.clone().recipient(),
             })
             .await
             .unwrap()
             .unwrap();
-        let credit = rings.iter().map(|r| r.capacity).sum();
+        // No credit up front: the Cache grants the rings' capacity when the reader attaches.
         self.sampler
             .send(AddJob {
                 job,
@@ -157,7 +159,7 @@ impl World {
                 seed: job,
                 epochs: Some(epochs),
                 sampler: SamplerKind::Dsa,
-                credit,
+                credit: 0,
                 stats: stats.clone(),
             })
             .await
@@ -166,6 +168,9 @@ impl World {
         (stats, rings[0].ring.clone())
     }
 }
+
+/// Records per batch of the test jobs (the readers take batches of this size).
+const BATCH: u32 = 4;
 
 /// What a reader thread saw: per epoch, the (element, label, bytes-ok) of data items and the
 /// element ids of error records.
@@ -177,7 +182,9 @@ fn read_all(instance: String, ring: String, pause: Duration) -> std::thread::Joi
         let mut seen: Seen = Vec::new();
         let mut ended = 0u64;
         loop {
-            let batch = reader.next_batch(4, Some(Duration::from_secs(20))).unwrap();
+            let batch = reader
+                .next_batch(BATCH as usize, Some(Duration::from_secs(20)))
+                .unwrap();
             for item in batch.items() {
                 let ok = item.data == payload(item.meta.element_id).as_slice();
                 let epoch = item.meta.epoch as usize;
@@ -297,34 +304,6 @@ async fn a_small_cache_applies_back_pressure_and_evicts() {
 }
 
 #[actix::test]
-async fn jobs_beyond_the_cache_budget_are_refused() {
-    let w = world("budget", 16, 64 * 1024);
-    let subset: RoaringBitmap = (0..10).collect();
-    let _ = w.job(1, subset.clone(), 1, 8).await;
-    let err = w
-        .cache
-        .send(OpenJob {
-            job: 2,
-            dataset: 1,
-            source: w.source.clone(),
-            pipeline: 0,
-            prepare: Arc::new(Identity),
-            subset: Arc::new(subset),
-            ring_prefix: "job2".into(),
-            ranks: 2,
-            capacity: 8,
-            stats: Arc::new(JobStats::default()),
-            sampler: w.sampler.clone().recipient(),
-        })
-        .await
-        .unwrap()
-        .unwrap_err();
-    assert!(matches!(err, OpenJobError::NoSlots { .. }), "{err}");
-    assert!(err.to_string().contains("does not fit"), "{err}");
-    w.cache.send(Shutdown).await.unwrap();
-}
-
-#[actix::test]
 async fn closing_a_job_unpins_its_slots_and_stops_its_sampling() {
     let w = world("close", 32, 1 << 20);
     let (s, ring) = w.job(1, (0..100).collect(), 1, 16).await;
@@ -389,4 +368,181 @@ async fn an_attached_reader_with_nothing_to_read_is_a_stall() {
     }
     check_epochs(&join(h).await, &subset, 1);
     w.cache.send(Shutdown).await.unwrap();
+}
+
+#[actix::test]
+async fn unattached_jobs_hold_nothing_and_slow_jobs_do_not_stall_fast_ones() {
+    // 24 slots; six registered jobs nobody reads would reserve 48 places between them (the
+    // old admission refused the fourth, and their pushed rings pinned the cache for good).
+    let w = world("unattached", 24, 1 << 20);
+    let subset: RoaringBitmap = (0..100).collect();
+    let mut idle = Vec::new();
+    for job in 10..16 {
+        idle.push(w.job(job, subset.clone(), 1, 8).await.0);
+    }
+    let (slow, r_slow) = w.job(1, subset.clone(), 1, 8).await;
+    let (_f1, r1) = w.job(2, subset.clone(), 1, 8).await;
+    let (_f2, r2) = w.job(3, subset.clone(), 1, 8).await;
+    let crawl = read_all(w.instance.clone(), r_slow, Duration::from_millis(20));
+    let fast1 = read_all(w.instance.clone(), r1, Duration::ZERO);
+    let fast2 = read_all(w.instance.clone(), r2, Duration::ZERO);
+    check_epochs(&join(fast1).await, &subset, 1);
+    check_epochs(&join(fast2).await, &subset, 1);
+    for s in &idle {
+        assert_eq!(
+            s.sampled.load(Relaxed),
+            0,
+            "an unattached job gets no samples"
+        );
+        assert_eq!(s.state(), JobState::Waiting);
+    }
+    check_epochs(&join(crawl).await, &subset, 1);
+    assert_eq!(slow.state(), JobState::Finished);
+    w.cache.send(Shutdown).await.unwrap();
+}
+
+/// Opens a job's rings without a sampler: the test sends the deliveries itself.
+async fn open(w: &World, job: JobId, capacity: u32) -> (Arc<JobStats>, String) {
+    let stats = Arc::new(JobStats::default());
+    let rings = w
+        .cache
+        .send(OpenJob {
+            job,
+            dataset: 1,
+            source: w.source.clone(),
+            pipeline: 0,
+            prepare: Arc::new(Identity),
+            subset: Arc::new((0..1000).collect()),
+            ring_prefix: format!("job{job}"),
+            ranks: 1,
+            capacity,
+            batch: BATCH,
+            stats: stats.clone(),
+            sampler: w.sampler.clone().recipient(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    (stats, rings[0].ring.clone())
+}
+
+/// One epoch of `elements`, in this order, for `job`; the job finishes after it.
+fn epoch_of(job: JobId, elements: std::ops::Range<u32>) -> Deliver {
+    let n = elements.len();
+    Deliver {
+        dataset: 1,
+        groups: elements
+            .enumerate()
+            .map(|(i, element)| DeliverGroup {
+                element,
+                need: 0,
+                items: vec![DeliverItem {
+                    job,
+                    epoch: 0,
+                    position: i as u32,
+                }],
+            })
+            .collect(),
+        ends: vec![EndAt {
+            after: n,
+            job,
+            epoch: 0,
+            finished: true,
+        }],
+    }
+}
+
+#[actix::test]
+async fn a_paused_readers_queued_elements_make_room_and_are_reloaded_in_order() {
+    // 8 slots (element 7 is unreadable: not used here). Job 2's reader attaches and pauses: its ring (4 places) is full and 4 more of
+    // its elements are cached and queued behind it. Job 1 then needs room: the paused job's
+    // queued elements are needed later, so they are evicted (never the pushed ones) and
+    // loaded again when job 2 reads on; both epochs stay exact and in order.
+    let w = world("pressure", 8, 1 << 20);
+    let (s2, r2) = open(&w, 2, 4).await;
+    let (s1, r1) = open(&w, 1, 4).await;
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let (attached, wait_attached) = std::sync::mpsc::channel::<()>();
+    let inst = w.instance.clone();
+    let paused = std::thread::spawn(move || {
+        let reader = Reader::open(&inst, &r2).unwrap();
+        attached.send(()).unwrap();
+        wait_go.recv().unwrap();
+        let mut got = Vec::new();
+        loop {
+            let b = reader
+                .next_batch(BATCH as usize, Some(Duration::from_secs(60)))
+                .unwrap();
+            for item in b.items() {
+                assert_eq!(item.data, payload(item.meta.element_id).as_slice());
+                got.push((item.meta.element_id, item.meta.position));
+            }
+            if b.end_of_stream() {
+                return got;
+            }
+        }
+    });
+    wait_attached.recv().unwrap();
+    w.cache.do_send(epoch_of(2, 10..18));
+    wait_until("job 2's ring full and the rest of its epoch cached", || {
+        s2.delivered.load(Relaxed) == 4 && w.stats.slots_in_use.load(Relaxed) == 8
+    })
+    .await;
+    let fast = read_all(w.instance.clone(), r1, Duration::ZERO);
+    w.cache.do_send(epoch_of(1, 100..104));
+    let seen = join(fast).await;
+    check_epochs(&seen, &(100..104).collect(), 1);
+    assert!(
+        w.stats.evictions_needed.load(Relaxed) >= 1,
+        "the paused job's queued elements made room"
+    );
+    assert_eq!(s1.errors.load(Relaxed), 0);
+    go.send(()).unwrap();
+    let got = join(paused).await;
+    assert_eq!(
+        got,
+        (10..18).map(|e| (e, u64::from(e - 10))).collect::<Vec<_>>(),
+        "the paused job gets its whole epoch, in its order"
+    );
+    let reloads = w.stats.reloads.load(Relaxed);
+    assert!(reloads >= 1, "evicted elements are loaded again");
+    assert_eq!(
+        w.source.reads.load(Relaxed),
+        12 + reloads,
+        "every read is a first load or a counted reload"
+    );
+    w.cache.send(Shutdown).await.unwrap();
+}
+
+#[actix::test]
+async fn units_competing_for_too_little_room_complete_one_after_the_other() {
+    // Room for 6 elements, two jobs each needing a whole batch of 4 at once: half of each
+    // cached would wait forever; room goes to one unit first, then to the other.
+    for round in 0..5 {
+        let w = world(&format!("units{round}"), 6, 1 << 20);
+        let (_s1, r1) = open(&w, 1, 4).await;
+        let (_s2, r2) = open(&w, 2, 4).await;
+        let h1 = read_all(w.instance.clone(), r1, Duration::ZERO);
+        let h2 = read_all(w.instance.clone(), r2, Duration::ZERO);
+        // Interleaved, so that the loads fill the room with half of each unit.
+        let (a, b) = (epoch_of(1, 20..28), epoch_of(2, 30..38));
+        let groups = a.groups.into_iter().zip(b.groups).flat_map(|(x, y)| [x, y]);
+        w.cache.do_send(Deliver {
+            dataset: 1,
+            groups: groups.collect(),
+            ends: vec![
+                EndAt {
+                    after: 16,
+                    ..a.ends[0]
+                },
+                EndAt {
+                    after: 16,
+                    ..b.ends[0]
+                },
+            ],
+        });
+        check_epochs(&join(h1).await, &(20..28).collect(), 1);
+        check_epochs(&join(h2).await, &(30..38).collect(), 1);
+        w.cache.send(Shutdown).await.unwrap();
+    }
 }

@@ -238,6 +238,7 @@ pub(super) fn record_cache(state: &AppState) {
         .absolute(s.evictions_unneeded.load(Relaxed));
     counter!("joader_cache_evictions_total", "reason" => "needed")
         .absolute(s.evictions_needed.load(Relaxed));
+    c("joader_cache_reloads_total", s.reloads.load(Relaxed));
     c("joader_sampler_rounds_total", s.rounds.load(Relaxed));
     c("joader_sampler_picks_total", s.round_elements.load(Relaxed));
     c(
@@ -271,6 +272,10 @@ pub(super) fn record_cache(state: &AppState) {
     g(
         "joader_cache_waiting_payloads",
         s.waiting_for_space.load(Relaxed) as f64,
+    );
+    g(
+        "joader_cache_pending_loads",
+        s.pending_loads.load(Relaxed) as f64,
     );
     g(
         "joader_loader_queue_depth",

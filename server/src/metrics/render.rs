@@ -50,6 +50,10 @@ pub(super) fn describe_all() {
         "cached elements evicted to make room, by reason: unneeded (no job still needed it this epoch) or needed"
     );
     describe_counter!(
+        "joader_cache_reloads_total",
+        "loads of elements evicted while a ring still had them queued (memory was short)"
+    );
+    describe_counter!(
         "joader_sampler_rounds_total",
         "sampling rounds (one pick per job with credit)"
     );
@@ -87,7 +91,11 @@ pub(super) fn describe_all() {
     describe_gauge!("joader_cache_slots_capacity", "cache slots in the segment");
     describe_gauge!(
         "joader_cache_waiting_payloads",
-        "prepared elements waiting for room because everything cached is still unread"
+        "prepared elements waiting for room because everything cached is held by rings or needed sooner"
+    );
+    describe_gauge!(
+        "joader_cache_pending_loads",
+        "elements rings need whose load waits for a free place (loads in flight are bounded)"
     );
     describe_gauge!(
         "joader_loader_queue_depth",

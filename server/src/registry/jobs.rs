@@ -80,6 +80,41 @@ fn ring_capacity(config: &crate::config::Config, req: &JobRequest) -> Result<u32
     Ok(capacity)
 }
 
+/// The fewest bytes an element of `pipeline` can take in the cache (raw bytes: unknown, 1).
+fn min_element_bytes(pipeline: &Pipeline) -> u64 {
+    match pipeline {
+        Pipeline::Raw => 1,
+        Pipeline::Decode {
+            center_crop: Some([h, w]),
+            ..
+        } => u64::from(*h) * u64::from(*w) * 3,
+        // The shorter side is `s`, the other at least as long.
+        Pipeline::Decode {
+            resize_shorter: Some(s),
+            ..
+        } => u64::from(*s) * u64::from(*s) * 3,
+        Pipeline::Decode { .. } => 1,
+    }
+}
+
+/// Refuses a job one batch of which can never be in the cache at once (its client could
+/// never take a batch). Everything smaller is admitted: jobs share the cache by flow control,
+/// not by reservations.
+fn batch_fits(config: &crate::config::Config, pipeline: &Pipeline, batch: u32) -> Result<()> {
+    let bytes = min_element_bytes(pipeline).saturating_mul(u64::from(batch));
+    if bytes > config.cache_bytes {
+        return Err(Error::new(
+            Code::TooLarge,
+            format!(
+                "one batch of {batch} elements takes at least {bytes} bytes and the cache holds \
+                 {} (cache_bytes): raise --cache-bytes or lower batch_size",
+                config.cache_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `POST /v1/jobs`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -223,6 +258,7 @@ pub async fn register_job<T>(
     pipeline
         .validate()
         .map_err(|e| Error::new(Code::InvalidRequest, format!("pipeline: {e}")))?;
+    batch_fits(&state.config, &pipeline, req.batch_size)?;
 
     // Existing job: the same parameters mean another rank of it. A failed job's name, or a
     // finished one whose rings are closed, is taken over; so is a finished job's name by a
@@ -349,6 +385,7 @@ pub async fn register_job<T>(
             ring_prefix: req.name.clone(),
             ranks: world,
             capacity,
+            batch: req.batch_size,
             stats: stats.clone(),
             sampler: sampler.clone().recipient(),
         })
@@ -357,11 +394,9 @@ pub async fn register_job<T>(
         .map_err(|e| match e {
             OpenJobError::AlreadyOpen(_) | OpenJobError::Empty => Error::internal(e),
             OpenJobError::ShutDown => Error::new(Code::ShuttingDown, e.to_string()),
-            OpenJobError::NoSlots { .. } | OpenJobError::Ring { .. } => {
-                Error::new(Code::CacheFull, e.to_string())
-            }
+            // Out of reader indices or shared memory for a ring: transient, jobs end.
+            OpenJobError::Ring { .. } => Error::new(Code::CacheFull, e.to_string()),
         })?;
-    let credit = rings.iter().map(|r| r.capacity).sum();
     let added = sampler
         .send(AddJob {
             job: job_id,
@@ -369,7 +404,8 @@ pub async fn register_job<T>(
             seed: req.seed,
             epochs: req.epochs,
             sampler: req.sampler.unwrap_or(SamplerKind::Dsa),
-            credit,
+            // The Cache grants the rings' capacity when every rank's client has attached.
+            credit: 0,
             stats: stats.clone(),
         })
         .await

@@ -1,19 +1,36 @@
 //! The Cache actor: owns the shared-memory data segment (through the dataplane writer), the
 //! cache policy over its slots, the jobs' delivery rings and the acknowledgements.
 //!
-//! For every sampled delivery it either reuses a cached slot (a hit), joins a load already in
-//! flight for another job (a hit too: one decode serves both), or asks the Loader for the
-//! element (a miss). Each ring is fed strictly in the job's sampled order: an element still
-//! loading holds back the ones behind it in that ring only.
+//! For every sampled delivery it either reuses a cached slot (a hit), joins a load already
+//! under way for another job (a hit too: one decode serves both), or asks for a load (a miss).
 //!
-//! A key is *pinned* (never evicted) while some delivery of it is queued or pushed but not yet
-//! acknowledged; the dataplane's read bits enforce the same rule in shared memory. When the
-//! arena is full and everything is pinned, decoded payloads wait (back-pressure); credits
-//! bound how many can wait, and [`OpenJob`] refuses jobs whose credit the cache cannot hold.
+//! **Flow control** (per job, never global):
+//! - A job's credit (the places of its rings) goes to its Sampler only when every rank's
+//!   client has attached: a job registered but not read gets no samples and holds nothing.
+//! - Each ring is fed in its job's sampled order, one *unit* at a time: a whole batch (the
+//!   job's `batch_size` records), or what is left before an end of epoch. A unit is pushed
+//!   when all of its elements are cached, so a ring's pinned records are always batches its
+//!   client can take at once: no job ever pins a half batch while it waits for room.
+//! - Loads are bounded ([`CacheConfig::max_loading`] elements being read, decoded or waiting
+//!   for room; the rest wait as *pending* keys): decoded payloads held outside shared memory
+//!   never exceed that bound, whatever the number of jobs.
+//! - A payload that finds no room waits on its own; it holds back only the rings that need
+//!   it. Payloads that wait are stored nearest need first.
 //!
-//! (Longer than this codebase's usual 600 lines on purpose: one actor's state, slots, pins,
-//! rings, their queues and credit, and the handlers that must keep the invariants above
-//! together; splitting the handlers across files would scatter those invariants.)
+//! **Pinning and eviction.** A slot that some ring holds (pushed, not yet acknowledged; the
+//! dataplane's read bits say the same in shared memory) is never evicted. A slot only queued
+//! for a ring is kept by the policy like a pinned one, but when memory is short, liveness wins
+//! over the RefCnt rule: such a slot is evicted if it is needed later than the payload that
+//! needs the room (the furthest-behind reader's elements go first: need time is the records
+//! ahead of the element in its ring divided by the job's reading rate). The element is loaded
+//! again when its ring reaches it (a *reload*, counted with `evictions{reason="needed"}`), so
+//! every epoch stays an exact permutation whatever is evicted.
+//!
+//! Split: this file holds the state, the handlers and the polls; `flow.rs` the loads, room
+//! and eviction under pressure; `rings.rs` what goes into the rings.
+
+mod flow;
+mod rings;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -21,7 +38,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use dataplane::{ReaderStatus, RingWriter, SlotMeta, SlotRef, Writer, element_error};
+use dataplane::{ReaderStatus, RingWriter, SlotRef, Writer};
 use roaring::RoaringBitmap;
 
 use super::messages::*;
@@ -34,19 +51,47 @@ pub struct CacheConfig {
     pub policy: PolicyKind,
     /// How often acknowledgements and client liveness are polled.
     pub tick: Duration,
+    /// Elements being loaded or holding a decoded payload that waits for room, at most.
+    pub max_loading: usize,
+}
+
+impl CacheConfig {
+    /// Enough loads in flight to keep `workers` decode threads busy.
+    pub fn max_loading_for(workers: usize) -> usize {
+        (workers * 4).max(16)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
 struct SlotEntry {
     slot: SlotRef,
-    /// Deliveries queued or pushed and not yet acknowledged.
-    uses: u32,
+    /// Deliveries of the key queued for a ring, not yet pushed.
+    queued: u32,
+    /// Deliveries pushed into a ring and not yet acknowledged (the read bits set).
+    pushed: u32,
 }
 
+impl SlotEntry {
+    fn uses(&self) -> u32 {
+        self.queued + self.pushed
+    }
+}
+
+/// A key being read and prepared, or prepared and waiting for room.
 #[derive(Debug, Clone, Copy, Default)]
 struct Loading {
+    /// Queued deliveries waiting for it.
     refs: u32,
     need: u32,
+}
+
+/// A key some ring needs that is not loading yet (loads are bounded).
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    refs: u32,
+    need: u32,
+    /// It was cached once and evicted while still needed.
+    reload: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +111,10 @@ enum Entry {
 struct RankRing {
     ring: RingWriter,
     queue: VecDeque<Entry>,
+    /// How many entries at the queue's front are known ready (cached, failed, or an end), at
+    /// most one unit; `ready_items` of them are items.
+    ready: usize,
+    ready_items: usize,
     /// One flag per record pushed and not yet acknowledged: does it return credit?
     shadow: VecDeque<bool>,
     acked: u64,
@@ -82,7 +131,16 @@ struct CacheJob {
     prepare: Arc<dyn Prepare>,
     subset: Arc<RoaringBitmap>,
     rings: Vec<RankRing>,
+    /// Records a unit holds (the job's batch size per rank).
+    batch: u32,
     credit: u32,
+    /// The sampler was given the job's credit: every rank's client has attached.
+    granted: bool,
+    opened: Instant,
+    /// Records the client takes per second (an estimate; `None` until measured).
+    rate: Option<f64>,
+    /// Where the rate was last measured: (when, records taken by then).
+    rate_mark: (Instant, u64),
     stats: Arc<JobStats>,
     sampler: Recipient<JobSignal>,
 }
@@ -94,9 +152,15 @@ pub struct CacheActor {
     slots: HashMap<u64, SlotEntry>,
     by_slot: HashMap<u32, (SlotRef, u64)>,
     loading: HashMap<u64, Loading>,
+    pending: HashMap<u64, Pending>,
+    /// Pending keys in the order they were first needed (may hold keys no longer pending).
+    pending_order: VecDeque<u64>,
     failed: HashMap<u64, (u32, u32)>,
-    /// Prepared payloads waiting for room, in arrival order.
-    waiting: VecDeque<(u64, u32, i64, Prepared)>,
+    /// Prepared payloads waiting for room (their keys are in `loading`).
+    waiting: HashMap<u64, flow::Waiting>,
+    /// Something may have made room since the waiting payloads last tried.
+    room_changed: bool,
+    max_loading: usize,
     jobs: HashMap<JobId, CacheJob>,
     sources: HashMap<DatasetId, Arc<dyn ElementSource>>,
     loader: Recipient<Load>,
@@ -112,8 +176,20 @@ pub struct CacheActor {
 
 /// How often the clients' liveness is probed (two syscalls per ring).
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(20);
+/// How long after its registration a job's attach is watched at the fast tick.
+const ATTACH_WATCH: Duration = Duration::from_secs(2);
 /// How often an idle cache (see `CacheActor::idle`) polls at all.
 const IDLE_POLL: Duration = Duration::from_millis(50);
+/// How often a job's reading rate is measured.
+const RATE_INTERVAL: Duration = Duration::from_millis(250);
+
+fn split_key(key: u64) -> (DatasetId, PipelineId, u32) {
+    (
+        (key >> 48) as u16,
+        ((key >> 32) & 0xffff) as u16,
+        key as u32,
+    )
+}
 
 impl CacheActor {
     pub fn new(
@@ -134,8 +210,12 @@ impl CacheActor {
             slots: HashMap::new(),
             by_slot: HashMap::new(),
             loading: HashMap::new(),
+            pending: HashMap::new(),
+            pending_order: VecDeque::new(),
             failed: HashMap::new(),
-            waiting: VecDeque::new(),
+            waiting: HashMap::new(),
+            room_changed: false,
+            max_loading: cfg.max_loading.max(1),
             jobs: HashMap::new(),
             sources: HashMap::new(),
             loader,
@@ -145,10 +225,6 @@ impl CacheActor {
             last_liveness: Instant::now(),
             next_poll: None,
         }
-    }
-
-    fn total_credit(&self) -> u64 {
-        self.jobs.values().map(|j| u64::from(j.credit)).sum()
     }
 
     fn update_gauges(&self) {
@@ -162,6 +238,9 @@ impl CacheActor {
         self.stats
             .waiting_for_space
             .store(self.waiting.len() as u64, Relaxed);
+        self.stats
+            .pending_loads
+            .store(self.pending.len() as u64, Relaxed);
         self.stats.open_jobs.store(self.jobs.len() as u64, Relaxed);
         self.stats
             .open_sources
@@ -171,11 +250,7 @@ impl CacheActor {
     /// A job's epoch starts: every cached element of its subset is needed once more.
     fn epoch_started(&mut self, dataset: DatasetId, pipeline: PipelineId, subset: &RoaringBitmap) {
         for &key in self.slots.keys() {
-            let (ds, pl, el) = (
-                (key >> 48) as u16,
-                ((key >> 32) & 0xffff) as u16,
-                key as u32,
-            );
+            let (ds, pl, el) = split_key(key);
             if ds == dataset && pl == pipeline && subset.contains(el) {
                 let r = self.policy.refcount(key).unwrap_or(0);
                 self.policy.set_refcount(key, r + 1);
@@ -183,6 +258,8 @@ impl CacheActor {
         }
     }
 
+    /// A pushed record was acknowledged (or its reader reclaimed): its slot is no longer held
+    /// by that ring.
     fn release(&mut self, r: SlotRef) {
         let Some(&(cur, key)) = self.by_slot.get(&r.slot) else {
             return;
@@ -191,184 +268,35 @@ impl CacheActor {
             return;
         }
         if let Some(e) = self.slots.get_mut(&key) {
-            e.uses = e.uses.saturating_sub(1);
-            if e.uses == 0 {
+            e.pushed = e.pushed.saturating_sub(1);
+            if e.uses() == 0 {
                 self.policy.unpin(key);
+                self.room_changed = true;
             }
         }
     }
 
-    /// Drops the reference a queued entry held.
-    fn forget_entry(&mut self, key: u64) {
+    /// Drops the reference a queued (never pushed) entry held.
+    fn unref(&mut self, key: u64) {
         if let Some(e) = self.slots.get_mut(&key) {
-            e.uses = e.uses.saturating_sub(1);
-            if e.uses == 0 {
+            e.queued = e.queued.saturating_sub(1);
+            if e.uses() == 0 {
                 self.policy.unpin(key);
+                self.room_changed = true;
             }
         } else if let Some(l) = self.loading.get_mut(&key) {
             l.refs = l.refs.saturating_sub(1);
+        } else if let Some(p) = self.pending.get_mut(&key) {
+            p.refs = p.refs.saturating_sub(1);
+            if p.refs == 0 {
+                self.pending.remove(&key);
+            }
         } else if let Some(f) = self.failed.get_mut(&key) {
             f.1 = f.1.saturating_sub(1);
             if f.1 == 0 {
                 self.failed.remove(&key);
             }
         }
-    }
-
-    fn evict(&mut self, key: u64) -> bool {
-        let Some(e) = self.slots.remove(&key) else {
-            return false;
-        };
-        self.by_slot.remove(&e.slot.slot);
-        self.stats.evictions.fetch_add(1, Relaxed);
-        if let Some(w) = &self.writer
-            && let Err(err) = w.free_slot(e.slot)
-        {
-            tracing::error!(error = %err, key, "evicted key's slot could not be freed");
-        }
-        true
-    }
-
-    /// Stores waiting payloads, in order, evicting unpinned keys as needed.
-    fn drain_waiting(&mut self) {
-        while let Some((key, element, label, prepared)) = self.waiting.pop_front() {
-            let Some(writer) = &self.writer else { return };
-            let meta = SlotMeta {
-                element_id: element,
-                label,
-                format: prepared.format,
-            };
-            match writer.write_slot(meta, &prepared.bytes) {
-                Ok(slot) => {
-                    let l = self.loading.remove(&key).unwrap_or_default();
-                    self.slots.insert(key, SlotEntry { slot, uses: l.refs });
-                    self.by_slot.insert(slot.slot, (slot, key));
-                    self.policy.insert(key, l.need, None);
-                    if l.refs > 0 {
-                        self.policy.pin(key);
-                    }
-                }
-                Err(dataplane::Error::Full { .. } | dataplane::Error::NoFreeSlot { .. }) => {
-                    if let Some((victim, refcount)) = self.policy.victim_with_refcount() {
-                        let reason = if refcount == 0 {
-                            &self.stats.evictions_unneeded
-                        } else {
-                            &self.stats.evictions_needed
-                        };
-                        reason.fetch_add(1, Relaxed);
-                        self.evict(victim);
-                        self.waiting.push_front((key, element, label, prepared));
-                    } else if self.slots.is_empty() {
-                        // Nothing cached and still no room: the element cannot fit at all.
-                        self.fail(key, element_error::TOO_LARGE);
-                    } else {
-                        // Everything is pinned: wait for acknowledgements.
-                        self.waiting.push_front((key, element, label, prepared));
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, element, "cannot store a prepared element");
-                    self.fail(key, element_error::INTERNAL);
-                }
-            }
-        }
-    }
-
-    fn fail(&mut self, key: u64, code: u32) {
-        let l = self.loading.remove(&key).unwrap_or_default();
-        self.stats.load_errors.fetch_add(1, Relaxed);
-        if l.refs > 0 {
-            self.failed.insert(key, (code, l.refs));
-        }
-    }
-
-    /// Pushes what each ring can take, in order.
-    fn pump(&mut self) {
-        let mut broken: Vec<(JobId, String)> = Vec::new();
-        let job_ids: Vec<JobId> = self.jobs.keys().copied().collect();
-        for id in job_ids {
-            let Some(mut job) = self.jobs.remove(&id) else {
-                continue;
-            };
-            'rings: for rr in &mut job.rings {
-                while let Some(&front) = rr.queue.front() {
-                    if rr.ring.free_credit() == 0 {
-                        break;
-                    }
-                    let pushed = match front {
-                        Entry::Item {
-                            key,
-                            element,
-                            epoch,
-                            position,
-                        } => {
-                            if let Some(e) = self.slots.get(&key) {
-                                let r = rr.ring.push_data(
-                                    e.slot,
-                                    u64::from(epoch),
-                                    u64::from(position),
-                                );
-                                if r.is_ok() {
-                                    job.stats.delivered.fetch_add(1, Relaxed);
-                                    rr.shadow.push_back(true);
-                                    rr.epoch_count += 1;
-                                }
-                                r
-                            } else if let Some(&(code, _)) = self.failed.get(&key) {
-                                let r = rr.ring.push_error(
-                                    element,
-                                    code,
-                                    u64::from(epoch),
-                                    u64::from(position),
-                                );
-                                if r.is_ok() {
-                                    job.stats.delivered.fetch_add(1, Relaxed);
-                                    job.stats.errors.fetch_add(1, Relaxed);
-                                    rr.shadow.push_back(true);
-                                    rr.epoch_count += 1;
-                                    self.forget_entry(key);
-                                }
-                                r
-                            } else {
-                                break; // still loading, or waiting for room
-                            }
-                        }
-                        Entry::EndOfEpoch { epoch } => {
-                            let r = rr.ring.push_end_of_epoch(u64::from(epoch), rr.epoch_count);
-                            if r.is_ok() {
-                                rr.shadow.push_back(false);
-                                rr.epoch_count = 0;
-                            }
-                            r
-                        }
-                        Entry::EndOfStream => {
-                            let r = rr.ring.push_end_of_stream();
-                            if r.is_ok() {
-                                rr.shadow.push_back(false);
-                                job.stats.set_state(JobState::Finished);
-                            }
-                            r
-                        }
-                    };
-                    match pushed {
-                        Ok(()) => {
-                            rr.queue.pop_front();
-                        }
-                        Err(dataplane::Error::RingFull { .. }) => break,
-                        Err(e) => {
-                            broken.push((id, format!("delivery failed: {e}")));
-                            break 'rings;
-                        }
-                    }
-                }
-            }
-            self.jobs.insert(id, job);
-        }
-        for (id, reason) in broken {
-            self.close_job(id, Some(reason));
-        }
-        self.update_gauges();
     }
 
     /// Polls acknowledgements and client liveness of every ring.
@@ -440,6 +368,17 @@ impl CacheActor {
             if alive {
                 job.stats.set_state(JobState::Running);
             }
+            measure_rate(job, now);
+            // Credit only once every rank reads: an unattached job must not pin the cache.
+            // (The registry adds the job to its Sampler before it answers the client, so the
+            // Sampler knows the job before any client can attach.)
+            if !job.granted && job.rings.iter().all(|rr| rr.ring.reader_attached()) {
+                job.granted = true;
+                job.sampler.do_send(JobSignal::Credit {
+                    job: id,
+                    n: job.credit,
+                });
+            }
             if credit > 0 {
                 job.stats.acknowledged.fetch_add(u64::from(credit), Relaxed);
                 job.sampler
@@ -456,15 +395,23 @@ impl CacheActor {
             self.close_job(id, None);
         }
         self.drain_waiting();
+        self.issue_loads();
         self.pump();
     }
 
     /// Nothing can change but by a message or a client attaching, leaving or dying (which the
-    /// liveness probe notices): nothing loading or waiting for room, and every ring either
-    /// fully acknowledged or without a live client, with nothing queued that it could take.
+    /// liveness probe notices): nothing loading, pending or waiting for room, and every ring
+    /// either fully acknowledged or without a live client, with nothing queued that it could
+    /// take.
     fn idle(&self) -> bool {
         self.loading.is_empty()
-            && self.waiting.is_empty()
+            && self.pending.is_empty()
+            // A job just registered: its client is expected to attach any moment, and is
+            // served at once when it does (later attachers wait for an idle poll).
+            && self
+                .jobs
+                .values()
+                .all(|j| j.granted || j.opened.elapsed() > ATTACH_WATCH)
             && self.jobs.values().all(|j| {
                 j.rings.iter().all(|rr| {
                     (rr.ring.pushed() == rr.ring.acked() || (rr.probed && !rr.alive))
@@ -511,11 +458,12 @@ impl CacheActor {
         for rr in job.rings.drain(..) {
             for entry in rr.queue {
                 if let Entry::Item { key, .. } = entry {
-                    self.forget_entry(key);
+                    self.unref(key);
                 }
             }
             drop(rr.ring);
         }
+        self.room_changed = true;
         job.stats.closed.store(true, Relaxed);
         // The last job of a dataset forgets its source (the dataset may be deleted: its index
         // must not live on here). Loads in flight hold their own reference.
@@ -551,43 +499,23 @@ impl CacheActor {
         }
         self.slots.clear();
         self.by_slot.clear();
-    }
-}
-
-impl Actor for CacheActor {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        self.schedule_poll(ctx);
+        self.waiting.clear();
+        self.pending.clear();
+        self.pending_order.clear();
     }
 
-    fn stopped(&mut self, _: &mut Context<Self>) {
-        self.shutdown();
-    }
-}
-
-impl Handler<OpenJob> for CacheActor {
-    type Result = Result<Vec<RingInfo>, OpenJobError>;
-    fn handle(&mut self, msg: OpenJob, _: &mut Context<Self>) -> Self::Result {
+    fn open_job(&mut self, msg: OpenJob) -> Result<Vec<RingInfo>, OpenJobError> {
         let Some(writer) = &self.writer else {
             return Err(OpenJobError::ShutDown);
         };
         if self.jobs.contains_key(&msg.job) {
             return Err(OpenJobError::AlreadyOpen(msg.job));
         }
-        if msg.ranks == 0 || msg.capacity == 0 {
+        if msg.ranks == 0 || msg.capacity == 0 || msg.batch == 0 || msg.batch > msg.capacity {
             return Err(OpenJobError::Empty);
         }
-        let credit = msg.ranks * msg.capacity;
-        let slots = u64::from(writer.slot_count());
-        if self.total_credit() + u64::from(credit) > slots {
-            return Err(OpenJobError::NoSlots {
-                slots,
-                held: self.total_credit(),
-                ranks: msg.ranks,
-                capacity: msg.capacity,
-            });
-        }
+        // No reservation against the other jobs: a job costs cache memory only while its
+        // client reads (credit is granted on attach), so a sweep of many jobs is admitted.
         let mut rings = Vec::new();
         let mut infos = Vec::new();
         for rank in 0..msg.ranks {
@@ -604,6 +532,8 @@ impl Handler<OpenJob> for CacheActor {
                     rings.push(RankRing {
                         ring,
                         queue: VecDeque::new(),
+                        ready: 0,
+                        ready_items: 0,
                         shadow: VecDeque::new(),
                         acked: 0,
                         epoch_count: 0,
@@ -622,6 +552,7 @@ impl Handler<OpenJob> for CacheActor {
         // The sampler's credit is what the rings hold in total.
         let credit = rings.iter().map(|r| r.ring.capacity()).sum();
         self.sources.insert(msg.dataset, msg.source);
+        let now = Instant::now();
         self.jobs.insert(
             msg.job,
             CacheJob {
@@ -630,7 +561,12 @@ impl Handler<OpenJob> for CacheActor {
                 prepare: msg.prepare,
                 subset: msg.subset,
                 rings,
+                batch: msg.batch,
                 credit,
+                granted: false,
+                opened: now,
+                rate: None,
+                rate_mark: (now, 0),
                 stats: msg.stats,
                 sampler: msg.sampler,
             },
@@ -638,12 +574,147 @@ impl Handler<OpenJob> for CacheActor {
         self.update_gauges();
         Ok(infos)
     }
+
+    fn deliver(&mut self, msg: Deliver) {
+        // A dataset whose last job closed meanwhile: nothing is left to deliver to.
+        if !self.sources.contains_key(&msg.dataset) {
+            return;
+        }
+        let mut ends = msg.ends.iter().peekable();
+        for (gi, group) in msg.groups.iter().enumerate() {
+            while let Some(end) = ends.next_if(|e| e.after <= gi) {
+                self.queue_end(end);
+            }
+            for item in &group.items {
+                let Some(job) = self.jobs.get(&item.job) else {
+                    continue;
+                };
+                let (pipeline, stats, subset) =
+                    (job.pipeline, job.stats.clone(), job.subset.clone());
+                let rank = (item.position % job.rings.len() as u32) as usize;
+                if item.position == 0 {
+                    self.epoch_started(msg.dataset, pipeline, &subset);
+                }
+                let key = cache_key(msg.dataset, pipeline, group.element);
+                self.stats.requests.fetch_add(1, Relaxed);
+                let hit = self.want(key, group.need);
+                let counter = if hit {
+                    (&self.stats.hits, &stats.hits)
+                } else {
+                    (&self.stats.misses, &stats.misses)
+                };
+                counter.0.fetch_add(1, Relaxed);
+                counter.1.fetch_add(1, Relaxed);
+                if let Some(job) = self.jobs.get_mut(&item.job) {
+                    job.rings[rank].queue.push_back(Entry::Item {
+                        key,
+                        element: group.element,
+                        epoch: item.epoch,
+                        position: item.position,
+                    });
+                }
+            }
+        }
+        for end in ends {
+            self.queue_end(end);
+        }
+        self.issue_loads();
+        self.pump();
+    }
+
+    /// A queued delivery of `key` takes a reference on it wherever it is; returns whether it
+    /// is served without a read of its own (cached, loading or about to load for another).
+    fn want(&mut self, key: u64, need: u32) -> bool {
+        if let Some(e) = self.slots.get_mut(&key) {
+            e.queued += 1;
+            if e.uses() == 1 {
+                self.policy.pin(key);
+            }
+            self.policy.hit(key);
+            self.policy.set_refcount(key, need);
+            true
+        } else if let Some(l) = self.loading.get_mut(&key) {
+            l.refs += 1;
+            l.need = need;
+            true
+        } else if let Some(p) = self.pending.get_mut(&key) {
+            p.refs += 1;
+            p.need = need;
+            true
+        } else if let Some(f) = self.failed.get_mut(&key) {
+            f.1 += 1;
+            false
+        } else {
+            self.pending.insert(
+                key,
+                Pending {
+                    refs: 1,
+                    need,
+                    reload: false,
+                },
+            );
+            self.pending_order.push_back(key);
+            false
+        }
+    }
+}
+
+/// Updates a job's reading-rate estimate: records taken per second, measured only over
+/// intervals in which the client had something to take (a starved client is not slow, a
+/// paused one is).
+fn measure_rate(job: &mut CacheJob, now: Instant) {
+    let (at, before) = job.rate_mark;
+    let elapsed = now.duration_since(at);
+    if elapsed < RATE_INTERVAL {
+        return;
+    }
+    let taken: u64 = job.rings.iter().map(|rr| rr.ring.consumer_position()).sum();
+    let waiting: u64 = job
+        .rings
+        .iter()
+        .map(|rr| rr.ring.pushed() - rr.ring.consumer_position().min(rr.ring.pushed()))
+        .sum();
+    let moved = taken.saturating_sub(before);
+    if moved > 0 || waiting > 0 {
+        let now_rate = moved as f64 / elapsed.as_secs_f64();
+        job.rate = Some(match job.rate {
+            Some(r) => 0.5 * r + 0.5 * now_rate,
+            None => now_rate,
+        });
+    }
+    job.rate_mark = (now, taken);
+}
+
+impl Actor for CacheActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.schedule_poll(ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.shutdown();
+    }
+}
+
+impl Handler<OpenJob> for CacheActor {
+    type Result = Result<Vec<RingInfo>, OpenJobError>;
+    fn handle(&mut self, msg: OpenJob, ctx: &mut Context<Self>) -> Self::Result {
+        let opened = self.open_job(msg);
+        self.wake(ctx);
+        opened
+    }
 }
 
 impl Handler<CloseJob> for CacheActor {
     type Result = ();
-    fn handle(&mut self, msg: CloseJob, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: CloseJob, ctx: &mut Context<Self>) {
         self.close_job(msg.job, None);
+        // What the job held may let another job's payload in.
+        self.drain_waiting();
+        self.issue_loads();
+        self.pump();
+        self.wake(ctx);
     }
 }
 
@@ -662,118 +733,10 @@ impl Handler<Deliver> for CacheActor {
     }
 }
 
-impl CacheActor {
-    fn deliver(&mut self, msg: Deliver) {
-        let Some(source) = self.sources.get(&msg.dataset).cloned() else {
-            return;
-        };
-        let mut ends = msg.ends.iter().peekable();
-        for (gi, group) in msg.groups.iter().enumerate() {
-            while let Some(end) = ends.next_if(|e| e.after <= gi) {
-                self.queue_end(end);
-            }
-            let mut to_load: Vec<(PipelineId, Arc<dyn Prepare>)> = Vec::new();
-            for item in &group.items {
-                let Some(job) = self.jobs.get(&item.job) else {
-                    continue;
-                };
-                let (pipeline, prepare, stats, subset) = (
-                    job.pipeline,
-                    job.prepare.clone(),
-                    job.stats.clone(),
-                    job.subset.clone(),
-                );
-                let rank = (item.position % job.rings.len() as u32) as usize;
-                if item.position == 0 {
-                    self.epoch_started(msg.dataset, pipeline, &subset);
-                }
-                let key = cache_key(msg.dataset, pipeline, group.element);
-                self.stats.requests.fetch_add(1, Relaxed);
-                if let Some(e) = self.slots.get_mut(&key) {
-                    e.uses += 1;
-                    if e.uses == 1 {
-                        self.policy.pin(key);
-                    }
-                    self.policy.hit(key);
-                    self.policy.set_refcount(key, group.need);
-                    self.stats.hits.fetch_add(1, Relaxed);
-                    stats.hits.fetch_add(1, Relaxed);
-                } else if let Some(l) = self.loading.get_mut(&key) {
-                    l.refs += 1;
-                    l.need = group.need;
-                    self.stats.hits.fetch_add(1, Relaxed);
-                    stats.hits.fetch_add(1, Relaxed);
-                } else if let Some(f) = self.failed.get_mut(&key) {
-                    f.1 += 1;
-                    self.stats.misses.fetch_add(1, Relaxed);
-                    stats.misses.fetch_add(1, Relaxed);
-                } else {
-                    self.loading.insert(
-                        key,
-                        Loading {
-                            refs: 1,
-                            need: group.need,
-                        },
-                    );
-                    self.stats.misses.fetch_add(1, Relaxed);
-                    stats.misses.fetch_add(1, Relaxed);
-                    if !to_load.iter().any(|(p, _)| *p == pipeline) {
-                        to_load.push((pipeline, prepare));
-                    }
-                }
-                if let Some(job) = self.jobs.get_mut(&item.job) {
-                    job.rings[rank].queue.push_back(Entry::Item {
-                        key,
-                        element: group.element,
-                        epoch: item.epoch,
-                        position: item.position,
-                    });
-                }
-            }
-            if !to_load.is_empty() {
-                self.loader.do_send(Load {
-                    dataset: msg.dataset,
-                    element: group.element,
-                    source: source.clone(),
-                    pipelines: to_load,
-                });
-            }
-        }
-        for end in ends {
-            self.queue_end(end);
-        }
-        self.pump();
-    }
-}
-
 impl Handler<Loaded> for CacheActor {
     type Result = ();
     fn handle(&mut self, msg: Loaded, ctx: &mut Context<Self>) {
         self.loaded(msg);
         self.wake(ctx);
-    }
-}
-
-impl CacheActor {
-    fn loaded(&mut self, msg: Loaded) {
-        for (pipeline, result) in msg.results {
-            let key = cache_key(msg.dataset, pipeline, msg.element);
-            if !self.loading.contains_key(&key) {
-                continue;
-            }
-            match result {
-                Ok(prepared) => self
-                    .waiting
-                    .push_back((key, msg.element, msg.label, prepared)),
-                Err(f) => {
-                    tracing::debug!(element = msg.element, kind = %f.kind, message = %f.message, "element failed to load");
-                    self.stats
-                        .record_failure(msg.dataset, msg.element, &f.kind, &f.message);
-                    self.fail(key, f.code);
-                }
-            }
-        }
-        self.drain_waiting();
-        self.pump();
     }
 }

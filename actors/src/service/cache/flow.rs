@@ -1,0 +1,381 @@
+//! Loads and room: which keys are loaded when (bounded), where a prepared payload goes, and
+//! what is evicted when memory is short (see the parent module's docs for the rules).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use dataplane::{SlotMeta, element_error};
+
+use super::{CacheActor, Entry, Loading, Pending, SlotEntry, split_key};
+use crate::service::messages::{JobId, Load, Loaded, PipelineId, Prepare, Prepared, cache_key};
+
+/// A prepared payload that found no room yet.
+pub(super) struct Waiting {
+    element: u32,
+    label: i64,
+    prepared: Prepared,
+}
+
+/// Below this rate (records a second) a job counts as paused when ranking need times.
+const MIN_RATE: f64 = 1e-3;
+
+impl CacheActor {
+    /// Sends pending keys to the Loader, oldest first, while fewer than `max_loading` keys
+    /// are being loaded or wait for room. One read serves every pipeline that needs the
+    /// element.
+    pub(super) fn issue_loads(&mut self) {
+        while self.loading.len() < self.max_loading {
+            let Some(key) = self.pending_order.pop_front() else {
+                break;
+            };
+            self.issue(key);
+        }
+        self.displace_waiting();
+    }
+
+    /// Every place for a load is taken and some are payloads waiting for room: a pending key
+    /// needed sooner than the latest-needed waiting payload takes that payload's place (the
+    /// payload is dropped and loaded again later). Without this, payloads of units that
+    /// cannot get room could keep the unit that can from ever loading.
+    fn displace_waiting(&mut self) {
+        if self.loading.len() < self.max_loading
+            || self.waiting.is_empty()
+            || self.pending.is_empty()
+        {
+            return;
+        }
+        let times = self.need_times();
+        loop {
+            let first = self
+                .pending
+                .keys()
+                .map(|&k| (k, need_of(&times, k)))
+                .min_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+            let last = self
+                .waiting
+                .keys()
+                .map(|&k| (k, need_of(&times, k)))
+                .max_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+            let (Some((p, pn)), Some((w, wn))) = (first, last) else {
+                return;
+            };
+            if pn.cmp(&wn).is_ge() {
+                return;
+            }
+            self.waiting.remove(&w);
+            let l = self.loading.remove(&w).unwrap_or_default();
+            if l.refs > 0 {
+                self.pending.insert(
+                    w,
+                    Pending {
+                        refs: l.refs,
+                        need: l.need,
+                        reload: true,
+                    },
+                );
+                self.pending_order.push_back(w);
+            }
+            self.issue(p);
+        }
+    }
+
+    /// Starts the load of a pending key (with the other pipelines pending for its element).
+    fn issue(&mut self, key: u64) {
+        let Some(p) = self.pending.remove(&key) else {
+            return; // no longer needed, or already loading
+        };
+        let (dataset, _, element) = split_key(key);
+        let Some(source) = self.sources.get(&dataset).cloned() else {
+            return;
+        };
+        let mut pipelines: Vec<(PipelineId, Arc<dyn Prepare>)> = Vec::new();
+        let mut others: Vec<(u64, Pending)> = Vec::new();
+        for job in self.jobs.values().filter(|j| j.dataset == dataset) {
+            if pipelines.iter().any(|(pl, _)| *pl == job.pipeline) {
+                continue;
+            }
+            let k = cache_key(dataset, job.pipeline, element);
+            if k == key {
+                pipelines.push((job.pipeline, job.prepare.clone()));
+            } else if let Some(other) = self.pending.remove(&k) {
+                others.push((k, other));
+                pipelines.push((job.pipeline, job.prepare.clone()));
+            }
+        }
+        for (k, other) in others {
+            self.start_loading(k, other);
+        }
+        if pipelines.is_empty() {
+            return; // every job that needed it is gone
+        }
+        self.start_loading(key, p);
+        self.loader.do_send(Load {
+            dataset,
+            element,
+            source,
+            pipelines,
+        });
+    }
+
+    fn start_loading(&mut self, key: u64, p: Pending) {
+        if p.reload {
+            self.stats.reloads.fetch_add(1, Relaxed);
+        }
+        self.loading.insert(
+            key,
+            Loading {
+                refs: p.refs,
+                need: p.need,
+            },
+        );
+    }
+
+    pub(super) fn loaded(&mut self, msg: Loaded) {
+        for (pipeline, result) in msg.results {
+            let key = cache_key(msg.dataset, pipeline, msg.element);
+            if !self.loading.contains_key(&key) {
+                continue;
+            }
+            match result {
+                Ok(prepared) => {
+                    self.waiting.insert(
+                        key,
+                        Waiting {
+                            element: msg.element,
+                            label: msg.label,
+                            prepared,
+                        },
+                    );
+                    self.room_changed = true;
+                }
+                Err(f) => {
+                    tracing::debug!(element = msg.element, kind = %f.kind, message = %f.message, "element failed to load");
+                    self.stats
+                        .record_failure(msg.dataset, msg.element, &f.kind, &f.message);
+                    self.fail(key, f.code);
+                }
+            }
+        }
+        self.drain_waiting();
+        self.issue_loads();
+        self.pump();
+    }
+
+    pub(super) fn fail(&mut self, key: u64, code: u32) {
+        let l = self.loading.remove(&key).unwrap_or_default();
+        self.waiting.remove(&key);
+        self.stats.load_errors.fetch_add(1, Relaxed);
+        if l.refs > 0 {
+            self.failed.insert(key, (code, l.refs));
+        }
+    }
+
+    fn evict(&mut self, key: u64) -> Option<SlotEntry> {
+        let e = self.slots.remove(&key)?;
+        self.by_slot.remove(&e.slot.slot);
+        self.stats.evictions.fetch_add(1, Relaxed);
+        self.room_changed = true;
+        if let Some(w) = &self.writer
+            && let Err(err) = w.free_slot(e.slot)
+        {
+            tracing::error!(error = %err, key, "evicted key's slot could not be freed");
+        }
+        Some(e)
+    }
+
+    /// Evicts a key that rings have queued but not pushed (no read bit is set on its slot):
+    /// its queued deliveries wait for it to be loaded again.
+    fn evict_needed(&mut self, key: u64) {
+        let need = self.policy.refcount(key).unwrap_or(0);
+        self.policy.remove(key);
+        let Some(e) = self.evict(key) else { return };
+        debug_assert_eq!(e.pushed, 0, "a pushed slot is never evicted");
+        self.stats.evictions_needed.fetch_add(1, Relaxed);
+        self.pending.insert(
+            key,
+            Pending {
+                refs: e.queued,
+                need,
+                reload: true,
+            },
+        );
+        self.pending_order.push_back(key);
+        // Rings whose ready prefix held the key must look again.
+        for job in self.jobs.values_mut() {
+            for rr in &mut job.rings {
+                rr.ready = 0;
+                rr.ready_items = 0;
+            }
+        }
+    }
+
+    /// When each queued key is needed, as a [`Need`]: the whole units ahead of it in its ring
+    /// (pushed but not taken, then queued) divided by its job's reading rate per rank, the
+    /// soonest over rings. Unmeasured jobs count as fast; paused ones as needing it last.
+    /// Every element of a unit has the same need, and needs are totally ordered by (time,
+    /// job), so that room always goes to one unit first: two units each half cached would
+    /// otherwise wait for each other.
+    fn need_times(&self) -> HashMap<u64, Need> {
+        let fastest = self
+            .jobs
+            .values()
+            .filter_map(|j| j.rate)
+            .fold(1.0f64, f64::max);
+        let mut times: HashMap<u64, Need> = HashMap::new();
+        for (&id, job) in &self.jobs {
+            let rate = job.rate.unwrap_or(fastest).max(MIN_RATE) / job.rings.len() as f64;
+            let batch = u64::from(job.batch.max(1));
+            for rr in &job.rings {
+                let ahead = rr.ring.pushed() - rr.ring.consumer_position().min(rr.ring.pushed());
+                for (i, entry) in rr.queue.iter().enumerate() {
+                    if let Entry::Item { key, .. } = *entry {
+                        let unit = (ahead + i as u64) / batch;
+                        let need = Need {
+                            time: (unit * batch) as f64 / rate,
+                            job: id,
+                        };
+                        times
+                            .entry(key)
+                            .and_modify(|cur| {
+                                if need.cmp(cur).is_lt() {
+                                    *cur = need;
+                                }
+                            })
+                            .or_insert(need);
+                    }
+                }
+            }
+        }
+        times
+    }
+
+    /// Stores the payloads that wait for room, soonest needed first. Room comes from the
+    /// policy's victims (keys nobody holds), then, when memory is short, from keys that
+    /// are only queued and needed later than the payload. What still finds no room waits.
+    pub(super) fn drain_waiting(&mut self) {
+        if self.waiting.is_empty() || !self.room_changed {
+            return;
+        }
+        self.room_changed = false;
+        let mut times: Option<HashMap<u64, Need>> = None;
+        let mut keys: Vec<u64> = self.waiting.keys().copied().collect();
+        if keys.len() > 1 {
+            let t = times.insert(self.need_times());
+            keys.sort_by(|a, b| need_of(t, *a).cmp(&need_of(t, *b)).then(a.cmp(b)));
+        }
+        for key in keys {
+            let Some(w) = self.waiting.remove(&key) else {
+                continue;
+            };
+            if let Some(w) = self.store(key, w, &mut times) {
+                self.waiting.insert(key, w);
+            }
+        }
+        self.update_gauges();
+    }
+
+    /// Stores one payload, making room as the rules allow; gives it back if it must wait.
+    fn store(
+        &mut self,
+        key: u64,
+        w: Waiting,
+        times: &mut Option<HashMap<u64, Need>>,
+    ) -> Option<Waiting> {
+        loop {
+            let writer = self.writer.as_ref()?;
+            let meta = SlotMeta {
+                element_id: w.element,
+                label: w.label,
+                format: w.prepared.format,
+            };
+            match writer.write_slot(meta, &w.prepared.bytes) {
+                Ok(slot) => {
+                    let l = self.loading.remove(&key).unwrap_or_default();
+                    self.slots.insert(
+                        key,
+                        SlotEntry {
+                            slot,
+                            queued: l.refs,
+                            pushed: 0,
+                        },
+                    );
+                    self.by_slot.insert(slot.slot, (slot, key));
+                    self.policy.insert(key, l.need, None);
+                    if l.refs > 0 {
+                        self.policy.pin(key);
+                    }
+                    return None;
+                }
+                Err(dataplane::Error::Full { .. } | dataplane::Error::NoFreeSlot { .. }) => {
+                    if let Some((victim, refcount)) = self.policy.victim_with_refcount() {
+                        let reason = if refcount == 0 {
+                            &self.stats.evictions_unneeded
+                        } else {
+                            &self.stats.evictions_needed
+                        };
+                        reason.fetch_add(1, Relaxed);
+                        self.evict(victim);
+                        continue;
+                    }
+                    if self.slots.is_empty() {
+                        // Nothing cached and still no room: the element cannot fit at all.
+                        self.fail(key, element_error::TOO_LARGE);
+                        return None;
+                    }
+                    if self.loading.get(&key).is_none_or(|l| l.refs == 0) {
+                        // No ring needs it any more (its jobs closed): not worth a needed
+                        // element's place.
+                        self.loading.remove(&key);
+                        return None;
+                    }
+                    let t = times.get_or_insert_with(|| self.need_times());
+                    let mine = need_of(t, key);
+                    let victim = self
+                        .slots
+                        .iter()
+                        .filter(|(_, e)| e.pushed == 0 && e.queued > 0)
+                        .map(|(&k, _)| (k, need_of(t, k)))
+                        .filter(|(_, tk)| tk.cmp(&mine).is_gt())
+                        .max_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+                    match victim {
+                        Some((v, _)) => self.evict_needed(v),
+                        // Everything cached is held by rings or needed sooner: wait for
+                        // acknowledgements.
+                        None => return Some(w),
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, element = w.element, "cannot store a prepared element");
+                    self.fail(key, element_error::INTERNAL);
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// When a key is needed: ordered by time, then by job (see [`CacheActor::need_times`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Need {
+    time: f64,
+    job: JobId,
+}
+
+impl Need {
+    const NEVER: Need = Need {
+        time: f64::INFINITY,
+        job: JobId::MAX,
+    };
+
+    fn cmp(&self, other: &Need) -> std::cmp::Ordering {
+        self.time
+            .total_cmp(&other.time)
+            .then(self.job.cmp(&other.job))
+    }
+}
+
+/// A key's need; a key no ring has queued is needed never.
+fn need_of(times: &HashMap<u64, Need>, key: u64) -> Need {
+    times.get(&key).copied().unwrap_or(Need::NEVER)
+}
