@@ -147,27 +147,24 @@ impl TestServer {
         extra: &[&str],
     ) -> TestServer {
         let mut cmd = Command::new(joader_bin());
-        cmd.args([
-            "serve",
-            "--bind",
-            "127.0.0.1:0",
-            "--instance",
-            instance,
-            "--cache-bytes",
-            "256MiB", // a size as users write it (parsed by bytesize)
-            "--cache-slots",
-            "4096",
-        ])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .arg("--allowed-root")
-        .arg(root)
-        .args(extra)
-        .env("JOADER_LOG", "info")
-        // A stopped test server gives running jobs 5 s, not 30 (a flag overrides it).
-        .env("JOADER_DRAIN_GRACE_S", "5")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        cmd.args(["serve", "--bind", "127.0.0.1:0", "--instance", instance]);
+        // Defaults a test may override through `extra`.
+        if !extra.contains(&"--cache-bytes") {
+            cmd.args(["--cache-bytes", "256MiB"]); // a size as users write it (bytesize)
+        }
+        if !extra.contains(&"--cache-slots") {
+            cmd.args(["--cache-slots", "4096"]);
+        }
+        cmd.arg("--data-dir")
+            .arg(data_dir)
+            .arg("--allowed-root")
+            .arg(root)
+            .args(extra)
+            .env("JOADER_LOG", "info")
+            // A stopped test server gives running jobs 5 s, not 30 (a flag overrides it).
+            .env("JOADER_DRAIN_GRACE_S", "5")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn joader serve");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));

@@ -3,6 +3,7 @@
 mod bench;
 mod bounded;
 mod common;
+mod flow;
 mod observability;
 mod server;
 mod simulate;

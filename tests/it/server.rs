@@ -12,11 +12,11 @@ use crate::common::{
     DEADLINE, TempDir, TestServer, consumer, finish, shm_objects, unique_instance, wait_for,
 };
 
-const CLASSES: u32 = 4;
-const PER_CLASS: u32 = 12;
+pub(crate) const CLASSES: u32 = 4;
+pub(crate) const PER_CLASS: u32 = 12;
 
 /// A small ImageFolder dataset shared by the tests (generated once per test process).
-fn dataset() -> &'static Path {
+pub(crate) fn dataset() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("joader-it-data-{}", std::process::id()));
@@ -54,12 +54,12 @@ fn files(root: &Path) -> Vec<(PathBuf, i64)> {
     out
 }
 
-struct Env {
-    server: TestServer,
+pub(crate) struct Env {
+    pub(crate) server: TestServer,
     _state: TempDir,
 }
 
-fn start(tag: &str, root: &Path) -> Env {
+pub(crate) fn start(tag: &str, root: &Path) -> Env {
     let state = TempDir::new(tag);
     let server = TestServer::start(&unique_instance(tag), &state.0, root, &[]);
     Env {
@@ -68,7 +68,7 @@ fn start(tag: &str, root: &Path) -> Env {
     }
 }
 
-fn create_folder_dataset(env: &Env, name: &str, root: &Path) -> Value {
+pub(crate) fn create_folder_dataset(env: &Env, name: &str, root: &Path) -> Value {
     let c = env.server.client();
     c.ok(
         "POST",
@@ -79,7 +79,7 @@ fn create_folder_dataset(env: &Env, name: &str, root: &Path) -> Value {
     c.wait_ready(name, DEADLINE).unwrap()
 }
 
-fn epoch_ids(summary: &Value, epoch: usize) -> Vec<u32> {
+pub(crate) fn epoch_ids(summary: &Value, epoch: usize) -> Vec<u32> {
     summary["epochs"][epoch]
         .as_array()
         .unwrap()

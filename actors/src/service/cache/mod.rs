@@ -271,8 +271,9 @@ impl CacheActor {
             e.pushed = e.pushed.saturating_sub(1);
             if e.uses() == 0 {
                 self.policy.unpin(key);
-                self.room_changed = true;
             }
+            // Unpinned, or now only queued (evictable for a sooner need): either may make room.
+            self.room_changed = true;
         }
     }
 
@@ -368,7 +369,8 @@ impl CacheActor {
             if alive {
                 job.stats.set_state(JobState::Running);
             }
-            measure_rate(job, now);
+            // New rates reorder the needs: waiting payloads may now find room.
+            self.room_changed |= measure_rate(job, now);
             // Credit only once every rank reads: an unattached job must not pin the cache.
             // (The registry adds the job to its Sampler before it answers the client, so the
             // Sampler knows the job before any client can attach.)
@@ -661,12 +663,12 @@ impl CacheActor {
 
 /// Updates a job's reading-rate estimate: records taken per second, measured only over
 /// intervals in which the client had something to take (a starved client is not slow, a
-/// paused one is).
-fn measure_rate(job: &mut CacheJob, now: Instant) {
+/// paused one is). Returns whether it measured.
+fn measure_rate(job: &mut CacheJob, now: Instant) -> bool {
     let (at, before) = job.rate_mark;
     let elapsed = now.duration_since(at);
     if elapsed < RATE_INTERVAL {
-        return;
+        return false;
     }
     let taken: u64 = job.rings.iter().map(|rr| rr.ring.consumer_position()).sum();
     let waiting: u64 = job
@@ -683,6 +685,7 @@ fn measure_rate(job: &mut CacheJob, now: Instant) {
         });
     }
     job.rate_mark = (now, taken);
+    true
 }
 
 impl Actor for CacheActor {

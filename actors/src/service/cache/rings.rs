@@ -39,8 +39,13 @@ impl CacheActor {
                 ))
     }
 
-    /// Pushes every complete unit each ring has room for, in order.
+    /// Pushes every complete unit each ring has room for, in order, keeping at most one batch
+    /// ahead of its client (pushed, not taken), and none while memory is short (payloads wait
+    /// for room) until the client has taken what was pushed. What a stopped reader pins is
+    /// then the batch it holds plus at most one, never its whole ring; the rest of what it
+    /// was sampled stays evictable for the readers that read.
     pub(super) fn pump(&mut self) {
+        let short = !self.waiting.is_empty();
         let mut broken: Vec<(JobId, String)> = Vec::new();
         let job_ids: Vec<JobId> = self.jobs.keys().copied().collect();
         for id in job_ids {
@@ -49,7 +54,10 @@ impl CacheActor {
             };
             let batch = job.batch as usize;
             'rings: for rr in &mut job.rings {
-                while self.ready_unit(rr, batch) && rr.ring.free_credit() as usize >= rr.ready {
+                while self.ready_unit(rr, batch)
+                    && rr.ring.free_credit() as usize >= rr.ready
+                    && (untaken(rr) == 0 || (!short && untaken(rr) < batch as u64))
+                {
                     for _ in 0..rr.ready {
                         let Some(front) = rr.queue.pop_front() else {
                             break;
@@ -89,7 +97,7 @@ impl CacheActor {
                 if let Some(e) = self.slots.get_mut(&key) {
                     rr.ring
                         .push_data(e.slot, u64::from(epoch), u64::from(position))?;
-                    e.queued -= 1;
+                    e.queued = e.queued.saturating_sub(1);
                     e.pushed += 1;
                     stats.delivered.fetch_add(1, Relaxed);
                     rr.shadow.push_back(true);
@@ -118,4 +126,10 @@ impl CacheActor {
         }
         Ok(())
     }
+}
+
+/// Records pushed into the ring that its client has not taken yet.
+fn untaken(rr: &RankRing) -> u64 {
+    let pushed = rr.ring.pushed();
+    pushed - rr.ring.consumer_position().min(pushed)
 }
