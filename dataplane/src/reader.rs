@@ -590,6 +590,9 @@ impl RawReader {
             if deadline.is_some_and(|d| now >= d) {
                 break Ok(());
             }
+            // Before blocking, say how far we have read: the server fills a ring at most one
+            // batch ahead of its client and must see that this one waits for more.
+            self.publish_head();
             let slice_end = now + LIVENESS_SLICE;
             let until = deadline.map_or(slice_end, |d| d.min(slice_end));
             self.wait_tail(until);
@@ -603,11 +606,7 @@ impl RawReader {
         if out.end_of_stream {
             self.cur.end_of_stream = true;
         }
-        // Informational: lets the server see how far the client has read.
-        self.maps
-            .ring_ctl
-            .atomic_u64(self.ctl(ring::HEAD))
-            .store(self.cur.head, Ordering::Release);
+        self.publish_head();
         if out.end > out.start {
             self.cur.outstanding.insert(out.start, out.end);
         }
@@ -616,6 +615,15 @@ impl RawReader {
             Err(e) if out.end == out.start => Err(e),
             _ => Ok(out),
         }
+    }
+
+    /// Lets the server see how far the client has read (it paces pushes by it; nothing of
+    /// the protocol's safety depends on it: acknowledgements free records and slots).
+    fn publish_head(&self) {
+        self.maps
+            .ring_ctl
+            .atomic_u64(self.ctl(ring::HEAD))
+            .store(self.cur.head, Ordering::Release);
     }
 
     /// Releases the batch that started at record `start`. Acknowledgements

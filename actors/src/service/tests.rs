@@ -315,7 +315,7 @@ async fn closing_a_job_unpins_its_slots_and_stops_its_sampling() {
     let t = std::thread::spawn(move || {
         let reader = Reader::open(&inst, &ring).unwrap();
         let batch = reader
-            .next_batch(16, Some(Duration::from_secs(60)))
+            .next_batch(BATCH as usize, Some(Duration::from_secs(60)))
             .unwrap();
         *h2.lock().unwrap() = Some(batch.len() as u32);
         std::mem::forget(batch);
