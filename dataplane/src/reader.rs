@@ -636,12 +636,6 @@ impl RawReader {
             .bytes(item.offset as usize, item.len as usize)
     }
 
-    /// Address of `item`'s payload in this process, for building foreign
-    /// views (NumPy) that keep a [`DataKeepAlive`] alongside.
-    pub fn address(&self, item: &ItemMeta) -> usize {
-        self.bytes(item).as_ptr() as usize
-    }
-
     /// A handle that keeps the data mapping alive (not the ring) after this
     /// reader is dropped, so that foreign views never point to unmapped memory.
     pub fn keep_alive(&self) -> DataKeepAlive {
