@@ -93,7 +93,9 @@ fn out_array<'py, T: Element>(
     if !arr.is_c_contiguous() {
         return Err(bad("the array must be C-contiguous".into()));
     }
-    let typed = arr.cast::<PyArrayDyn<T>>().map_err(|e| bad(e.to_string()))?;
+    let typed = arr
+        .cast::<PyArrayDyn<T>>()
+        .map_err(|e| bad(e.to_string()))?;
     // Fails when the array is read-only, or already borrowed by Rust code
     // (e.g. the images and the labels are the same array).
     typed
@@ -295,9 +297,9 @@ impl RingReader {
         py.detach(|| {
             let items: Vec<_> = batch.items.iter().map(|m| (*m, raw.bytes(m))).collect();
             match &aug {
-                Some(a) => dataplane::collate::collate_augmented_into(
-                    &items, a, seed, images, labels,
-                ),
+                Some(a) => {
+                    dataplane::collate::collate_augmented_into(&items, a, seed, images, labels)
+                }
                 None => dataplane::collate::collate_into(&items, images, labels),
             }
         })
