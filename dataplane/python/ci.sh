@@ -37,8 +37,10 @@ export JOADER_FIXTURE="$CARGO_TARGET_DIR/debug/dataplane-fixture"
 
 # Reinstall only when the sources changed since the last install.
 stamp="$CARGO_TARGET_DIR/joader-python.stamp"
-sum="$(cd "$root" && find dataplane/src dataplane/Cargo.toml dataplane/python/src dataplane/python/joader \
-  dataplane/python/Cargo.toml dataplane/python/pyproject.toml -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum)"
+# (The extension is a workspace member: the root manifest and lock file count too.)
+sum="$(cd "$root" && find Cargo.toml Cargo.lock dataplane/src dataplane/Cargo.toml dataplane/python/src \
+  dataplane/python/joader dataplane/python/Cargo.toml dataplane/python/pyproject.toml -type f -print0 \
+  | sort -z | xargs -0 sha256sum | sha256sum)"
 if ! "$py" -c "import joader._native" 2>/dev/null || [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
   "$py" -m pip install -q --no-build-isolation --force-reinstall --no-deps "$here"
   echo "$sum" > "$stamp"

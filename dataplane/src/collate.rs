@@ -94,21 +94,11 @@ pub fn collate(items: &[(ItemMeta, &[u8])]) -> Result<Collated> {
     })
 }
 
-/// Applies `aug` to every item (randomness from `seed`, the item's epoch and
-/// position) and writes `(B, aug.height, aug.width, C)` into `images`.
-/// Items may have different source sizes but must have the same channels.
-pub fn collate_augmented_into(
-    items: &[(ItemMeta, &[u8])],
-    aug: &RandomResizedCrop,
-    seed: u64,
-    images: &mut [u8],
-    labels: &mut [i64],
-) -> Result<[usize; 4]> {
-    if items.is_empty() {
-        return Ok([0, aug.height as usize, aug.width as usize, 0]);
-    }
+/// Shape `[B, aug.height, aug.width, C]` of the augmented batch; the items
+/// must be HWC u8 images (of any size) with the same channels.
+pub fn augmented_shape(items: &[ItemMeta], aug: &RandomResizedCrop) -> Result<[usize; 4]> {
     let mut channels = None;
-    for (m, _) in items {
+    for m in items {
         let Format::HwcU8 { channels: c, .. } = m.format else {
             return Err(Error::Collate(format!(
                 "element {} is raw bytes; only HWC u8 images can be augmented",
@@ -119,12 +109,29 @@ pub fn collate_augmented_into(
             return Err(Error::Collate("items have different channel counts".into()));
         }
     }
-    let shape = [
+    Ok([
         items.len(),
         aug.height as usize,
         aug.width as usize,
         channels.unwrap_or(0) as usize,
-    ];
+    ])
+}
+
+/// Applies `aug` to every item (randomness from `seed`, the item's epoch and
+/// position) and writes `(B, aug.height, aug.width, C)` into `images`.
+/// Items may have different source sizes but must have the same channels.
+pub fn collate_augmented_into(
+    items: &[(ItemMeta, &[u8])],
+    aug: &RandomResizedCrop,
+    seed: u64,
+    images: &mut [u8],
+    labels: &mut [i64],
+) -> Result<[usize; 4]> {
+    let metas: Vec<ItemMeta> = items.iter().map(|i| i.0).collect();
+    let shape = augmented_shape(&metas, aug)?;
+    if items.is_empty() {
+        return Ok(shape);
+    }
     let per = check_out(shape, images, labels)?;
     aug.validate()?;
     let threads = std::thread::available_parallelism()

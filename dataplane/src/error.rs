@@ -93,6 +93,21 @@ pub enum Error {
         /// Version this library implements.
         expected: u32,
     },
+    /// The segment's mappings need a finer page size than this machine's.
+    #[error(
+        "segment {name:?} was created with {segment_page}-byte pages and aligns its mappings to {align} bytes, \
+         but this machine's pages are {local_page} bytes; run the client on a machine whose page size divides {align}"
+    )]
+    PageSize {
+        /// Segment name.
+        name: String,
+        /// Page size of the process that created the segment.
+        segment_page: u64,
+        /// Alignment of the segment's separately mapped regions.
+        align: u64,
+        /// Page size of this process.
+        local_page: u64,
+    },
     /// Header fields are inconsistent or out of bounds.
     #[error("segment {name:?} is corrupt: {reason}")]
     Corrupt {
@@ -205,6 +220,7 @@ impl Error {
             Error::NotReady { .. } => "segment_not_ready",
             Error::BadMagic { .. } => "bad_magic",
             Error::VersionMismatch { .. } => "version_mismatch",
+            Error::PageSize { .. } => "page_size_mismatch",
             Error::Corrupt { .. } => "segment_corrupt",
             Error::Full { .. } => "arena_full",
             Error::NoFreeSlot { .. } => "no_free_slot",

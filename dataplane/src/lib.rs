@@ -27,6 +27,8 @@ pub mod collate;
 mod copy;
 mod error;
 mod futex;
+#[cfg(test)]
+mod fuzz;
 mod layout;
 pub mod names;
 mod reader;
@@ -36,7 +38,9 @@ mod shm;
 
 pub use alloc::ArenaStats;
 pub use error::{Error, Result};
-pub use layout::{DATA_MAGIC, Format, LAYOUT_VERSION, RING_MAGIC, RecordKind, element_error};
+pub use layout::{
+    DATA_MAGIC, Format, LAYOUT_VERSION, MAP_ALIGN, RING_MAGIC, RecordKind, element_error,
+};
 pub use reader::{
     Batch, DEFAULT_OPEN_TIMEOUT, DataKeepAlive, ElementError, EpochEnd, Item, ItemMeta,
     LIVENESS_SLICE, RawBatch, RawReader, Reader,

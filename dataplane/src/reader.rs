@@ -21,8 +21,8 @@ use crate::collate;
 use crate::error::{Error, Result};
 use crate::futex;
 use crate::layout::{
-    DATA_MAGIC, DataLayout, Format, LAYOUT_VERSION, RING_MAGIC, RecordKind, RingLayout,
-    consumer_state, hdr, rec, ring, seg_state, slot, slot_state,
+    DataLayout, Format, RecordKind, RingLayout, consumer_state, copy_header, hdr, page_size, rec,
+    ring, seg_state, slot, slot_state,
 };
 use crate::names;
 use crate::shm::{self, Mapping};
@@ -105,6 +105,7 @@ pub(crate) struct Maps {
     data_layout: DataLayout,
     data_fd: OwnedFd,
     ring_ro: Mapping,
+    /// The consumer page (offsets `ring::HEAD`, … from its start).
     ring_ctl: Mapping,
     _ring_fd: OwnedFd,
     ring_layout: RingLayout,
@@ -143,12 +144,12 @@ fn wait_until<T>(deadline: Instant, mut f: impl FnMut() -> Result<Option<T>>) ->
     }
 }
 
-/// Opens `name`, waits until it has `min_size` bytes and a non-zero version
-/// word, checks magic and version. Returns the fd, the mapping and the size.
+/// Opens `name` and waits until it is sized and its version word is
+/// non-zero; the caller validates the header. Returns the fd, the mapping
+/// and the size.
 fn open_ready(
     name: &str,
     writable: bool,
-    magic: u64,
     version_off: usize,
     deadline: Instant,
     started: Instant,
@@ -166,32 +167,17 @@ fn open_ready(
     // The creator sizes the object right after creating it.
     let size = wait_until(deadline, || {
         let s = shm::size_of(&fd, name)?;
-        Ok((s >= 4096).then_some(s))
+        Ok((s >= hdr::SIZE as u64).then_some(s))
     })?
     .ok_or_else(not_ready)?;
     let map = Mapping::map(&fd, name, 0, size as usize, false)?;
     // Acquire: pairs with the creator's Release store of the version, which
     // it writes after every other header field (I1).
-    let version = wait_until(deadline, || {
+    wait_until(deadline, || {
         let v = map.atomic_u32(version_off).load(Ordering::Acquire);
         Ok((v != 0).then_some(v))
     })?
     .ok_or_else(not_ready)?;
-    let found = map.read_u64(0);
-    if found != magic {
-        return Err(Error::BadMagic {
-            name: name.into(),
-            found,
-            expected: magic,
-        });
-    }
-    if version != LAYOUT_VERSION {
-        return Err(Error::VersionMismatch {
-            name: name.into(),
-            found: version,
-            expected: LAYOUT_VERSION,
-        });
-    }
     Ok((fd, map, size))
 }
 
@@ -204,28 +190,18 @@ impl RawReader {
         let started = Instant::now();
         let deadline = started + timeout;
         let data_name = names::data_segment(instance);
-        let (data_fd, data, data_size) = open_ready(
-            &data_name,
-            false,
-            DATA_MAGIC,
-            hdr::VERSION,
-            deadline,
-            started,
-        )?;
-        let data_layout = DataLayout::read_from(&data, &data_name, data_size)?;
+        let page = page_size();
+        let (data_fd, data, data_size) =
+            open_ready(&data_name, false, hdr::VERSION, deadline, started)?;
+        let data_layout = DataLayout::validate(&copy_header(&data), &data_name, data_size, page)?;
         let server_pid = data.read_u32(hdr::SERVER_PID);
         let boot_id = data.read_u64(hdr::BOOT_ID);
 
         let ring_name_full = names::ring_segment(instance, ring_name);
-        let (ring_fd, ring_ro, ring_size) = open_ready(
-            &ring_name_full,
-            true,
-            RING_MAGIC,
-            ring::VERSION,
-            deadline,
-            started,
-        )?;
-        let ring_layout = RingLayout::read_from(&ring_ro, &ring_name_full, ring_size)?;
+        let (ring_fd, ring_ro, ring_size) =
+            open_ready(&ring_name_full, true, ring::VERSION, deadline, started)?;
+        let ring_layout =
+            RingLayout::validate(&copy_header(&ring_ro), &ring_name_full, ring_size, page)?;
         let ring_boot = ring_ro.read_u64(ring::BOOT_ID);
         if ring_boot != boot_id {
             return Err(Error::Corrupt {
@@ -246,8 +222,8 @@ impl RawReader {
         let ring_ctl = Mapping::map(
             &ring_fd,
             &ring_name_full,
-            ring::CONSUMER_PAGE as u64,
-            4096,
+            ring_layout.consumer_offset,
+            ring_layout.consumer_len as usize,
             true,
         )?;
 
@@ -263,17 +239,15 @@ impl RawReader {
                 ring: ring_name.into(),
             });
         }
-        let ctl_state = ring_ctl.atomic_u32(ring::CONSUMER_STATE - ring::CONSUMER_PAGE);
+        let ctl_state = ring_ctl.atomic_u32(ring::CONSUMER_STATE);
         if ctl_state.load(Ordering::Acquire) != consumer_state::NEVER {
             return Err(Error::RingAbandoned {
                 ring: ring_name.into(),
             });
         }
-        let ack = ring_ctl
-            .atomic_u64(ring::ACK - ring::CONSUMER_PAGE)
-            .load(Ordering::Relaxed);
+        let ack = ring_ctl.atomic_u64(ring::ACK).load(Ordering::Relaxed);
         ring_ctl
-            .atomic_u32(ring::CONSUMER_PID - ring::CONSUMER_PAGE)
+            .atomic_u32(ring::CONSUMER_PID)
             .store(std::process::id(), Ordering::Relaxed);
         ctl_state.store(consumer_state::ATTACHED, Ordering::Release);
 
@@ -339,10 +313,6 @@ impl RawReader {
         self.maps.ring_layout.capacity
     }
 
-    fn ctl(&self, off: usize) -> usize {
-        off - ring::CONSUMER_PAGE
-    }
-
     /// Fails with `server_gone` when the server shut down, died or restarted.
     pub fn check_server(&self) -> Result<()> {
         let m = &self.maps;
@@ -402,10 +372,7 @@ impl RawReader {
         let ro = &self.maps.ring_ro;
         let ev = ro.atomic_u32(ring::TAIL_EVENT);
         let seen = ev.load(Ordering::Acquire);
-        let waiting = self
-            .maps
-            .ring_ctl
-            .atomic_u32(self.ctl(ring::CONSUMER_WAITING));
+        let waiting = self.maps.ring_ctl.atomic_u32(ring::CONSUMER_WAITING);
         waiting.store(1, Ordering::Relaxed);
         // Pairs with the fence in RingWriter::publish (no lost wake-up).
         fence(Ordering::SeqCst);
@@ -622,7 +589,7 @@ impl RawReader {
     fn publish_head(&self) {
         self.maps
             .ring_ctl
-            .atomic_u64(self.ctl(ring::HEAD))
+            .atomic_u64(ring::HEAD)
             .store(self.cur.head, Ordering::Release);
     }
 
@@ -645,9 +612,8 @@ impl RawReader {
             let ctl = &self.maps.ring_ctl;
             // Release: our reads of those records and payloads happen before
             // the server's Acquire load of ACK lets it reuse them (I4).
-            ctl.atomic_u64(self.ctl(ring::ACK))
-                .store(new_ack, Ordering::Release);
-            ctl.atomic_u32(self.ctl(ring::ACK_EVENT))
+            ctl.atomic_u64(ring::ACK).store(new_ack, Ordering::Release);
+            ctl.atomic_u32(ring::ACK_EVENT)
                 .fetch_add(1, Ordering::Release);
             // Pairs with the fence in RingWriter::wait_for_acks.
             fence(Ordering::SeqCst);
@@ -658,7 +624,7 @@ impl RawReader {
                 .load(Ordering::Relaxed)
                 != 0
             {
-                futex::wake_all(ctl.atomic_u32(self.ctl(ring::ACK_EVENT)));
+                futex::wake_all(ctl.atomic_u32(ring::ACK_EVENT));
             }
         }
     }
@@ -678,12 +644,6 @@ impl RawReader {
             .bytes(item.offset as usize, item.len as usize)
     }
 
-    /// Address of `item`'s payload in this process, for building foreign
-    /// views (NumPy) that keep a [`DataKeepAlive`] alongside.
-    pub fn address(&self, item: &ItemMeta) -> usize {
-        self.bytes(item).as_ptr() as usize
-    }
-
     /// A handle that keeps the data mapping alive (not the ring) after this
     /// reader is dropped, so that foreign views never point to unmapped memory.
     pub fn keep_alive(&self) -> DataKeepAlive {
@@ -699,11 +659,11 @@ impl Drop for RawReader {
     fn drop(&mut self) {
         let ctl = &self.maps.ring_ctl;
         // Release: everything we did happens before the server sees us detached.
-        ctl.atomic_u32(self.ctl(ring::CONSUMER_STATE))
+        ctl.atomic_u32(ring::CONSUMER_STATE)
             .store(consumer_state::DETACHED, Ordering::Release);
-        ctl.atomic_u32(self.ctl(ring::ACK_EVENT))
+        ctl.atomic_u32(ring::ACK_EVENT)
             .fetch_add(1, Ordering::Release);
-        futex::wake_all(ctl.atomic_u32(self.ctl(ring::ACK_EVENT)));
+        futex::wake_all(ctl.atomic_u32(ring::ACK_EVENT));
         // Closing the ring fd releases our flock.
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::futex;
 use crate::layout::{
-    LAYOUT_VERSION, RING_MAGIC, RecordKind, RingLayout, consumer_state, rec, ring,
+    LAYOUT_VERSION, RING_MAGIC, RecordKind, RingLayout, consumer_state, page_size, rec, ring,
 };
 use crate::names;
 use crate::segment::{Shared, SlotRef};
@@ -57,7 +57,7 @@ pub struct RingWriter {
 impl RingWriter {
     pub(crate) fn create(shared: Arc<Shared>, name: &str, capacity: u32) -> Result<RingWriter> {
         names::validate_ring(name)?;
-        let layout = RingLayout::compute(capacity)?;
+        let layout = RingLayout::compute(capacity, page_size())?;
         if shared.is_shut_down() {
             return Err(Error::ServerGone {
                 reason: "the writer was dropped".into(),
@@ -86,10 +86,11 @@ impl RingWriter {
         map.write_u32(ring::RECORD_SIZE, rec::SIZE as u32);
         map.write_u32(ring::CAPACITY, layout.capacity);
         map.write_u32(ring::READER_INDEX, reader);
-        map.write_u64(ring::RECORDS_OFFSET, ring::RECORDS as u64);
+        map.write_u64(ring::RECORDS_OFFSET, layout.records_offset);
         map.write_u64(ring::TOTAL_SIZE, layout.total_size);
         map.write_u32(ring::SERVER_PID, std::process::id());
         map.write_u64(ring::BOOT_ID, shared.boot_id);
+        map.write_u32(ring::PAGE_SIZE, layout.page_size);
         // Release: publishes the header fields above to openers (Acquire on VERSION).
         map.atomic_u32(ring::VERSION)
             .store(LAYOUT_VERSION, Ordering::Release);
@@ -152,7 +153,7 @@ impl RingWriter {
     /// Records the client has taken (not necessarily acknowledged), as reported by it.
     pub fn consumer_position(&self) -> u64 {
         self.map
-            .atomic_u64(ring::HEAD)
+            .atomic_u64(self.layout.ctl(ring::HEAD))
             .load(Ordering::Relaxed)
             .min(self.tail)
     }
@@ -161,7 +162,10 @@ impl RingWriter {
         // Acquire: pairs with the client's Release store of ACK, so the
         // client's reads of those records and payloads happen before we
         // overwrite the records (and, via poll_acks, before slots are freed).
-        let a = self.map.atomic_u64(ring::ACK).load(Ordering::Acquire);
+        let a = self
+            .map
+            .atomic_u64(self.layout.ctl(ring::ACK))
+            .load(Ordering::Acquire);
         if a < self.acked || a > self.tail {
             self.acked
         } else {
@@ -233,7 +237,7 @@ impl RingWriter {
         fence(Ordering::SeqCst);
         if self
             .map
-            .atomic_u32(ring::CONSUMER_WAITING)
+            .atomic_u32(self.layout.ctl(ring::CONSUMER_WAITING))
             .load(Ordering::Relaxed)
             != 0
         {
@@ -320,7 +324,10 @@ impl RingWriter {
     /// should then [`reclaim_reader`](Self::reclaim_reader) and drop the ring.
     pub fn poll_acks(&mut self) -> Result<Vec<SlotRef>> {
         // Acquire: see visible_ack.
-        let ack = self.map.atomic_u64(ring::ACK).load(Ordering::Acquire);
+        let ack = self
+            .map
+            .atomic_u64(self.layout.ctl(ring::ACK))
+            .load(Ordering::Acquire);
         if ack < self.acked || ack > self.tail {
             return Err(Error::Protocol(format!(
                 "ring {:?}: client acknowledged up to {ack}, but {} were acknowledged and {} pushed",
@@ -357,7 +364,7 @@ impl RingWriter {
                 let _ = shm::unflock(&self.fd);
                 match self
                     .map
-                    .atomic_u32(ring::CONSUMER_STATE)
+                    .atomic_u32(self.layout.ctl(ring::CONSUMER_STATE))
                     .load(Ordering::Acquire)
                 {
                     consumer_state::NEVER => ReaderStatus::NotAttached,
@@ -418,7 +425,7 @@ impl RingWriter {
     /// Sleeps until the client acknowledges something new (or detaches), at
     /// most `timeout`. Returns whether acknowledgements are pending.
     pub fn wait_for_acks(&self, timeout: Duration) -> bool {
-        let ev = self.map.atomic_u32(ring::ACK_EVENT);
+        let ev = self.map.atomic_u32(self.layout.ctl(ring::ACK_EVENT));
         let seen = ev.load(Ordering::Acquire);
         let waiting = self.map.atomic_u32(ring::PRODUCER_WAITING);
         waiting.store(1, Ordering::Relaxed);

@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::alloc::{Arena, ArenaStats};
 use crate::error::{Error, Result};
 use crate::layout::{
-    DATA_MAGIC, DataLayout, Format, LAYOUT_VERSION, hdr, seg_state, slot, slot_state,
+    DATA_MAGIC, DataLayout, Format, LAYOUT_VERSION, hdr, page_size, seg_state, slot, slot_state,
 };
 use crate::names;
 use crate::ring::RingWriter;
@@ -22,7 +22,7 @@ pub struct SegmentConfig {
     pub instance: String,
     /// Number of slots in the slot table (maximum number of cached elements).
     pub slots: u32,
-    /// Arena size in bytes (rounded up to 4 KiB).
+    /// Arena size in bytes (rounded up to 64 KiB, see [`crate::MAP_ALIGN`]).
     pub arena_bytes: u64,
     /// Read-bit words per slot; the segment supports `64 × read_words` readers. Default 2 (128 readers).
     pub read_words: u32,
@@ -260,7 +260,7 @@ impl Writer {
     /// exclusively with mode 0600 and publishes its header, layout version last.
     pub fn create(cfg: &SegmentConfig) -> Result<Writer> {
         names::validate_instance(&cfg.instance)?;
-        let layout = DataLayout::compute(cfg.slots, cfg.read_words, cfg.arena_bytes)?;
+        let layout = DataLayout::compute(cfg.slots, cfg.read_words, cfg.arena_bytes, page_size())?;
         let lock = InstanceLock::acquire(&cfg.instance)?;
         let stale_removed = remove_stale_objects(&cfg.instance, &lock.name);
         let name = names::data_segment(&cfg.instance);

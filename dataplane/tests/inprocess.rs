@@ -276,7 +276,8 @@ fn bogus_acknowledgement_is_a_protocol_violation() {
         .write(true)
         .open(format!("/dev/shm/{}", ring.segment_name()))
         .unwrap();
-    f.write_all_at(&1000u64.to_le_bytes(), 4096 + 8).unwrap();
+    // The consumer page is at 64 KiB; `ack` is its second word (DESIGN.md).
+    f.write_all_at(&1000u64.to_le_bytes(), 65536 + 8).unwrap();
     assert_eq!(ring.poll_acks().unwrap_err().code(), "protocol_violation");
     // The slot stays pinned and the credit is not inflated.
     assert!(w.is_pinned(s));
@@ -304,7 +305,7 @@ fn open_waits_for_the_version_word_and_checks_it() {
             e,
             Error::VersionMismatch {
                 found: 99,
-                expected: 1,
+                expected: dataplane::LAYOUT_VERSION,
                 ..
             }
         ),
@@ -312,13 +313,45 @@ fn open_waits_for_the_version_word_and_checks_it() {
     );
     // Wrong magic.
     f.write_all_at(b"NOTJOADR", 0).unwrap();
-    f.write_all_at(&1u32.to_le_bytes(), 8).unwrap();
+    f.write_all_at(&dataplane::LAYOUT_VERSION.to_le_bytes(), 8)
+        .unwrap();
     let e = Reader::open_with_timeout(&inst, "r", Duration::from_millis(200)).unwrap_err();
     assert_eq!(e.code(), "bad_magic", "{e}");
     std::fs::remove_file(&path).unwrap();
     // Missing altogether.
     let e = Reader::open_with_timeout(&inst, "r", Duration::from_millis(100)).unwrap_err();
     assert_eq!(e.code(), "segment_not_found", "{e}");
+}
+
+/// A server of another layout version (its version word says so) is refused
+/// at attach, for the data segment and for the ring, with both versions named;
+/// with the right word back the same objects open.
+#[test]
+fn another_layout_version_is_refused_at_attach_naming_both_versions() {
+    let w = writer("ver", 4, 1 << 16);
+    let _ring = w.create_ring("r", 8).unwrap();
+    let ours = dataplane::LAYOUT_VERSION;
+    let open = |name: &str| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/dev/shm/{name}"))
+            .unwrap()
+    };
+    let data = open(w.segment_name());
+    let ring = open(_ring.segment_name());
+    for (file, other) in [(&data, ours - 1), (&ring, ours + 1)] {
+        file.write_all_at(&other.to_le_bytes(), 8).unwrap();
+        let e = Reader::open(w.instance(), "r").unwrap_err();
+        assert_eq!(e.code(), "version_mismatch", "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("layout version {other}"))
+                && msg.contains(&format!("reads version {ours}")),
+            "{msg}"
+        );
+        file.write_all_at(&ours.to_le_bytes(), 8).unwrap();
+    }
+    Reader::open(w.instance(), "r").unwrap();
 }
 
 #[test]
@@ -410,7 +443,8 @@ fn allocation_failures_are_errors() {
     let a = w
         .write_slot(image_meta(1, 10, 10), &pattern(1, 300))
         .unwrap();
-    let e = w.write_slot(raw(2), &[0u8; 4000]).unwrap_err();
+    // The arena is rounded up to 64 KiB, of which the image takes 320 bytes.
+    let e = w.write_slot(raw(2), &[0u8; 65536 - 256]).unwrap_err();
     assert_eq!(e.code(), "arena_full", "{e}");
     let _b = w.write_slot(raw(3), &[1u8; 10]).unwrap();
     let e = w.write_slot(raw(4), &[1u8; 10]).unwrap_err();

@@ -120,22 +120,6 @@ class RandomResizedCrop:
         return np.frombuffer(bytearray(out), dtype=np.uint8).reshape(self.height, self.width, c)
 
 
-class _View:
-    """Exposes shared memory to NumPy through ``__array_interface__`` and keeps
-    the mapping alive as the array's base."""
-
-    __slots__ = ("__array_interface__", "_keep")
-
-    def __init__(self, keep: Any, address: int, shape: Tuple[int, ...]) -> None:
-        self._keep = keep
-        self.__array_interface__ = {
-            "version": 3,
-            "shape": shape,
-            "typestr": "|u1",
-            "data": (address, True),
-        }
-
-
 class Batch:
     """A batch taken from a ring. Its views and its bytes are valid until the
     next ``next_batch()``, ``ack()`` or ``close()`` of its reader; after that,
@@ -166,12 +150,9 @@ class Batch:
     def views(self) -> List[np.ndarray]:
         """Zero-copy read-only views: ``(H, W, C)`` uint8 for images, 1-D uint8 for raw payloads."""
         self._check()
-        keep = self._reader._native.keepalive()
-        out = []
-        for addr, length, shape in zip(self._raw["addresses"], self._raw["lengths"], self._raw["shapes"]):
-            shp = tuple(shape) if shape is not None else (length,)
-            out.append(np.asarray(_View(keep, addr, shp)))
-        return out
+        if len(self) == 0:
+            return []  # an empty batch holds no records, so the reader keeps nothing of it
+        return self._reader._native.views(self.start)
 
     def shape(self, transform: Optional[RandomResizedCrop] = None) -> Tuple[int, int, int, int]:
         """Shape ``(B, H, W, C)`` that `collate` returns."""
@@ -192,43 +173,38 @@ class Batch:
         transform: Optional[RandomResizedCrop] = None,
         seed: int = 0,
     ) -> Tuple[np.ndarray, np.ndarray]:
-        """Copies the batch into a contiguous ``(B, H, W, C)`` uint8 array (``out``
-        if given: C-contiguous, writable, at least that large) and an int64 label
-        array, optionally applying ``transform`` with the job's ``seed``."""
+        """Copies the batch into a contiguous ``(B, H, W, C)`` uint8 array and an
+        int64 label array, optionally applying ``transform`` with the job's
+        ``seed``. ``out`` / ``labels_out``, if given, must be writeable
+        C-contiguous arrays of dtype uint8 / int64 with at least as many
+        elements (the result is a view of their start); anything else raises
+        ``ValueError``."""
         self._check()
         shape = self.shape(transform)
-        if out is None:
-            out = np.empty(shape, dtype=np.uint8)
-        else:
-            _check_out(out, np.uint8, int(np.prod(shape)))
-            out = out.reshape(-1)[: int(np.prod(shape))].reshape(shape)
-        if labels_out is None:
-            labels_out = np.empty((shape[0],), dtype=np.int64)
-        else:
-            _check_out(labels_out, np.int64, shape[0])
-            labels_out = labels_out.reshape(-1)[: shape[0]]
+        out = np.empty(shape, dtype=np.uint8) if out is None else _prefix(out, "out", shape)
+        labels_out = np.empty((shape[0],), np.int64) if labels_out is None else _prefix(labels_out, "labels_out", shape[:1])
         if shape[0] == 0:
             return out, labels_out
         aug = transform._native() if transform is not None else None
-        self._reader._native.collate_into(
-            self.start,
-            out.ctypes.data,
-            out.nbytes,
-            labels_out.ctypes.data,
-            labels_out.size,
-            aug,
-            seed,
-        )
+        # The native side checks dtype, shape, contiguity and writability again.
+        self._reader._native.collate_into(self.start, out, labels_out, aug, seed)
         return out, labels_out
 
 
-def _check_out(a: np.ndarray, dtype: Any, need: int) -> None:
-    if not isinstance(a, np.ndarray) or a.dtype != dtype:
-        raise TypeError(f"output must be a numpy array of dtype {np.dtype(dtype).name}")
-    if not a.flags.c_contiguous or not a.flags.writeable:
-        raise ValueError("output array must be C-contiguous and writeable")
+def _prefix(a: Any, name: str, shape: Tuple[int, ...]) -> np.ndarray:
+    """The first ``prod(shape)`` elements of ``a`` as an array of ``shape``, without
+    a copy. Only a C-contiguous array can be reshaped that way: anything else is
+    refused here rather than silently copied (the result would not reach ``a``)."""
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    need = int(np.prod(shape))
     if a.size < need:
-        raise ValueError(f"output array has {a.size} elements, need {need}")
+        raise ValueError(f"{name} has {a.size} elements, need {need} for shape {shape}")
+    if a.shape == shape:
+        return a
+    return a.reshape(-1)[:need].reshape(shape)
 
 
 class RingReader:

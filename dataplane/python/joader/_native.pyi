@@ -1,6 +1,9 @@
 """Type stubs of the native extension (Rust, PyO3)."""
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import numpy.typing as npt
 
 __version__: str
 LAYOUT_VERSION: int
@@ -17,13 +20,12 @@ class RingReader:
     def __init__(self, instance: str, ring: str, open_timeout: float = 5.0) -> None: ...
     def take(self, max_items: int, timeout: Optional[float] = None) -> Dict[str, Any]: ...
     def release(self, start: int) -> None: ...
+    def views(self, start: int) -> List[npt.NDArray[np.uint8]]: ...
     def collate_into(
         self,
         start: int,
-        images_addr: int,
-        images_len: int,
-        labels_addr: int,
-        labels_len: int,
+        images: npt.NDArray[np.uint8],
+        labels: npt.NDArray[np.int64],
         aug: Optional[Tuple[int, int, float, float, float, float, float]] = None,
         seed: int = 0,
     ) -> Tuple[int, int, int, int]: ...

@@ -15,7 +15,9 @@ from torch.utils.data import IterableDataset
 from . import Loader
 
 
-class JoaderDataset(IterableDataset):  # type: ignore[type-arg]
+# type-arg: IterableDataset is generic; misc: without torch installed (ci.sh when its
+# install timed out) the base class is Any.
+class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignore]
     """Yields ``(images, labels)`` tensors: ``(B, H, W, C)`` uint8 (or
     ``(B, C, H, W)`` with ``channels_first=True``, a view, no copy) and ``(B,)``
     int64, created with ``torch.from_numpy`` (no copy). Each iteration is one

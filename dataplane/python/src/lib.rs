@@ -1,17 +1,24 @@
 //! `joader._native`: the Rust half of the `joader` Python package.
 //!
 //! Thin bindings over `dataplane::RawReader`: waiting releases the GIL, and
-//! batches are described by plain Python values (addresses, lengths,
-//! shapes) from which the pure-Python layer builds NumPy views. Collation
-//! writes into a NumPy array the Python layer allocated and validated.
+//! batches are described by plain Python values (ids, labels, lengths,
+//! shapes). NumPy arrays cross the boundary through rust-numpy only: views of
+//! shared memory are made here (read-only, with the mapping as their base),
+//! and collation writes into arrays whose dtype, shape, contiguity and
+//! writability are checked here, so no raw address ever comes from Python.
 #![deny(unsafe_code)]
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use dataplane::augment::RandomResizedCrop;
-use dataplane::{DataKeepAlive, Format, RawBatch, RawReader};
-use pyo3::exceptions::PyException;
+use dataplane::{DataKeepAlive, Format, ItemMeta, RawBatch, RawReader};
+use numpy::ndarray::{ArrayView, IxDyn};
+use numpy::{
+    Element, PyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadwriteArrayDyn,
+    PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -48,6 +55,96 @@ impl RingReader {
     fn reader(&self) -> PyResult<&RawReader> {
         self.inner.as_ref().ok_or_else(closed)
     }
+
+    fn batch(&self, start: u64) -> PyResult<&RawBatch> {
+        self.batches.get(&start).ok_or_else(|| {
+            JoaderError::new_err(("batch_released", "the batch was already acknowledged"))
+        })
+    }
+}
+
+/// Borrows `a` for writing after checking that it is a NumPy array of
+/// element type `T`, of exactly `shape`, C-contiguous and writeable; any
+/// mismatch is a `ValueError` naming `what`, what was expected and what came.
+fn out_array<'py, T: Element>(
+    a: &Bound<'py, PyAny>,
+    what: &str,
+    shape: &[usize],
+) -> PyResult<PyReadwriteArrayDyn<'py, T>> {
+    let py = a.py();
+    let bad = |msg: String| PyValueError::new_err(format!("{what}: {msg}"));
+    let arr = a.cast::<PyUntypedArray>().map_err(|_| {
+        let ty = a
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".to_string(), |n| n.to_string());
+        bad(format!("expected a numpy.ndarray, got {ty}"))
+    })?;
+    let want = numpy::dtype::<T>(py);
+    if !arr.dtype().is_equiv_to(&want) {
+        return Err(bad(format!("expected dtype {want}, got {}", arr.dtype())));
+    }
+    if arr.shape() != shape {
+        return Err(bad(format!(
+            "expected shape {shape:?}, got {:?}",
+            arr.shape()
+        )));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(bad("the array must be C-contiguous".into()));
+    }
+    let typed = arr
+        .cast::<PyArrayDyn<T>>()
+        .map_err(|e| bad(e.to_string()))?;
+    // Fails when the array is read-only, or already borrowed by Rust code
+    // (e.g. the images and the labels are the same array).
+    typed
+        .try_readwrite()
+        .map_err(|e| bad(format!("the array must be writeable and not in use ({e})")))
+}
+
+/// Zero-copy read-only view of an item: `(H, W, C)` for images, `(len,)` for raw bytes.
+fn view<'py>(
+    py: Python<'py>,
+    raw: &RawReader,
+    keep: &Py<KeepAlive>,
+    item: &ItemMeta,
+) -> PyResult<Bound<'py, PyAny>> {
+    let bytes = raw.bytes(item);
+    let shape: Vec<usize> = match item.format {
+        Format::HwcU8 {
+            height,
+            width,
+            channels,
+        } => vec![height as usize, width as usize, channels as usize],
+        Format::Raw => vec![bytes.len()],
+    };
+    let nd = ArrayView::from_shape(IxDyn(&shape), bytes)
+        .map_err(|e| JoaderError::new_err(("collate", e.to_string())))?;
+    let arr = shared_view(&nd, keep.bind(py).clone().into_any());
+    // NumPy makes borrowed arrays writeable; the memory is mapped read-only
+    // and rewritten by the server once the batch is acknowledged.
+    let arr = arr
+        .try_readwrite()
+        .map_err(|e| JoaderError::new_err(("internal", e.to_string())))?
+        .make_nonwriteable();
+    Ok(arr.as_any().clone())
+}
+
+#[allow(unsafe_code)]
+fn shared_view<'py>(
+    nd: &ArrayView<'_, u8, IxDyn>,
+    keep: Bound<'py, PyAny>,
+) -> Bound<'py, PyArrayDyn<u8>> {
+    // SAFETY: `nd` borrows the read-only data mapping of a reader, and `keep`
+    // (a `KeepAlive`, holding an `Arc` of that mapping) becomes the array's
+    // base object, so the memory stays mapped as long as the array or any
+    // view of it exists, even after the reader is closed. The caller clears
+    // the array's WRITEABLE flag before any Python code can see it; what the
+    // server writes there later (after the batch is acknowledged) changes the
+    // bytes a stale view shows, which `Batch` documents, but never its memory
+    // safety.
+    unsafe { PyArray::borrow_from_array(nd, keep) }
 }
 
 type Aug = (u32, u32, f64, f64, f64, f64, f64);
@@ -104,7 +201,6 @@ impl RingReader {
         let labels: Vec<i64> = b.items.iter().map(|i| i.label).collect();
         let epochs: Vec<u64> = b.items.iter().map(|i| i.epoch).collect();
         let positions: Vec<u64> = b.items.iter().map(|i| i.position).collect();
-        let addresses: Vec<usize> = b.items.iter().map(|i| raw.address(i)).collect();
         let lengths: Vec<u64> = b.items.iter().map(|i| i.len).collect();
         let shapes = PyList::empty(py);
         for i in &b.items {
@@ -121,7 +217,6 @@ impl RingReader {
         d.set_item("labels", labels)?;
         d.set_item("epochs", epochs)?;
         d.set_item("positions", positions)?;
-        d.set_item("addresses", addresses)?;
         d.set_item("lengths", lengths)?;
         d.set_item("shapes", shapes)?;
         let errors: Vec<(u32, u32, &str, u64, u64)> = b
@@ -155,42 +250,60 @@ impl RingReader {
         Ok(())
     }
 
-    /// Copies (and optionally augments) the batch at `start` into the memory
-    /// at `images_addr` / `labels_addr`, which the caller guarantees to be
-    /// live, writable, C-contiguous buffers of the given byte/element lengths.
-    #[pyo3(signature = (start, images_addr, images_len, labels_addr, labels_len, aug = None, seed = 0))]
-    #[allow(clippy::too_many_arguments)]
+    /// Zero-copy read-only views of the batch at `start`'s items (see `joader.Batch.views`).
+    fn views<'py>(&self, py: Python<'py>, start: u64) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let raw = self.reader()?;
+        let keep = self.keep.as_ref().ok_or_else(closed)?;
+        self.batch(start)?
+            .items
+            .iter()
+            .map(|i| view(py, raw, keep, i))
+            .collect()
+    }
+
+    /// Copies (and optionally augments) the batch at `start` into `images`, a
+    /// writeable C-contiguous uint8 array of shape `(B, H, W, C)`, and
+    /// `labels`, a writeable C-contiguous int64 array of shape `(B,)`; returns
+    /// the shape. Raises `ValueError` when an array does not fit.
+    #[pyo3(signature = (start, images, labels, aug = None, seed = 0))]
     fn collate_into(
         &self,
         py: Python<'_>,
         start: u64,
-        images_addr: usize,
-        images_len: usize,
-        labels_addr: usize,
-        labels_len: usize,
+        images: &Bound<'_, PyAny>,
+        labels: &Bound<'_, PyAny>,
         aug: Option<Aug>,
         seed: u64,
     ) -> PyResult<(usize, usize, usize, usize)> {
         let raw = self.reader()?;
-        let batch = self.batches.get(&start).ok_or_else(|| {
-            JoaderError::new_err(("batch_released", "the batch was already acknowledged"))
-        })?;
-        let shape = py
-            .detach(|| {
-                let items: Vec<_> = batch.items.iter().map(|m| (*m, raw.bytes(m))).collect();
-                let (images, labels) = out_slices(images_addr, images_len, labels_addr, labels_len);
-                match aug {
-                    Some(a) => dataplane::collate::collate_augmented_into(
-                        &items,
-                        &to_aug(a),
-                        seed,
-                        images,
-                        labels,
-                    ),
-                    None => dataplane::collate::collate_into(&items, images, labels),
+        let batch = self.batch(start)?;
+        let aug = aug.map(to_aug);
+        let shape = match &aug {
+            Some(a) => dataplane::collate::augmented_shape(&batch.items, a),
+            None => dataplane::collate::batch_shape(&batch.items),
+        }
+        .map_err(err)?;
+        let mut images = out_array::<u8>(images, "images", &shape)?;
+        let mut labels = out_array::<i64>(labels, "labels", &shape[..1])?;
+        let images = images
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(format!("images: {e}")))?;
+        let labels = labels
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(format!("labels: {e}")))?;
+        // The GIL is released for the copy, as NumPy does for its own copies:
+        // the arrays are borrowed (rust-numpy's borrow flags keep other Rust
+        // code off them) and referenced by this call, so they stay allocated.
+        py.detach(|| {
+            let items: Vec<_> = batch.items.iter().map(|m| (*m, raw.bytes(m))).collect();
+            match &aug {
+                Some(a) => {
+                    dataplane::collate::collate_augmented_into(&items, a, seed, images, labels)
                 }
-            })
-            .map_err(err)?;
+                None => dataplane::collate::collate_into(&items, images, labels),
+            }
+        })
+        .map_err(err)?;
         Ok((shape[0], shape[1], shape[2], shape[3]))
     }
 
@@ -248,27 +361,6 @@ impl RingReader {
     #[getter]
     fn server_pid(&self) -> PyResult<u32> {
         Ok(self.reader()?.server_pid())
-    }
-}
-
-#[allow(unsafe_code)]
-fn out_slices<'a>(
-    images_addr: usize,
-    images_len: usize,
-    labels_addr: usize,
-    labels_len: usize,
-) -> (&'a mut [u8], &'a mut [i64]) {
-    // SAFETY: the Python layer (`joader._collate`) passes the data pointers
-    // of two live NumPy arrays it owns for the duration of this call (they
-    // are arguments of the calling frame, so they cannot be freed or
-    // resized), after checking they are writable, C-contiguous, of dtype
-    // uint8 / int64 and of these lengths; they do not overlap each other or
-    // the read-only shared mapping we read from.
-    unsafe {
-        (
-            std::slice::from_raw_parts_mut(images_addr as *mut u8, images_len),
-            std::slice::from_raw_parts_mut(labels_addr as *mut i64, labels_len),
-        )
     }
 }
 

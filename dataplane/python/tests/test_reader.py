@@ -45,7 +45,7 @@ def test_views_are_zero_copy_and_collate_matches(writer):
         np.testing.assert_array_equal(out[:4], images)
         with pytest.raises(ValueError):
             b.collate(out=np.zeros((2, 4, 5, 3), np.uint8))
-        with pytest.raises(TypeError):
+        with pytest.raises(ValueError):
             b.collate(out=np.zeros((4, 4, 5, 3), np.float32))
         b2 = r.next_batch(100, timeout=LONG)
         assert list(b2.element_ids) == list(range(4, 10))
