@@ -27,6 +27,7 @@ use actix_web::{App, HttpServer, web};
 use actors::service::{CacheActor, CacheConfig, CacheStats, Loader, Shutdown};
 use anyhow::{Context, Result};
 use dataplane::{SegmentConfig, Writer};
+use utoipa_actix_web::AppExt;
 
 pub use config::Config;
 use registry::AppState;
@@ -95,7 +96,7 @@ pub async fn run(
             .wrap_fn(move |req, srv| {
                 use actix_web::dev::Service;
                 let denied = token.as_ref().is_some_and(|t| {
-                    (req.path().starts_with("/v1/") || req.path() == "/metrics")
+                    http::requires_token(req.path())
                         && req
                             .headers()
                             .get("authorization")
@@ -116,7 +117,9 @@ pub async fn run(
             })
             // Outermost, so that refused requests are counted too.
             .wrap_fn(move |req, srv| recorder.observe(req, srv))
+            .into_utoipa_app()
             .configure(http::configure)
+            .into_app()
             .default_service(web::to(http::not_found))
     })
     .workers(config.http_workers)

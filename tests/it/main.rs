@@ -4,5 +4,6 @@ mod bench;
 mod bounded;
 mod common;
 mod observability;
+mod openapi;
 mod server;
 mod simulate;
