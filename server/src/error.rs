@@ -55,6 +55,8 @@ codes! {
     DatasetNotFound = ("dataset_not_found", 404, "no dataset has this name"),
     JobNotFound = ("job_not_found", 404, "no job has this name"),
     NotFound = ("not_found", 404, "no route or dashboard file has this path"),
+    MethodNotAllowed = ("method_not_allowed", 405,
+        "the path exists but not with this method: the `Allow` header lists the methods it has"),
     DatasetExists = ("dataset_exists", 409, "a dataset of this name exists: delete it first"),
     JobExists = ("job_exists", 409,
         "a job of this name runs with other parameters: every rank must send the same ones, \

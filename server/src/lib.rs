@@ -120,7 +120,7 @@ pub async fn run(
             .into_utoipa_app()
             .configure(http::configure)
             .into_app()
-            .default_service(web::to(http::not_found))
+            .default_service(web::to(http::unrouted))
     })
     .workers(config.http_workers)
     // Signals are ours: SIGTERM drains (see `drain`), it does not cut running jobs off.

@@ -68,7 +68,8 @@ async fn dashboard() -> HttpResponse {
 /// A file of the dashboard.
 #[utoipa::path(
     tag = "dashboard",
-    params(("file" = String, Path, description = "`index.html`, `app.js`, `style.css`, …")),
+    params(("file" = String, Path, description = "`index.html`, `app.js`, `style.css`, …",
+        example = "app.js")),
     responses(
         (status = 200, description = "the file, with the content type of its kind"),
         FileErrors

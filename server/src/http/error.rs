@@ -2,11 +2,12 @@
 //! (`crate::error::Code`): the status of a response, the body every error has,
 //! `{"error": {"code": "...", "message": "..."}}`, and the OpenAPI description of both (the
 //! `ErrorCode` schema, and each route's error responses from the codes it can return).
+//! Requests no route takes are answered by `super::unrouted`.
 
 use std::collections::BTreeMap;
 
 use actix_web::http::StatusCode;
-use actix_web::{HttpRequest, HttpResponse, ResponseError};
+use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::{RefOr, Response, ResponseBuilder};
@@ -76,15 +77,6 @@ impl ResponseError for Error {
             },
         })
     }
-}
-
-/// Anything without a route: the same error model.
-pub async fn not_found(req: HttpRequest) -> HttpResponse {
-    Error::new(
-        Code::NotFound,
-        format!("no route for {} {}", req.method(), req.path()),
-    )
-    .error_response()
 }
 
 /// The error responses of a route that fails with `codes`: one per HTTP status, carrying the

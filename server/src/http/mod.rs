@@ -23,7 +23,6 @@ use utoipa_actix_web::AppExt;
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use crate::error::{Code, Error};
-pub use error::not_found;
 
 /// What the document says beyond the routes: its title and the error body's schema.
 #[derive(OpenApi)]
@@ -82,6 +81,70 @@ pub fn operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = 
     .filter_map(Option::as_mut)
 }
 
+/// The document, generated once per process.
+fn document() -> &'static utoipa::openapi::OpenApi {
+    static DOC: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
+    DOC.get_or_init(openapi)
+}
+
+/// The methods the document gives `path` (a request's path, matched against the document's
+/// templates: a `{param}` takes one non-empty segment), or `None` if no template matches.
+pub fn documented_methods(path: &str) -> Option<Vec<&'static str>> {
+    let matches = |template: &str| {
+        let (mut t, mut p) = (template.split('/'), path.split('/'));
+        loop {
+            match (t.next(), p.next()) {
+                (None, None) => return true,
+                (Some(ts), Some(ps)) if ts.starts_with('{') && !ps.is_empty() => {}
+                (Some(ts), Some(ps)) if ts == ps => {}
+                _ => return false,
+            }
+        }
+    };
+    let (_, item) = document().paths.paths.iter().find(|(t, _)| matches(t))?;
+    let methods = [
+        ("GET", &item.get),
+        ("PUT", &item.put),
+        ("POST", &item.post),
+        ("DELETE", &item.delete),
+        ("OPTIONS", &item.options),
+        ("HEAD", &item.head),
+        ("PATCH", &item.patch),
+        ("TRACE", &item.trace),
+    ];
+    Some(
+        methods
+            .into_iter()
+            .filter(|(_, op)| op.is_some())
+            .map(|(m, _)| m)
+            .collect(),
+    )
+}
+
+/// Requests no route takes: a documented path with another method is a 405 naming the
+/// methods it has (the routes' method guards send those here too), anything else a 404.
+pub async fn unrouted(req: HttpRequest) -> HttpResponse {
+    use actix_web::ResponseError;
+    let what = format!("{} {}", req.method(), req.path());
+    match documented_methods(req.path()) {
+        Some(methods) => {
+            let allow = methods.join(", ");
+            let mut response = Error::new(
+                Code::MethodNotAllowed,
+                format!("no route for {what}: {} takes {allow}", req.path()),
+            )
+            .error_response();
+            if let Ok(value) = actix_web::http::header::HeaderValue::from_str(&allow) {
+                response
+                    .headers_mut()
+                    .insert(actix_web::http::header::ALLOW, value);
+            }
+            response
+        }
+        None => Error::new(Code::NotFound, format!("no route for {what}")).error_response(),
+    }
+}
+
 /// This document (OpenAPI 3.1), generated from the handlers and their types.
 #[utoipa::path(
     tag = "service",
@@ -89,9 +152,9 @@ pub fn operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = 
 )]
 #[get("/v1/openapi.json")]
 async fn openapi_json() -> HttpResponse {
-    static DOC: OnceLock<String> = OnceLock::new();
-    let doc = DOC.get_or_init(|| {
-        openapi()
+    static JSON: OnceLock<String> = OnceLock::new();
+    let doc = JSON.get_or_init(|| {
+        document()
             .to_json()
             .unwrap_or_else(|e| format!("{{\"error\": \"cannot render the document: {e}\"}}"))
     });

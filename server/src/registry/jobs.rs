@@ -88,12 +88,15 @@ fn ring_capacity(config: &crate::config::Config, req: &JobRequest) -> Result<u32
 pub struct JobRequest {
     /// 1 to 64 characters from `A-Z a-z 0-9 _ - .`, not starting with `.`; every rank of a
     /// job registers the same name and parameters.
+    #[schema(example = "example")]
     pub name: String,
+    #[schema(example = "example")]
     pub dataset: String,
     /// `null`: the whole dataset.
     #[serde(default)]
     pub subset: Option<SubsetSpec>,
     /// At least 1.
+    #[schema(example = 4)]
     pub batch_size: u32,
     #[serde(default)]
     pub seed: u64,
