@@ -66,7 +66,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 /// The operations of a path, whatever their method.
-pub fn operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = &mut Operation> {
+fn operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = &mut Operation> {
     [
         &mut item.get,
         &mut item.put,
@@ -127,7 +127,8 @@ pub async fn unrouted(req: HttpRequest) -> HttpResponse {
     use actix_web::ResponseError;
     let what = format!("{} {}", req.method(), req.path());
     match documented_methods(req.path()) {
-        Some(methods) => {
+        // (A documented method that reached here is a path its route's pattern refuses.)
+        Some(methods) if !methods.contains(&req.method().as_str()) => {
             let allow = methods.join(", ");
             let mut response = Error::new(
                 Code::MethodNotAllowed,
@@ -141,7 +142,7 @@ pub async fn unrouted(req: HttpRequest) -> HttpResponse {
             }
             response
         }
-        None => Error::new(Code::NotFound, format!("no route for {what}")).error_response(),
+        _ => Error::new(Code::NotFound, format!("no route for {what}")).error_response(),
     }
 }
 
