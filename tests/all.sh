@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of joader on a fresh machine: installs what the tests need, checks
 # formatting and lints, then runs the Rust tests (unit, property, statistical and the
-# integration binary), the Python package's tests, and the Python client against the real
-# server.
+# integration binary), schemathesis against the real server's OpenAPI document, the Python
+# package's tests, and the Python client against the real server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -23,6 +23,9 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== rust tests"
 cargo build --quiet -p server --bin joader
 cargo test --workspace
+
+echo "== REST API fuzzing: schemathesis against the real server (installs schemathesis when missing)"
+JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" bash tests/schemathesis.sh
 
 echo "== python package (installs maturin, numpy, pytest, mypy and torch when missing)"
 bash dataplane/python/ci.sh

@@ -1,50 +1,82 @@
 //! The server's errors: a stable machine-readable code, shared by the API, the clients and
-//! the documentation, and a message that says what the user should do. The HTTP statuses are
-//! the HTTP layer's business (`http::error`); the registry and the rest of the domain know
-//! nothing of HTTP.
+//! the documentation, and a message that says what the user should do.
+//!
+//! [`codes!`] below is the one table of error codes: each code's name, its HTTP status and
+//! what it means (as meilisearch's `make_error_codes!`). The HTTP responses (`http::error`)
+//! and the OpenAPI document (the `ErrorCode` schema and every route's error responses) come
+//! from it; nothing else lists codes. The registry and the rest of the domain pick a code and
+//! never look at the status.
 
-/// The machine-readable error codes (the HTTP layer gives each its status: `http::error`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Code {
-    InvalidRequest,
-    Unauthorized,
-    PathNotAllowed,
-    DatasetNotFound,
-    JobNotFound,
-    NotFound,
-    DatasetExists,
-    JobExists,
-    DatasetInUse,
-    DatasetNotReady,
-    EmptySubset,
-    VersionMismatch,
-    TooLarge,
-    CacheFull,
-    ShuttingDown,
-    Internal,
+/// Declares [`Code`] from the table: `Variant = ("name", status, "meaning")`.
+macro_rules! codes {
+    ($($variant:ident = ($name:literal, $status:literal, $meaning:literal),)*) => {
+        /// The machine-readable error codes.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Code {
+            $($variant,)*
+        }
+
+        impl Code {
+            /// Every code, in the table's order.
+            pub const ALL: &[Code] = &[$(Code::$variant,)*];
+
+            /// The name clients match on (`{"error": {"code": ...}}`).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Code::$variant => $name,)*
+                }
+            }
+
+            /// The HTTP status of a response carrying this code.
+            pub fn http_status(self) -> u16 {
+                match self {
+                    $(Code::$variant => $status,)*
+                }
+            }
+
+            /// What the code means and what to do about it.
+            pub fn meaning(self) -> &'static str {
+                match self {
+                    $(Code::$variant => $meaning,)*
+                }
+            }
+        }
+    };
 }
 
-impl Code {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Code::InvalidRequest => "invalid_request",
-            Code::Unauthorized => "unauthorized",
-            Code::PathNotAllowed => "path_not_allowed",
-            Code::DatasetNotFound => "dataset_not_found",
-            Code::JobNotFound => "job_not_found",
-            Code::NotFound => "not_found",
-            Code::DatasetExists => "dataset_exists",
-            Code::JobExists => "job_exists",
-            Code::DatasetInUse => "dataset_in_use",
-            Code::DatasetNotReady => "dataset_not_ready",
-            Code::EmptySubset => "empty_subset",
-            Code::VersionMismatch => "version_mismatch",
-            Code::TooLarge => "too_large",
-            Code::CacheFull => "cache_full",
-            Code::ShuttingDown => "shutting_down",
-            Code::Internal => "internal",
-        }
-    }
+codes! {
+    InvalidRequest = ("invalid_request", 400,
+        "the request is malformed or a parameter is out of range; the message names it"),
+    EmptySubset = ("empty_subset", 400, "the job's subset selects no element of the dataset"),
+    Unauthorized = ("unauthorized", 401,
+        "the server requires a bearer token (`--token`) and the request has none or another"),
+    PathNotAllowed = ("path_not_allowed", 403,
+        "a dataset path lies outside the server's `--allowed-root` folders"),
+    DatasetNotFound = ("dataset_not_found", 404, "no dataset has this name"),
+    JobNotFound = ("job_not_found", 404, "no job has this name"),
+    NotFound = ("not_found", 404, "no route or dashboard file has this path"),
+    MethodNotAllowed = ("method_not_allowed", 405,
+        "the path exists but not with this method: the `Allow` header lists the methods it has"),
+    DatasetExists = ("dataset_exists", 409, "a dataset of this name exists: delete it first"),
+    JobExists = ("job_exists", 409,
+        "a job of this name runs with other parameters: every rank must send the same ones, \
+         and another job needs another name"),
+    DatasetInUse = ("dataset_in_use", 409,
+        "jobs use the dataset: delete them first or pass `force=true`"),
+    DatasetNotReady = ("dataset_not_ready", 409,
+        "the dataset is still indexing (retry when its state is ready) or its indexing failed"),
+    VersionMismatch = ("version_mismatch", 409,
+        "the client speaks another shared-memory layout version: upgrade the client or the server"),
+    TooLarge = ("too_large", 422,
+        "the request can never succeed on this server (a ring above the record limit, more \
+         ranks than allowed, rings needing more slots than `--cache-slots`, one batch larger than \
+         `--cache-bytes`): change it"),
+    CacheFull = ("cache_full", 503,
+        "transient: no reader index is free or `/dev/shm` has no room for a new ring until \
+         running jobs end; retry later"),
+    ShuttingDown = ("shutting_down", 503,
+        "transient: the server is draining after SIGTERM; register with the one that replaces it"),
+    Internal = ("internal", 500, "a bug in the server: report it with the server's log"),
 }
 
 /// An error of the server: a code and a human message.
@@ -78,3 +110,29 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::Code;
+
+    #[test]
+    fn codes_have_unique_names_and_error_statuses() {
+        let mut names: Vec<_> = Code::ALL.iter().map(|c| c.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Code::ALL.len(), "two codes share a name");
+        for c in Code::ALL {
+            assert!(
+                (400..600).contains(&c.http_status()),
+                "{c:?} has status {}",
+                c.http_status()
+            );
+            // Only what a retry can cure is a 503 (clients retry those).
+            assert_eq!(
+                c.http_status() == 503,
+                c.meaning().starts_with("transient"),
+                "{c:?}: a 503 must be documented as transient, and only a 503"
+            );
+        }
+    }
+}

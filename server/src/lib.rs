@@ -27,6 +27,7 @@ use actix_web::{App, HttpServer, web};
 use actors::service::{CacheActor, CacheConfig, CacheStats, Loader, Shutdown};
 use anyhow::{Context, Result};
 use dataplane::{SegmentConfig, Writer};
+use utoipa_actix_web::AppExt;
 
 pub use config::Config;
 use registry::AppState;
@@ -96,7 +97,7 @@ pub async fn run(
             .wrap_fn(move |req, srv| {
                 use actix_web::dev::Service;
                 let denied = token.as_ref().is_some_and(|t| {
-                    (req.path().starts_with("/v1/") || req.path() == "/metrics")
+                    http::requires_token(req.path())
                         && req
                             .headers()
                             .get("authorization")
@@ -117,8 +118,10 @@ pub async fn run(
             })
             // Outermost, so that refused requests are counted too.
             .wrap_fn(move |req, srv| recorder.observe(req, srv))
+            .into_utoipa_app()
             .configure(http::configure)
-            .default_service(web::to(http::not_found))
+            .into_app()
+            .default_service(web::to(http::unrouted))
     })
     .workers(config.http_workers)
     // Signals are ours: SIGTERM drains (see `drain`), it does not cut running jobs off.

@@ -5,5 +5,6 @@ mod bounded;
 mod common;
 mod flow;
 mod observability;
+mod openapi;
 mod server;
 mod simulate;

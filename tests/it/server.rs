@@ -593,14 +593,6 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             .len(),
         0
     );
-    // The OpenAPI document names every route.
-    let doc = c.ok("GET", "/v1/openapi.json", None).unwrap();
-    for (method, path) in server::http::ROUTES {
-        assert!(
-            doc["paths"][path][method].is_object(),
-            "{method} {path} is missing from the OpenAPI document"
-        );
-    }
 }
 
 #[test]

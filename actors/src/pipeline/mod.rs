@@ -44,6 +44,7 @@ pub const MAX_SIDE: u32 = 16384;
 /// JSON: `{"kind": "raw"}` or `{"kind": "decode", "resize_shorter": 256, "center_crop": [224,
 /// 224]}`; unknown fields are refused.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 // serde ignores `deny_unknown_fields` for the unit variant of an internally tagged enum, so
 // deserialization goes through a flat wire form that refuses unknown fields for every kind.

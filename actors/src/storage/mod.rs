@@ -58,14 +58,24 @@ const PROGRESS_EVERY: u64 = 256;
 
 /// Where a dataset comes from.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceSpec {
     /// torchvision `ImageFolder`: one folder per class.
-    ImageFolder { path: PathBuf },
+    ImageFolder {
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        path: PathBuf,
+    },
     /// WebDataset tar shards: each path is a `.tar` file or a folder of them.
-    TarShards { paths: Vec<PathBuf> },
+    TarShards {
+        #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
+        paths: Vec<PathBuf>,
+    },
     /// A CSV or JSON-lines list of `path, label`.
-    Manifest { path: PathBuf },
+    Manifest {
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        path: PathBuf,
+    },
 }
 
 /// The result of indexing a source: items in a deterministic order (item id = position).

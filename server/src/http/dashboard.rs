@@ -1,8 +1,12 @@
 //! The web dashboard (`web-ui/`), embedded in the binary, at `/` and `/ui/{file}`.
 
 use actix_web::{HttpResponse, ResponseError, get, web};
+use utoipa_actix_web::service_config::ServiceConfig;
 
+use super::error::errors;
 use crate::error::{Code, Error};
+
+errors!(FileErrors: NotFound);
 
 /// The dashboard's files (`web-ui/`), embedded in the binary.
 const DASHBOARD: &[(&str, &str, &str)] = &[
@@ -50,16 +54,32 @@ fn dashboard_file(name: &str) -> HttpResponse {
     }
 }
 
+/// The dashboard (add `?token=...` when the server requires a bearer token).
+#[utoipa::path(
+    tag = "dashboard",
+    responses((status = 200, description = "the dashboard's page", body = String,
+        content_type = "text/html; charset=utf-8"))
+)]
 #[get("/")]
 async fn dashboard() -> HttpResponse {
     dashboard_file("index.html")
 }
 
+/// A file of the dashboard.
+#[utoipa::path(
+    tag = "dashboard",
+    params(("file" = String, Path, description = "`index.html`, `app.js`, `style.css`, …",
+        example = "app.js")),
+    responses(
+        (status = 200, description = "the file, with the content type of its kind"),
+        FileErrors
+    )
+)]
 #[get("/ui/{file}")]
 async fn dashboard_asset(file: web::Path<String>) -> HttpResponse {
     dashboard_file(&file)
 }
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
+pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(dashboard).service(dashboard_asset);
 }

@@ -3,20 +3,42 @@
 use actix_web::{HttpResponse, delete, get, post, web};
 use actors::storage::SourceSpec;
 use serde::Deserialize;
-use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_actix_web::service_config::ServiceConfig;
 
-use super::views::dataset_json;
+use super::error::errors;
+use super::views::{DatasetList, DatasetView, Failure, FailureList, dataset_view};
 use crate::error::{Error, Result};
 use crate::registry::{AppState, datasets};
 
 /// `POST /v1/datasets`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "name": "imagenet",
+    "source": {"kind": "image_folder", "path": "/data/imagenet/train"}
+}))]
 pub struct CreateDataset {
+    /// 1 to 64 characters from `A-Z a-z 0-9 _ - .`, not starting with `.`.
     pub name: String,
     pub source: SourceSpec,
 }
 
+// Every route may also answer `internal` and, with a token, `unauthorized` (`super::openapi`).
+errors!(CreateErrors: InvalidRequest, PathNotAllowed, DatasetExists, ShuttingDown);
+errors!(GetErrors: DatasetNotFound);
+errors!(DeleteErrors: InvalidRequest, DatasetNotFound, DatasetInUse);
+
+/// Create a dataset; indexing runs in the background (poll the dataset until its state is
+/// `ready`).
+#[utoipa::path(
+    tag = "datasets",
+    request_body = CreateDataset,
+    responses(
+        (status = 202, description = "accepted: state `indexing`", body = DatasetView),
+        CreateErrors
+    )
+)]
 #[post("/v1/datasets")]
 async fn create_dataset(
     state: web::Data<AppState>,
@@ -34,16 +56,27 @@ async fn create_dataset(
         .datasets
         .get(&name)
         .ok_or_else(|| Error::dataset_not_found(&name))?;
-    Ok(HttpResponse::Accepted().json(dataset_json(d)))
+    Ok(HttpResponse::Accepted().json(dataset_view(d)))
 }
 
+/// List the datasets.
+#[utoipa::path(
+    tag = "datasets",
+    responses((status = 200, description = "the datasets", body = DatasetList))
+)]
 #[get("/v1/datasets")]
 async fn list_datasets(state: web::Data<AppState>) -> Result<HttpResponse> {
     let inner = state.inner.lock().map_err(Error::internal)?;
-    let list: Vec<_> = inner.datasets.values().map(dataset_json).collect();
-    Ok(HttpResponse::Ok().json(json!({ "datasets": list })))
+    let datasets = inner.datasets.values().map(dataset_view).collect();
+    Ok(HttpResponse::Ok().json(DatasetList { datasets }))
 }
 
+/// A dataset: its state (`indexing`, `ready`, `failed`), progress, items and classes.
+#[utoipa::path(
+    tag = "datasets",
+    params(("name" = String, Path, description = "the dataset's name", example = "example")),
+    responses((status = 200, description = "the dataset", body = DatasetView), GetErrors)
+)]
 #[get("/v1/datasets/{name}")]
 async fn get_dataset(state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse> {
     let inner = state.inner.lock().map_err(Error::internal)?;
@@ -51,28 +84,49 @@ async fn get_dataset(state: web::Data<AppState>, name: web::Path<String>) -> Res
         .datasets
         .get(name.as_str())
         .ok_or_else(|| Error::dataset_not_found(&name))?;
-    Ok(HttpResponse::Ok().json(dataset_json(d)))
+    Ok(HttpResponse::Ok().json(dataset_view(d)))
 }
 
+/// The elements that failed to read or decode.
+#[utoipa::path(
+    tag = "datasets",
+    params(("name" = String, Path, description = "the dataset's name", example = "example")),
+    responses((status = 200, description = "its failed elements", body = FailureList), GetErrors)
+)]
 #[get("/v1/datasets/{name}/failures")]
 async fn dataset_failures(
     state: web::Data<AppState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse> {
-    let list: Vec<_> = datasets::failures(&state, &name)?
+    let failures = datasets::failures(&state, &name)?
         .into_iter()
-        .map(|(element, kind, message)| json!({"element": element, "kind": kind, "message": message}))
+        .map(|(element, kind, message)| Failure {
+            element,
+            kind,
+            message,
+        })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({ "failures": list })))
+    Ok(HttpResponse::Ok().json(FailureList { failures }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct DeleteQuery {
+    /// Stop the jobs that use the dataset first (without it, a dataset in use is kept).
     #[serde(default)]
     force: bool,
 }
 
+/// Delete a dataset (refused while jobs use it, unless `force=true`).
+#[utoipa::path(
+    tag = "datasets",
+    params(
+        ("name" = String, Path, description = "the dataset's name", example = "example"),
+        DeleteQuery
+    ),
+    responses((status = 204, description = "deleted"), DeleteErrors)
+)]
 #[delete("/v1/datasets/{name}")]
 async fn delete_dataset(
     state: web::Data<AppState>,
@@ -83,7 +137,7 @@ async fn delete_dataset(
     Ok(HttpResponse::NoContent().finish())
 }
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
+pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(create_dataset)
         .service(list_datasets)
         .service(get_dataset)

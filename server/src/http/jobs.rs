@@ -1,19 +1,36 @@
 //! `/v1/jobs`: register (or join as another rank), list, get, delete.
 
 use actix_web::{HttpResponse, delete, get, post, web};
-use serde_json::json;
+use utoipa_actix_web::service_config::ServiceConfig;
 
-use super::views::{job_json, registration_json};
+use super::error::errors;
+use super::views::{JobList, JobView, Registration, job_view, registration_view};
 use crate::error::{Error, Result};
 use crate::registry::AppState;
 use crate::registry::jobs::{self, JobRequest};
 
+// Every route may also answer `internal` and, with a token, `unauthorized` (`super::openapi`).
+errors!(CreateErrors: InvalidRequest, EmptySubset, DatasetNotFound, JobExists, DatasetNotReady,
+    VersionMismatch, TooLarge, CacheFull, ShuttingDown);
+errors!(GetErrors: JobNotFound);
+
+/// Register a job, or another rank of it (same name and parameters); returns the rings to
+/// open.
+#[utoipa::path(
+    tag = "jobs",
+    request_body = JobRequest,
+    responses(
+        (status = 201, description = "created", body = Registration),
+        (status = 200, description = "another rank of a running job", body = Registration),
+        CreateErrors
+    )
+)]
 #[post("/v1/jobs")]
 async fn create_job(
     state: web::Data<AppState>,
     body: web::Json<JobRequest>,
 ) -> Result<HttpResponse> {
-    let (body, created) = jobs::register_job(&state, body.into_inner(), registration_json).await?;
+    let (body, created) = jobs::register_job(&state, body.into_inner(), registration_view).await?;
     Ok(if created {
         HttpResponse::Created().json(body)
     } else {
@@ -21,13 +38,21 @@ async fn create_job(
     })
 }
 
+/// List the jobs with their epoch, position, samples/s, hit ratio and stall.
+#[utoipa::path(tag = "jobs", responses((status = 200, description = "the jobs", body = JobList)))]
 #[get("/v1/jobs")]
 async fn list_jobs(state: web::Data<AppState>) -> Result<HttpResponse> {
     let inner = state.inner.lock().map_err(Error::internal)?;
-    let list: Vec<_> = inner.jobs.values().map(job_json).collect();
-    Ok(HttpResponse::Ok().json(json!({ "jobs": list })))
+    let jobs = inner.jobs.values().map(job_view).collect();
+    Ok(HttpResponse::Ok().json(JobList { jobs }))
 }
 
+/// A job.
+#[utoipa::path(
+    tag = "jobs",
+    params(("name" = String, Path, description = "the job's name", example = "example")),
+    responses((status = 200, description = "the job", body = JobView), GetErrors)
+)]
 #[get("/v1/jobs/{name}")]
 async fn get_job(state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse> {
     let inner = state.inner.lock().map_err(Error::internal)?;
@@ -35,16 +60,22 @@ async fn get_job(state: web::Data<AppState>, name: web::Path<String>) -> Result<
         .jobs
         .get(name.as_str())
         .ok_or_else(|| Error::job_not_found(&name))?;
-    Ok(HttpResponse::Ok().json(job_json(j)))
+    Ok(HttpResponse::Ok().json(job_view(j)))
 }
 
+/// Stop a job and release what it holds.
+#[utoipa::path(
+    tag = "jobs",
+    params(("name" = String, Path, description = "the job's name", example = "example")),
+    responses((status = 204, description = "deleted"), GetErrors)
+)]
 #[delete("/v1/jobs/{name}")]
 async fn delete_job(state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse> {
     jobs::stop_job(&state, &name).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
+pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(create_job)
         .service(list_jobs)
         .service(get_job)

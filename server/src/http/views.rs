@@ -1,122 +1,334 @@
-//! The JSON views of the registry that responses carry (and the dashboard reads).
+//! The JSON views of the registry that responses carry (and the dashboard reads). Each is a
+//! type the OpenAPI document describes (`ToSchema`), so the document is the responses' shape.
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use actors::pipeline::Pipeline;
 use actors::service::JobState;
+use actors::storage::SourceSpec;
 use joader_core::sampling::SamplerKind;
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::registry::{AppState, DatasetEntry, JobEntry};
 
-pub fn dataset_json(d: &DatasetEntry) -> serde_json::Value {
+/// A dataset.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DatasetView {
+    pub name: String,
+    pub source: SourceSpec,
+    pub state: DatasetState,
+    /// Why indexing failed (state `failed`).
+    pub error: Option<String>,
+    /// Items indexed so far.
+    pub progress: u64,
+    /// Items of the dataset, once indexed.
+    pub items: Option<u64>,
+    /// The class names (a label is an index into them), once indexed.
+    pub classes: Option<Vec<String>>,
+    pub created_unix: u64,
+}
+
+/// Where a dataset is in its life.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetState {
+    Indexing,
+    Ready,
+    Failed,
+}
+
+impl DatasetState {
+    /// The state of a catalog record (`indexing`, `ready` or `failed`).
+    fn of(record_state: &str) -> Self {
+        match record_state {
+            "ready" => DatasetState::Ready,
+            "failed" => DatasetState::Failed,
+            _ => DatasetState::Indexing,
+        }
+    }
+}
+
+pub fn dataset_view(d: &DatasetEntry) -> DatasetView {
     let index = d.index.as_ref();
-    json!({
-        "name": d.record.name,
-        "source": d.record.source,
-        "state": d.record.state,
-        "error": d.record.error,
-        "progress": d.progress.load(Relaxed),
-        "items": index.map(|i| i.items.len()),
-        "classes": index.map(|i| i.classes.clone()),
-        "created_unix": d.record.created_unix,
-    })
+    DatasetView {
+        name: d.record.name.clone(),
+        source: d.record.source.clone(),
+        state: DatasetState::of(&d.record.state),
+        error: d.record.error.clone(),
+        progress: d.progress.load(Relaxed),
+        items: index.map(|i| i.items.len() as u64),
+        classes: index.map(|i| i.classes.clone()),
+        created_unix: d.record.created_unix,
+    }
 }
 
-pub fn job_json(j: &JobEntry) -> serde_json::Value {
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DatasetList {
+    pub datasets: Vec<DatasetView>,
+}
+
+/// An element of a dataset that failed to read or decode.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Failure {
+    pub element: u32,
+    /// `read_failed`, `corrupt_image`, `image_too_large`, `not_an_image`, …
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FailureList {
+    pub failures: Vec<Failure>,
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStateName {
+    Waiting,
+    Running,
+    Finished,
+    Failed,
+}
+
+/// A job: its parameters and its progress.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobView {
+    pub name: String,
+    pub dataset: String,
+    pub state: JobStateName,
+    /// Why the job failed (state `failed`).
+    pub reason: Option<String>,
+    pub epoch: u64,
+    /// Position in the current epoch (of the last sampled element).
+    pub position: u64,
+    pub subset_size: u64,
+    pub sampled: u64,
+    pub delivered: u64,
+    pub acknowledged: u64,
+    /// Samples per second acknowledged, over the last second or so.
+    pub samples_per_s: f64,
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_ratio: f64,
+    pub errors: u64,
+    /// Seconds the job's client waited on an empty ring.
+    pub stall_s: f64,
+    pub batch_size: u32,
+    pub seed: u64,
+    pub world_size: u32,
+    /// `null`: until deleted.
+    pub epochs: Option<u32>,
+    pub drop_last: bool,
+    /// `dsa` or `isa` (independent).
+    pub sampler: &'static str,
+    pub pipeline: Pipeline,
+    pub age_s: f64,
+}
+
+pub fn job_view(j: &JobEntry) -> JobView {
     let s = &j.stats;
-    let state = s.state();
-    let (state_name, reason) = match &state {
-        JobState::Waiting => ("waiting", None),
-        JobState::Running => ("running", None),
-        JobState::Finished => ("finished", None),
-        JobState::Failed(r) => ("failed", Some(r.clone())),
+    let (state, reason) = match s.state() {
+        JobState::Waiting => (JobStateName::Waiting, None),
+        JobState::Running => (JobStateName::Running, None),
+        JobState::Finished => (JobStateName::Finished, None),
+        JobState::Failed(r) => (JobStateName::Failed, Some(r)),
     };
-    json!({
-        "name": j.name,
-        "dataset": j.dataset,
-        "state": state_name,
-        "reason": reason,
-        "epoch": s.epoch.load(Relaxed),
-        "position": s.position.load(Relaxed),
-        "subset_size": j.subset_len,
-        "sampled": s.sampled.load(Relaxed),
-        "delivered": s.delivered.load(Relaxed),
-        "acknowledged": s.acknowledged.load(Relaxed),
-        "samples_per_s": j.rate(),
-        "hits": s.hits.load(Relaxed),
-        "misses": s.misses.load(Relaxed),
-        "hit_ratio": s.hit_ratio(),
-        "errors": s.errors.load(Relaxed),
-        "stall_s": s.stall_us.load(Relaxed) as f64 / 1e6,
-        "batch_size": j.request.batch_size,
-        "seed": j.request.seed,
-        "world_size": j.request.world_size.unwrap_or(1),
-        "epochs": j.request.epochs,
-        "drop_last": j.request.drop_last,
-        "sampler": j.request.sampler.unwrap_or(SamplerKind::Dsa).name(),
-        "pipeline": j.pipeline,
-        "age_s": j.created.elapsed().as_secs_f64(),
-    })
+    JobView {
+        name: j.name.clone(),
+        dataset: j.dataset.clone(),
+        state,
+        reason,
+        epoch: s.epoch.load(Relaxed),
+        position: s.position.load(Relaxed),
+        subset_size: j.subset_len,
+        sampled: s.sampled.load(Relaxed),
+        delivered: s.delivered.load(Relaxed),
+        acknowledged: s.acknowledged.load(Relaxed),
+        samples_per_s: j.rate(),
+        hits: s.hits.load(Relaxed),
+        misses: s.misses.load(Relaxed),
+        hit_ratio: s.hit_ratio(),
+        errors: s.errors.load(Relaxed),
+        stall_s: s.stall_us.load(Relaxed) as f64 / 1e6,
+        batch_size: j.request.batch_size,
+        seed: j.request.seed,
+        world_size: j.request.world_size.unwrap_or(1),
+        epochs: j.request.epochs,
+        drop_last: j.request.drop_last,
+        sampler: j.request.sampler.unwrap_or(SamplerKind::Dsa).name(),
+        pipeline: j.pipeline.clone(),
+        age_s: j.created.elapsed().as_secs_f64(),
+    }
 }
 
-pub fn registration_json(state: &AppState, j: &JobEntry) -> serde_json::Value {
-    let ranks: Vec<_> = j
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+}
+
+/// The ring one rank of a job reads.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RankRing {
+    pub rank: u32,
+    pub instance: String,
+    /// The shared-memory object of the server's data segment.
+    pub data_segment: String,
+    pub ring: String,
+    /// The shared-memory object of this rank's delivery ring.
+    pub ring_segment: String,
+    pub reader_index: u32,
+    /// Records the ring holds.
+    pub capacity: u32,
+}
+
+/// A registered job and the rings its ranks open.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Registration {
+    pub job: JobView,
+    /// The shared-memory layout version the server speaks.
+    pub layout_version: u32,
+    pub ranks: Vec<RankRing>,
+}
+
+pub fn registration_view(state: &AppState, j: &JobEntry) -> Registration {
+    let ranks = j
         .rings
         .iter()
-        .map(|r| {
-            json!({
-                "rank": r.rank,
-                "instance": state.config.instance,
-                "data_segment": dataplane::names::data_segment(&state.config.instance),
-                "ring": r.ring,
-                "ring_segment": r.segment,
-                "reader_index": r.reader_index,
-                "capacity": r.capacity,
-            })
+        .map(|r| RankRing {
+            rank: r.rank,
+            instance: state.config.instance.clone(),
+            data_segment: dataplane::names::data_segment(&state.config.instance),
+            ring: r.ring.clone(),
+            ring_segment: r.segment.clone(),
+            reader_index: r.reader_index,
+            capacity: r.capacity,
         })
         .collect();
-    json!({ "job": job_json(j), "layout_version": dataplane::LAYOUT_VERSION, "ranks": ranks })
+    Registration {
+        job: job_view(j),
+        layout_version: dataplane::LAYOUT_VERSION,
+        ranks,
+    }
 }
 
 /// `GET /v1/stats`: the cache, the loader, the sampler and the process.
-pub fn stats_json(state: &AppState) -> serde_json::Value {
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Stats {
+    pub instance: String,
+    pub version: &'static str,
+    pub uptime_s: f64,
+    pub requests: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_ratio: f64,
+    pub loads: u64,
+    pub decodes: u64,
+    /// Deliveries served without a read and preparation of their own (as the metric
+    /// `joader_decodes_saved_total`).
+    pub decodes_saved: u64,
+    pub bytes_read: u64,
+    pub load_errors: u64,
+    pub evictions: u64,
+    pub evictions_unneeded: u64,
+    pub evictions_needed: u64,
+    /// Loads of elements evicted while a ring still had them queued (memory was short).
+    pub reloads: u64,
+    pub slots_in_use: u64,
+    pub slot_capacity: u64,
+    pub bytes_in_use: u64,
+    pub capacity_bytes: u64,
+    pub waiting_for_space: u64,
+    /// Elements rings need whose load waits for a free place (loads are bounded).
+    pub pending_loads: u64,
+    pub loader_queue: u64,
+    pub loader_busy_s: f64,
+    pub rounds: u64,
+    pub mean_share: f64,
+    pub loader_workers: u64,
+    /// This process's CPU seconds (null where `/proc` is not available).
+    pub process_cpu_s: Option<f64>,
+    pub process_rss_bytes: Option<u64>,
+    pub process_threads: Option<u64>,
+    pub state: StateSizes,
+}
+
+/// The sizes of the server's per-job state: each returns to its idle value once the jobs are
+/// gone and the retention periods have passed (see `registry::housekeep`).
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct StateSizes {
+    pub jobs: u64,
+    pub retired_job_names: u64,
+    pub registering: u64,
+    pub metric_job_series: u64,
+    pub cache_open_jobs: u64,
+    pub cache_sources: u64,
+}
+
+pub fn stats_view(state: &AppState, sizes: StateSizes) -> Stats {
     let s = &state.stats;
     let requests = s.requests.load(Relaxed);
     let hits = s.hits.load(Relaxed);
     let rounds_el = s.round_elements.load(Relaxed);
     let process = crate::procstat::process_stats();
-    json!({
-        "instance": state.config.instance,
-        "version": env!("CARGO_PKG_VERSION"),
-        "uptime_s": state.started.elapsed().as_secs_f64(),
-        "requests": requests,
-        "hits": hits,
-        "misses": s.misses.load(Relaxed),
-        "hit_ratio": if requests == 0 { 0.0 } else { hits as f64 / requests as f64 },
-        "loads": s.loads.load(Relaxed),
-        "decodes": s.decodes.load(Relaxed),
-        // Deliveries served without a read and preparation of their own (as the metric
-        // `joader_decodes_saved_total`).
-        "decodes_saved": hits,
-        "bytes_read": s.bytes_read.load(Relaxed),
-        "load_errors": s.load_errors.load(Relaxed),
-        "evictions": s.evictions.load(Relaxed),
-        "evictions_unneeded": s.evictions_unneeded.load(Relaxed),
-        "evictions_needed": s.evictions_needed.load(Relaxed),
-        "reloads": s.reloads.load(Relaxed),
-        "slots_in_use": s.slots_in_use.load(Relaxed),
-        "slot_capacity": s.slot_capacity.load(Relaxed),
-        "bytes_in_use": s.bytes_in_use.load(Relaxed),
-        "capacity_bytes": s.capacity_bytes.load(Relaxed),
-        "waiting_for_space": s.waiting_for_space.load(Relaxed),
-        "pending_loads": s.pending_loads.load(Relaxed),
-        "loader_queue": s.loader_queue.load(Relaxed),
-        "loader_busy_s": s.loader_busy_us.load(Relaxed) as f64 / 1e6,
-        "rounds": s.rounds.load(Relaxed),
-        "mean_share": if rounds_el == 0 { 0.0 } else { s.round_deliveries.load(Relaxed) as f64 / rounds_el as f64 },
-        "loader_workers": state.config.loader_workers.max(1),
-        "process_cpu_s": process.map(|p| p.cpu_seconds),
-        "process_rss_bytes": process.map(|p| p.rss_bytes),
-        "process_threads": process.map(|p| p.threads),
-    })
+    Stats {
+        instance: state.config.instance.clone(),
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_s: state.started.elapsed().as_secs_f64(),
+        requests,
+        hits,
+        misses: s.misses.load(Relaxed),
+        hit_ratio: if requests == 0 {
+            0.0
+        } else {
+            hits as f64 / requests as f64
+        },
+        loads: s.loads.load(Relaxed),
+        decodes: s.decodes.load(Relaxed),
+        decodes_saved: hits,
+        bytes_read: s.bytes_read.load(Relaxed),
+        load_errors: s.load_errors.load(Relaxed),
+        evictions: s.evictions.load(Relaxed),
+        evictions_unneeded: s.evictions_unneeded.load(Relaxed),
+        evictions_needed: s.evictions_needed.load(Relaxed),
+        reloads: s.reloads.load(Relaxed),
+        slots_in_use: s.slots_in_use.load(Relaxed),
+        slot_capacity: s.slot_capacity.load(Relaxed),
+        bytes_in_use: s.bytes_in_use.load(Relaxed),
+        capacity_bytes: s.capacity_bytes.load(Relaxed),
+        waiting_for_space: s.waiting_for_space.load(Relaxed),
+        pending_loads: s.pending_loads.load(Relaxed),
+        loader_queue: s.loader_queue.load(Relaxed),
+        loader_busy_s: s.loader_busy_us.load(Relaxed) as f64 / 1e6,
+        rounds: s.rounds.load(Relaxed),
+        mean_share: if rounds_el == 0 {
+            0.0
+        } else {
+            s.round_deliveries.load(Relaxed) as f64 / rounds_el as f64
+        },
+        loader_workers: state.config.loader_workers.max(1) as u64,
+        process_cpu_s: process.map(|p| p.cpu_seconds),
+        process_rss_bytes: process.map(|p| p.rss_bytes),
+        process_threads: process.map(|p| p.threads),
+        state: sizes,
+    }
+}
+
+/// `GET /v1/stats/history`: what the dashboard charts.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct History {
+    /// Seconds between samples.
+    pub interval_s: f64,
+    /// Cumulative counters, one sample a second: `t` (uptime s), `requests`, `hits`,
+    /// `decodes`, `loads`, `bytes_read`, `bytes_in_use`, `capacity_bytes`, `slots_in_use`,
+    /// `cpu_s`, `rss_bytes`, `jobs` (`{name: {acknowledged, stall_s}}`).
+    #[schema(value_type = Vec<Object>)]
+    pub samples: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: &'static str,
 }

@@ -253,7 +253,14 @@ impl Metrics {
         S::Future: 'static,
     {
         let start = Instant::now();
-        let method = req.method().as_str().to_string();
+        // Any token is a method to HTTP: only the standard ones are label values, so that
+        // invented methods cannot grow the series without bound.
+        let method = match req.method().as_str() {
+            m @ ("GET" | "HEAD" | "POST" | "PUT" | "DELETE" | "CONNECT" | "OPTIONS" | "TRACE"
+            | "PATCH") => m,
+            _ => "other",
+        }
+        .to_string();
         // The pattern (`/v1/jobs/{name}`), never the raw path: label values stay few.
         let route = req
             .match_pattern()

@@ -17,7 +17,8 @@ use super::{AppState, JobEntry, Registering, check_name};
 use crate::error::{Code, Error, Result};
 use crate::glue::{IndexSource, PipelinePrepare};
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+/// Who registers (the client libraries fill it in).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClientInfo {
     #[serde(default)]
@@ -116,13 +117,21 @@ fn batch_fits(config: &crate::config::Config, pipeline: &Pipeline, batch: u32) -
 }
 
 /// `POST /v1/jobs`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "example", "dataset": "example", "batch_size": 4, "epochs": 1}))]
 pub struct JobRequest {
+    /// 1 to 64 characters from `A-Z a-z 0-9 _ - .`, not starting with `.`; every rank of a
+    /// job registers the same name and parameters.
+    #[schema(example = "example")]
     pub name: String,
+    #[schema(example = "example")]
     pub dataset: String,
+    /// `null`: the whole dataset.
     #[serde(default)]
     pub subset: Option<SubsetSpec>,
+    /// At least 1.
+    #[schema(example = 4)]
     pub batch_size: u32,
     #[serde(default)]
     pub seed: u64,
@@ -136,7 +145,9 @@ pub struct JobRequest {
     pub epochs: Option<u32>,
     #[serde(default)]
     pub drop_last: bool,
+    /// `dsa` (the default: correlated with the other jobs) or `isa`/`independent`.
     #[serde(default)]
+    #[schema(schema_with = sampler_schema)]
     pub sampler: Option<SamplerKind>,
     #[serde(default)]
     pub pipeline: Option<Pipeline>,
@@ -144,6 +155,18 @@ pub struct JobRequest {
     pub ring_capacity: Option<u32>,
     #[serde(default)]
     pub client: Option<ClientInfo>,
+}
+
+/// The names `SamplerKind` reads (it lives in `joader-core`, which knows nothing of OpenAPI;
+/// a test checks that each parses).
+pub const SAMPLER_NAMES: [&str; 3] = ["dsa", "isa", "independent"];
+
+fn sampler_schema() -> utoipa::openapi::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::String))
+        .enum_values(Some(SAMPLER_NAMES))
+        .build()
 }
 
 impl JobRequest {
@@ -466,4 +489,19 @@ pub async fn stop_job(state: &AppState, name: &str) -> Result<()> {
         .map_err(Error::internal)?
         .retire(name, &entry.stats);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_documented_sampler_name_parses() {
+        for name in SAMPLER_NAMES {
+            let kind: SamplerKind = serde_json::from_value(serde_json::json!(name))
+                .unwrap_or_else(|e| panic!("the documented sampler '{name}' does not parse: {e}"));
+            // What a job reports (`JobView::sampler`) is among the documented names.
+            assert!(SAMPLER_NAMES.contains(&kind.name()), "{}", kind.name());
+        }
+    }
 }

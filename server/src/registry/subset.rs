@@ -10,14 +10,16 @@ use crate::error::{Code, Error, Result};
 /// Which elements of the dataset a job trains on. Either a list of ids, or an object whose
 /// filters all apply: `{"start": a, "end": b}` (ids a..b), `"ranges": [[a, b], …]`,
 /// `"classes": ["cat", …]`, `"ids": […]`, then `"fraction": f` with `"seed"`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum SubsetSpec {
     Ids(Vec<u32>),
     Filter(SubsetFilter),
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+/// Filters that all apply: ids `start..end`, `ranges` (`[a, b)` each), `classes` (names),
+/// `ids`, then a `fraction` of what is left drawn with `seed`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubsetFilter {
     #[serde(default, skip_serializing_if = "Option::is_none")]
