@@ -16,8 +16,9 @@ pub fn dataset_json(d: &DatasetEntry) -> serde_json::Value {
         "state": d.record.state,
         "error": d.record.error,
         "progress": d.progress.load(Relaxed),
-        "items": index.map(|i| i.items.len()),
-        "classes": index.map(|i| i.classes.clone()),
+        "items": index.map(|i| i.len()),
+        "index_bytes": index.map(|i| i.heap_bytes()),
+        "classes": index.map(|i| i.classes()),
         "created_unix": d.record.created_unix,
     })
 }
