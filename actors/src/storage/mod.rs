@@ -1,5 +1,6 @@
 //! Storage backends: turn a dataset source into a [`DatasetIndex`] (a dense list of items,
-//! each a location and a label) once, then read any item's stored bytes by id.
+//! each a location and a label, stored by column: see `index.rs`) once, then read any item's
+//! stored bytes by id.
 //!
 //! Plain blocking code, no actix: indexing runs in the background and reads run on the
 //! Loader's worker pool.
