@@ -38,11 +38,11 @@ impl Drop for Scratch {
 fn index_as(dir: &Path, name: &str, bytes: &[u8], spec: SourceSpec) {
     std::fs::write(dir.join(name), bytes).unwrap();
     if let Ok(index) = storage::index(&spec, &[dir.to_path_buf()], &mut |_| {}) {
-        for item in &index.items {
-            match &item.location {
+        for id in 0..index.len() as u32 {
+            match index.location(id).unwrap() {
                 Location::File(p) => assert!(p.starts_with(dir), "{p:?} escaped the root"),
                 Location::TarMember { shard, offset, len } => {
-                    let shard = &index.shards[*shard as usize];
+                    let shard = &index.shards()[shard as usize];
                     let size = std::fs::metadata(shard).unwrap().len();
                     assert!(offset + len <= size, "member past the end of {shard:?}");
                 }

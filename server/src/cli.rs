@@ -50,6 +50,9 @@ pub enum BenchCommand {
     E2e(bench::e2e::E2eArgs),
     /// Decode pipeline against Pillow on the same files, one core each.
     Decode(bench::decode::DecodeBenchArgs),
+    /// An ImageNet-size manifest and 64 jobs on real `joader serve` processes: index time and
+    /// memory, memory per job, idle CPU, and fast jobs beside slow, paused and idle ones.
+    Scale(bench::scale::ScaleArgs),
 }
 
 /// Simulate samplers and cache policies.
@@ -364,6 +367,7 @@ pub fn main() -> Result<()> {
         }
         Command::Bench(BenchCommand::E2e(args)) => bench::e2e::run(args),
         Command::Bench(BenchCommand::Decode(args)) => bench::decode::decode(args),
+        Command::Bench(BenchCommand::Scale(args)) => bench::scale::run(args),
     }
 }
 

@@ -1,6 +1,6 @@
 //! A tiny `joader bench e2e` so that the benchmark cannot rot.
 
-use crate::common::{TempDir, joader};
+use crate::common::{TempDir, joader, joader_bin};
 
 #[test]
 fn bench_e2e_quick_writes_its_table_and_chart() {
@@ -34,4 +34,75 @@ fn bench_e2e_quick_writes_its_table_and_chart() {
     assert!(decodes_per_sample <= 0.5 + 1e-9, "{k2}");
     let png = std::fs::read(out.join("e2e.png")).unwrap();
     assert_eq!(&png[..4], b"\x89PNG");
+}
+
+/// A tiny `joader bench scale`: it runs its servers and consumers as processes, prints its
+/// table and a JSON line with every figure, and leaves nothing in `/dev/shm`. The figures
+/// themselves are the benchmark's business, not the test's.
+#[test]
+fn bench_scale_quick_prints_every_figure() {
+    let dir = TempDir::new("bench-scale");
+    let child = std::process::Command::new(joader_bin())
+        .args(["bench", "scale", "--quick", "--data"])
+        .arg(dir.0.join("data"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run joader bench scale");
+    // The servers' instances are named after the bench's process.
+    let pid = child.id();
+    let o = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for row in [
+        "| index: time until ready (index + persist) |",
+        "| index: RssAnon growth |",
+        "| registration of 8 jobs",
+        "| RssAnon growth per registered job |",
+        "| idle CPU with 8 registered jobs |",
+        "| mix: cache bytes | 38535168 = (1 paused rings x 64 + 2 x 32 x 3 attached jobs) x 150528 |",
+        "| mix: fast jobs' rate / rate alone |",
+        "| mix: reloads / evictions_needed |",
+    ] {
+        assert!(stdout.contains(row), "missing {row} in\n{stdout}");
+    }
+    let last = stdout.lines().last().unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(last).expect("a JSON line last");
+    assert_eq!(v["bench"], "scale");
+    assert_eq!(v["items"], 5000);
+    assert_eq!(v["jobs"], 8);
+    for key in [
+        "ready_s",
+        "rss_bytes_per_item",
+        "index_bytes_per_item",
+        "register_total_s",
+        "rss_bytes_per_job",
+        "idle_cpu_percent",
+        "alone_samples_per_s",
+    ] {
+        assert!(v[key].as_f64().is_some_and(f64::is_finite), "{key} in {v}");
+    }
+    for key in ["cache_bytes", "reloads", "evictions_needed"] {
+        assert!(v[key].as_u64().is_some(), "{key} in {v}");
+    }
+    for (key, n) in [
+        ("fast_fraction_of_alone", 1),
+        ("fast_stall_s", 1),
+        ("slow_samples_per_s", 1),
+    ] {
+        let list = v[key].as_array().unwrap_or_else(|| panic!("{key} in {v}"));
+        assert_eq!(list.len(), n, "{key} in {v}");
+        assert!(list.iter().all(|x| x.as_f64().is_some()), "{key} in {v}");
+    }
+    let leftover: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("joader-bench_scale_") && n.contains(&format!("_{pid}-")))
+        .collect();
+    assert!(leftover.is_empty(), "left in /dev/shm: {leftover:?}");
 }

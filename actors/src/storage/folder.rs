@@ -5,8 +5,9 @@ use std::ffi::OsString;
 use std::fs::DirEntry;
 use std::path::{Path, PathBuf};
 
+use super::index::IndexBuilder;
 use super::roots::Roots;
-use super::{DatasetIndex, Item, Location, Progress, StorageError, has_image_extension, is_hidden};
+use super::{DatasetIndex, Progress, StorageError, has_image_extension, is_hidden};
 
 /// What a directory entry is, symlinks followed (and checked against the roots).
 enum Kind {
@@ -70,27 +71,30 @@ pub(super) fn index(
     }
     classes.sort();
 
-    let mut items = Vec::new();
+    let label_of = |position: usize| {
+        u32::try_from(position).map_err(|_| StorageError::BadLabel {
+            what: format!("image folder {}", path.display()),
+            reason: format!("more than {} classes", u32::MAX),
+        })
+    };
+    let mut items = IndexBuilder::files();
     let mut visited = HashSet::new();
     for (label, (_, dir)) in classes.iter().enumerate() {
+        let label = label_of(label)?;
         let mut files = Vec::new();
         walk(dir, &mut Vec::new(), roots, &mut visited, &mut files)?;
         files.sort_by(|a, b| {
             (a.0.as_slice(), a.1.as_encoded_bytes()).cmp(&(b.0.as_slice(), b.1.as_encoded_bytes()))
         });
         for (_, _, path) in files {
-            items.push(Item {
-                location: Location::File(path),
-                label: label as i64,
-            });
+            items.push_file(&path, label);
             progress.tick()?;
         }
     }
-    Ok(DatasetIndex {
-        items,
-        classes: classes.into_iter().map(|(name, _)| name).collect(),
-        shards: Vec::new(),
-    })
+    Ok(items.finish(
+        classes.into_iter().map(|(name, _)| name).collect(),
+        Vec::new(),
+    ))
 }
 
 /// A found image: (its folder relative to the class folder, as `/a/b` bytes; its file name;

@@ -1,26 +1,38 @@
 //! `manifest`: a CSV or JSON-lines list of `path, label`.
+//!
+//! The manifest is read as a stream, one line (or JSON array element) at a time, straight
+//! into the index's columns: a 1.28 M-line manifest never exists as 1.28 M strings.
 
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 
+use super::index::IndexBuilder;
 use super::roots::Roots;
-use super::{DatasetIndex, Item, Location, Progress, StorageError, named_classes, numeric_classes};
+use super::{DatasetIndex, Progress, StorageError, numeric_classes, numeric_label};
+
+/// Canonical folders remembered while resolving entries (cleared past this many).
+const MAX_CACHED_DIRS: usize = 4096;
 
 /// A label as written in the manifest.
-enum RawLabel {
+enum RawLabel<'a> {
     Number(i64),
-    Name(String),
+    Name(&'a str),
 }
-
-/// One manifest entry before path resolution: (line number, path, label).
-type Entry = (u64, String, RawLabel);
 
 #[derive(Deserialize)]
 struct JsonEntry {
     path: String,
     label: serde_json::Value,
 }
+
+/// Builds a `StorageError::BadManifest` for a line.
+type Bad<'a> = &'a dyn Fn(u64, String) -> StorageError;
 
 pub(super) fn index(
     path: &Path,
@@ -37,11 +49,9 @@ pub(super) fn index(
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
-    let bytes = std::fs::read(&manifest).map_err(|e| StorageError::io(path, e))?;
-    let text = String::from_utf8(bytes).map_err(|_| bad(0, "the file is not utf-8".into()))?;
-    let entries = match ext.as_deref() {
-        Some("csv") => parse_csv(&text).map_err(|(line, r)| bad(line, r))?,
-        Some("jsonl" | "json") => parse_json(&text).map_err(|(line, r)| bad(line, r))?,
+    let csv = match ext.as_deref() {
+        Some("csv") => true,
+        Some("jsonl" | "json") => false,
         _ => {
             return Err(bad(
                 0,
@@ -49,92 +59,214 @@ pub(super) fn index(
             ));
         }
     };
-
-    let base = manifest.parent().unwrap_or(Path::new("/")).to_owned();
-    let all_numeric = entries
-        .iter()
-        .all(|(_, _, l)| matches!(l, RawLabel::Number(_)));
-    let classes = if all_numeric {
-        let labels = entries.iter().filter_map(|(_, _, l)| match l {
-            RawLabel::Number(n) => Some(*n),
-            RawLabel::Name(_) => None,
-        });
-        numeric_classes(labels, &|| format!("manifest {}", path.display()))?
-    } else {
-        named_classes(entries.iter().map(|(_, _, l)| match l {
-            RawLabel::Name(s) => s.as_str(),
-            RawLabel::Number(_) => "",
-        }))
+    let file = File::open(&manifest).map_err(|e| StorageError::io(path, e))?;
+    let mut reader = BufReader::with_capacity(1 << 16, file);
+    let mut entries = Entries {
+        items: IndexBuilder::files(),
+        names: HashMap::new(),
+        kinds: (false, false),
+        resolver: Resolver {
+            roots,
+            base: manifest.parent().unwrap_or(Path::new("/")).to_owned(),
+            dirs: HashMap::new(),
+        },
+        progress,
     };
-
-    let mut items = Vec::with_capacity(entries.len());
-    for (_, file, label) in entries {
-        let file = PathBuf::from(file);
-        let full = if file.is_absolute() {
-            file
+    if csv {
+        parse_csv(&mut reader, &bad, &mut entries)?;
+    } else {
+        let starts_array = loop {
+            let buf = reader.fill_buf().map_err(|e| StorageError::io(path, e))?;
+            match buf.iter().position(|b| !b.is_ascii_whitespace()) {
+                Some(i) => break buf[i] == b'[',
+                None if buf.is_empty() => break false,
+                None => {
+                    let n = buf.len();
+                    reader.consume(n);
+                }
+            }
+        };
+        if starts_array {
+            parse_json_array(reader, &bad, &mut entries)?;
         } else {
-            base.join(file)
-        };
-        let canonical = roots.check(&full)?;
-        let label = match label {
-            RawLabel::Number(n) => n,
-            // `classes` holds every name, sorted.
-            RawLabel::Name(name) => classes.binary_search(&name).unwrap_or_default() as i64,
-        };
-        items.push(Item {
-            location: Location::File(canonical),
-            label,
-        });
-        progress.tick()?;
+            parse_json_lines(&mut reader, &bad, &mut entries)?;
+        }
     }
-    Ok(DatasetIndex {
-        items,
-        classes,
-        shards: Vec::new(),
-    })
+    entries.finish(&|| format!("manifest {}", path.display()))
+}
+
+/// What the parsers feed: the index being built and the labels met so far.
+struct Entries<'a, 'p> {
+    items: IndexBuilder,
+    /// Label texts (every CSV label; JSON names) and their number in order of appearance;
+    /// the label column holds these numbers until [`Entries::finish`] (or JSON numbers).
+    names: HashMap<Box<str>, u32>,
+    /// (numbers, names) met in a JSON manifest.
+    kinds: (bool, bool),
+    resolver: Resolver<'a>,
+    progress: &'a mut Progress<'p>,
+}
+
+impl Entries<'_, '_> {
+    fn add(&mut self, file: &str, label: RawLabel<'_>) -> Result<(), StorageError> {
+        let canonical = self.resolver.resolve(file)?;
+        let label = match label {
+            RawLabel::Number(n) => numeric_label(n, &|| format!("manifest entry {file}"))?,
+            RawLabel::Name(name) => match self.names.get(name) {
+                Some(&id) => id,
+                None => {
+                    let id = self.names.len() as u32;
+                    self.names.insert(name.into(), id);
+                    id
+                }
+            },
+        };
+        self.items.push_file(&canonical, label);
+        self.progress.tick()
+    }
+
+    /// Turns the provisional labels into the final ones. CSV labels are numbers if every
+    /// label is an integer, class names otherwise; JSON labels are what they were written as.
+    fn finish(mut self, what: &dyn Fn() -> String) -> Result<DatasetIndex, StorageError> {
+        let mut texts: Vec<(Box<str>, u32)> = self.names.drain().collect();
+        texts.sort_by_key(|(_, id)| *id);
+        let numbers: Option<Vec<i64>> = texts.iter().map(|(t, _)| t.parse().ok()).collect();
+        let classes = match numbers {
+            // Only numbers were written (JSON numbers, or CSV labels that all parse).
+            Some(numbers) if !self.kinds.1 => {
+                let map = numbers
+                    .into_iter()
+                    .map(|n| numeric_label(n, what))
+                    .collect::<Result<Vec<u32>, _>>()?;
+                if !map.is_empty() {
+                    for l in self.items.labels_mut() {
+                        *l = map[*l as usize];
+                    }
+                }
+                numeric_classes(self.items.labels_mut())
+            }
+            _ => {
+                let mut order: Vec<usize> = (0..texts.len()).collect();
+                order.sort_by(|&a, &b| texts[a].0.cmp(&texts[b].0));
+                let mut map = vec![0u32; texts.len()];
+                for (position, &id) in order.iter().enumerate() {
+                    map[id] = position as u32;
+                }
+                for l in self.items.labels_mut() {
+                    *l = map[*l as usize];
+                }
+                order
+                    .into_iter()
+                    .map(|id| texts[id].0.to_string())
+                    .collect()
+            }
+        };
+        Ok(self.items.finish(classes, Vec::new()))
+    }
+}
+
+/// Canonicalizes entries against the roots, remembering canonical folders: the entry of a
+/// file that is no symlink is its folder's canonical path joined with its name, one `lstat`
+/// instead of resolving every component of every entry.
+struct Resolver<'a> {
+    roots: &'a Roots,
+    base: PathBuf,
+    dirs: HashMap<PathBuf, PathBuf>,
+}
+
+impl Resolver<'_> {
+    fn resolve(&mut self, file: &str) -> Result<PathBuf, StorageError> {
+        let file = Path::new(file);
+        let full = if file.is_absolute() {
+            file.to_owned()
+        } else {
+            self.base.join(file)
+        };
+        if let Some(found) = self.through_folder(&full) {
+            return Ok(found);
+        }
+        self.roots.check(&full)
+    }
+
+    /// The canonical path of `full` through its folder's, when its last component is a
+    /// plain name of something that is not a symlink, and it lies under the roots; `None`
+    /// leaves the case (and its error) to the full check.
+    fn through_folder(&mut self, full: &Path) -> Option<PathBuf> {
+        let name = full.file_name()?;
+        let dir = full.parent()?;
+        // "x/." or "x/" would name "x" too, but mean "x as a folder".
+        let raw = full.as_os_str().as_bytes();
+        if !raw.ends_with(name.as_bytes()) || dir.as_os_str().is_empty() {
+            return None;
+        }
+        if !self.dirs.contains_key(dir) {
+            let canonical = std::fs::canonicalize(dir).ok()?;
+            if self.dirs.len() >= MAX_CACHED_DIRS {
+                self.dirs.clear();
+            }
+            self.dirs.insert(dir.to_owned(), canonical);
+        }
+        let candidate = self.dirs.get(dir)?.join(name);
+        let meta = std::fs::symlink_metadata(&candidate).ok()?;
+        (!meta.file_type().is_symlink() && self.roots.contains(&candidate)).then_some(candidate)
+    }
 }
 
 /// CSV: `path,label` per line, an optional `path,label` header, RFC 4180 quotes (no line
-/// breaks inside fields), blank lines ignored. Labels are numbers if every label is an
-/// integer, class names otherwise.
-fn parse_csv(text: &str) -> Result<Vec<Entry>, (u64, String)> {
-    let mut rows = Vec::new();
+/// breaks inside fields), blank lines ignored.
+fn parse_csv(
+    reader: &mut impl BufRead,
+    bad: Bad<'_>,
+    out: &mut Entries<'_, '_>,
+) -> Result<(), StorageError> {
     let mut first = true;
-    for (i, line) in text.lines().enumerate() {
-        let n = i as u64 + 1;
+    for_each_line(reader, bad, |n, line| {
         if line.trim().is_empty() {
-            continue;
+            return Ok(());
         }
-        let fields = split_csv_line(line).map_err(|r| (n, r))?;
+        let fields = split_csv_line(line).map_err(|r| bad(n, r))?;
         let [path, label] = <[String; 2]>::try_from(fields).map_err(|f| {
-            (
+            bad(
                 n,
                 format!("expected 2 fields (path,label), found {}", f.len()),
             )
         })?;
-        let (path, label) = (path.trim().to_owned(), label.trim().to_owned());
+        let (path, label) = (path.trim(), label.trim());
         if std::mem::take(&mut first)
             && path.eq_ignore_ascii_case("path")
             && label.eq_ignore_ascii_case("label")
         {
-            continue;
+            return Ok(());
         }
         if path.is_empty() || label.is_empty() {
-            return Err((n, "empty path or label".into()));
+            return Err(bad(n, "empty path or label".into()));
         }
-        rows.push((n, path, label));
+        out.add(path, RawLabel::Name(label))
+    })
+}
+
+/// Calls `f` with each line (numbered from 1, without its line break) of `reader`.
+fn for_each_line(
+    reader: &mut impl BufRead,
+    bad: Bad<'_>,
+    mut f: impl FnMut(u64, &str) -> Result<(), StorageError>,
+) -> Result<(), StorageError> {
+    let mut buf = Vec::new();
+    let mut n = 0u64;
+    loop {
+        buf.clear();
+        n += 1;
+        let read = reader
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| bad(n, format!("cannot read: {e}").to_lowercase()))?;
+        if read == 0 {
+            return Ok(());
+        }
+        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let line = std::str::from_utf8(line).map_err(|_| bad(n, "the line is not utf-8".into()))?;
+        f(n, line)?;
     }
-    let numeric = rows.iter().all(|(_, _, l)| l.parse::<i64>().is_ok());
-    Ok(rows
-        .into_iter()
-        .map(|(n, path, label)| {
-            let label = match label.parse::<i64>() {
-                Ok(v) if numeric => RawLabel::Number(v),
-                _ => RawLabel::Name(label),
-            };
-            (n, path, label)
-        })
-        .collect())
 }
 
 /// Splits one CSV line into fields, honouring `"quoted, ""fields"""`.
@@ -175,50 +307,109 @@ fn split_csv_line(line: &str) -> Result<Vec<String>, String> {
     Ok(fields)
 }
 
-/// JSON lines (`{"path": "...", "label": 3}` per line, blank lines ignored), or one JSON
-/// array of such objects. Labels are numbers (integers) or strings (class names), not both.
-fn parse_json(text: &str) -> Result<Vec<Entry>, (u64, String)> {
-    let mut raw: Vec<(u64, JsonEntry)> = Vec::new();
-    if text.trim_start().starts_with('[') {
-        let list: Vec<JsonEntry> =
-            serde_json::from_str(text).map_err(|e| (e.line() as u64, json_reason(&e)))?;
-        raw.extend(list.into_iter().enumerate().map(|(i, e)| (i as u64 + 1, e)));
-    } else {
-        for (i, line) in text.lines().enumerate() {
-            let n = i as u64 + 1;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let e = serde_json::from_str(line).map_err(|e| (n, json_reason(&e)))?;
-            raw.push((n, e));
+/// JSON lines: `{"path": "...", "label": 3}` per line, blank lines ignored.
+fn parse_json_lines(
+    reader: &mut impl BufRead,
+    bad: Bad<'_>,
+    out: &mut Entries<'_, '_>,
+) -> Result<(), StorageError> {
+    for_each_line(reader, bad, |n, line| {
+        if line.trim().is_empty() {
+            return Ok(());
         }
+        let e = serde_json::from_str(line).map_err(|e| bad(n, json_reason(&e)))?;
+        json_entry(n, e, bad, out)
+    })
+}
+
+/// One JSON array of `{"path", "label"}` objects, read element by element (an element's
+/// number stands for its line).
+fn parse_json_array(
+    reader: impl Read,
+    bad: Bad<'_>,
+    out: &mut Entries<'_, '_>,
+) -> Result<(), StorageError> {
+    let mut failed = None;
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    let seed = EachEntry {
+        on: &mut |n, e| json_entry(n, e, bad, out),
+        failed: &mut failed,
+    };
+    let parsed = seed.deserialize(&mut de).and_then(|()| de.end());
+    match (failed, parsed) {
+        (Some(e), _) => Err(e),
+        (None, Err(e)) => Err(bad(e.line() as u64, json_reason(&e))),
+        (None, Ok(())) => Ok(()),
     }
-    let mut entries = Vec::with_capacity(raw.len());
-    let (mut numbers, mut names) = (false, false);
-    for (n, e) in raw {
-        if e.path.is_empty() {
-            return Err((n, "empty path".into()));
-        }
-        let label = match e.label {
-            serde_json::Value::Number(v) => {
-                numbers = true;
-                RawLabel::Number(
-                    v.as_i64()
-                        .ok_or_else(|| (n, format!("label {v} is not an integer")))?,
-                )
-            }
-            serde_json::Value::String(s) if !s.trim().is_empty() => {
-                names = true;
-                RawLabel::Name(s.trim().to_owned())
-            }
-            other => return Err((n, format!("label {other} is neither an integer nor a name"))),
-        };
-        if numbers && names {
-            return Err((n, "the manifest mixes numeric and text labels".into()));
-        }
-        entries.push((n, e.path, label));
+}
+
+/// Visits the elements of a JSON array one at a time.
+struct EachEntry<'a> {
+    on: &'a mut dyn FnMut(u64, JsonEntry) -> Result<(), StorageError>,
+    failed: &'a mut Option<StorageError>,
+}
+
+impl<'de> DeserializeSeed<'de> for EachEntry<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
     }
-    Ok(entries)
+}
+
+impl<'de> Visitor<'de> for EachEntry<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of {\"path\", \"label\"} objects")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut n = 0;
+        while let Some(e) = seq.next_element::<JsonEntry>()? {
+            n += 1;
+            if let Err(err) = (self.on)(n, e) {
+                *self.failed = Some(err);
+                return Err(serde::de::Error::custom("entry refused"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One JSON entry: labels are integers or strings (class names), not both in one manifest.
+fn json_entry(
+    n: u64,
+    e: JsonEntry,
+    bad: Bad<'_>,
+    out: &mut Entries<'_, '_>,
+) -> Result<(), StorageError> {
+    if e.path.is_empty() {
+        return Err(bad(n, "empty path".into()));
+    }
+    let label = match &e.label {
+        serde_json::Value::Number(v) => {
+            out.kinds.0 = true;
+            RawLabel::Number(
+                v.as_i64()
+                    .ok_or_else(|| bad(n, format!("label {v} is not an integer")))?,
+            )
+        }
+        serde_json::Value::String(s) if !s.trim().is_empty() => {
+            out.kinds.1 = true;
+            RawLabel::Name(s.trim())
+        }
+        other => {
+            return Err(bad(
+                n,
+                format!("label {other} is neither an integer nor a name"),
+            ));
+        }
+    };
+    if out.kinds.0 && out.kinds.1 {
+        return Err(bad(n, "the manifest mixes numeric and text labels".into()));
+    }
+    out.add(&e.path, label)
 }
 
 fn json_reason(e: &serde_json::Error) -> String {

@@ -1,5 +1,6 @@
 //! Storage backends: turn a dataset source into a [`DatasetIndex`] (a dense list of items,
-//! each a location and a label) once, then read any item's stored bytes by id.
+//! each a location and a label, stored by column: see `index.rs`) once, then read any item's
+//! stored bytes by id.
 //!
 //! Plain blocking code, no actix: indexing runs in the background and reads run on the
 //! Loader's worker pool.
@@ -31,13 +32,13 @@
 //! walking. The check happens at indexing time; items record canonical paths.
 
 mod folder;
+mod index;
 mod manifest;
 mod roots;
 mod tar_shards;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -46,6 +47,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use roots::Roots;
+
+pub use index::{DatasetIndex, IndexFormatError, Location};
 
 /// Numeric labels must be below this (their class list is `0..=max`).
 pub const MAX_NUMERIC_LABEL: i64 = 1 << 20;
@@ -76,32 +79,6 @@ pub enum SourceSpec {
         #[cfg_attr(feature = "openapi", schema(value_type = String))]
         path: PathBuf,
     },
-}
-
-/// The result of indexing a source: items in a deterministic order (item id = position).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct DatasetIndex {
-    pub items: Vec<Item>,
-    /// `classes[label]` names the label.
-    pub classes: Vec<String>,
-    /// The shard files `Location::TarMember::shard` refers to (empty for other sources).
-    pub shards: Vec<PathBuf>,
-}
-
-/// One element of a dataset.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Item {
-    pub location: Location,
-    pub label: i64,
-}
-
-/// Where an item's bytes are.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub enum Location {
-    /// A whole file (canonical path).
-    File(PathBuf),
-    /// `len` bytes at `offset` in shard number `shard`.
-    TarMember { shard: u32, offset: u64, len: u64 },
 }
 
 /// Why indexing or reading failed.
@@ -207,13 +184,13 @@ pub fn index(
         SourceSpec::TarShards { paths } => tar_shards::index(paths, &roots, &mut counter)?,
         SourceSpec::Manifest { path } => manifest::index(path, &roots, &mut counter)?,
     };
-    if index.items.is_empty() {
+    if index.is_empty() {
         return Err(StorageError::Empty);
     }
-    if u32::try_from(index.items.len()).is_err() {
+    if u32::try_from(index.len()).is_err() {
         return Err(StorageError::TooManyItems);
     }
-    (counter.report)(index.items.len() as u64);
+    (counter.report)(index.len() as u64);
     Ok(index)
 }
 
@@ -236,55 +213,36 @@ impl Progress<'_> {
     }
 }
 
-/// The class list for numeric labels: `"0"..="max"`, after checking the range.
-fn numeric_classes(
-    labels: impl IntoIterator<Item = i64>,
-    what: &dyn Fn() -> String,
-) -> Result<Vec<String>, StorageError> {
-    let mut max = -1i64;
-    for l in labels {
-        if !(0..MAX_NUMERIC_LABEL).contains(&l) {
-            return Err(StorageError::BadLabel {
-                what: what(),
-                reason: format!("numeric label {l} is not in 0..{MAX_NUMERIC_LABEL}"),
-            });
-        }
-        max = max.max(l);
+/// A numeric label, checked to lie in `0..MAX_NUMERIC_LABEL`.
+fn numeric_label(label: i64, what: &dyn Fn() -> String) -> Result<u32, StorageError> {
+    if (0..MAX_NUMERIC_LABEL).contains(&label) {
+        Ok(label as u32)
+    } else {
+        Err(StorageError::BadLabel {
+            what: what(),
+            reason: format!("numeric label {label} is not in 0..{MAX_NUMERIC_LABEL}"),
+        })
     }
-    Ok((0..=max).map(|l| l.to_string()).collect())
 }
 
-/// Class names sorted, and the label of each name.
-fn named_classes<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
-    let set: BTreeSet<&str> = names.into_iter().collect();
-    set.into_iter().map(str::to_owned).collect()
+/// The class list of numeric labels: `"0"..="max"`.
+fn numeric_classes(labels: &[u32]) -> Vec<String> {
+    labels
+        .iter()
+        .max()
+        .map_or_else(Vec::new, |&max| (0..=max).map(|l| l.to_string()).collect())
 }
 
 impl DatasetIndex {
-    /// Number of items.
-    pub fn len(&self) -> usize {
-        self.items.len()
-    }
-
-    /// True if there is no item (never the case for an index made by [`index`]).
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    /// The label of item `id`.
-    pub fn label(&self, id: u32) -> Option<i64> {
-        self.items.get(id as usize).map(|i| i.label)
-    }
-
     /// A human-readable location of item `id` (a path, or `shard.tar@offset+len`), for error
     /// listings.
     pub fn describe(&self, id: u32) -> Option<String> {
-        Some(match &self.items.get(id as usize)?.location {
+        Some(match self.location(id)? {
             Location::File(p) => p.display().to_string(),
             Location::TarMember { shard, offset, len } => {
                 let shard = self
-                    .shards
-                    .get(*shard as usize)
+                    .shards()
+                    .get(shard as usize)
                     .map_or_else(|| format!("shard {shard}"), |p| p.display().to_string());
                 format!("{shard}@{offset}+{len}")
             }
@@ -293,25 +251,22 @@ impl DatasetIndex {
 
     /// Reads the stored bytes of item `id` (blocking).
     pub fn read(&self, id: u32) -> Result<Vec<u8>, StorageError> {
-        let item = self
-            .items
-            .get(id as usize)
-            .ok_or(StorageError::NoSuchItem {
-                id,
-                len: self.items.len(),
-            })?;
-        match &item.location {
+        let location = self.location(id).ok_or(StorageError::NoSuchItem {
+            id,
+            len: self.len(),
+        })?;
+        match location {
             Location::File(path) => std::fs::read(path).map_err(|e| StorageError::read(path, e)),
             Location::TarMember { shard, offset, len } => {
                 let path =
-                    self.shards
-                        .get(*shard as usize)
+                    self.shards()
+                        .get(shard as usize)
                         .ok_or_else(|| StorageError::ReadFailed {
                             path: PathBuf::from(format!("shard {shard}")),
                             source: io::Error::new(io::ErrorKind::InvalidData, "no such shard"),
                         })?;
                 let file = File::open(path).map_err(|e| StorageError::read(path, e))?;
-                let len = usize::try_from(*len)
+                let len = usize::try_from(len)
                     .ok()
                     .filter(|l| *l as u64 <= MAX_MEMBER_LEN)
                     .ok_or_else(|| StorageError::ReadFailed {
@@ -319,7 +274,7 @@ impl DatasetIndex {
                         source: io::Error::new(io::ErrorKind::InvalidData, "member too large"),
                     })?;
                 let mut buf = vec![0u8; len];
-                file.read_exact_at(&mut buf, *offset).map_err(|e| {
+                file.read_exact_at(&mut buf, offset).map_err(|e| {
                     let source = if e.kind() == io::ErrorKind::UnexpectedEof {
                         io::Error::new(
                             io::ErrorKind::UnexpectedEof,

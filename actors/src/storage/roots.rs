@@ -20,7 +20,7 @@ impl Roots {
         )
     }
 
-    fn contains(&self, canonical: &Path) -> bool {
+    pub(super) fn contains(&self, canonical: &Path) -> bool {
         self.0.iter().any(|r| canonical.starts_with(r))
     }
 

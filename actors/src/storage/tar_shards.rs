@@ -4,10 +4,11 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
+use super::index::IndexBuilder;
 use super::roots::Roots;
 use super::{
-    DatasetIndex, Item, Location, Progress, StorageError, is_hidden, is_image_extension,
-    numeric_classes,
+    DatasetIndex, Progress, StorageError, is_hidden, is_image_extension, numeric_classes,
+    numeric_label,
 };
 
 /// A `.cls` member longer than this is not a label.
@@ -50,19 +51,13 @@ pub(super) fn index(
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
     let shards = shard_files(paths, roots)?;
-    let mut items = Vec::new();
+    let mut items = IndexBuilder::members();
     for (n, shard) in shards.iter().enumerate() {
         let n = u32::try_from(n).map_err(|_| StorageError::TooManyItems)?;
         index_shard(n, shard, &mut items, progress)?;
     }
-    let classes = numeric_classes(items.iter().map(|i: &Item| i.label), &|| {
-        "tar shards".to_owned()
-    })?;
-    Ok(DatasetIndex {
-        items,
-        classes,
-        shards,
-    })
+    let classes = numeric_classes(items.labels_mut());
+    Ok(items.finish(classes, shards))
 }
 
 /// The sample being assembled from consecutive members with one key.
@@ -89,7 +84,7 @@ fn key_and_extension(path: &str) -> Option<(&str, &str)> {
 fn index_shard(
     n: u32,
     path: &Path,
-    items: &mut Vec<Item>,
+    items: &mut IndexBuilder,
     progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
     let bad = |reason: String| StorageError::BadShard {
@@ -107,25 +102,20 @@ fn index_shard(
         .map_err(|e| bad(e.to_string().to_lowercase()))?;
 
     let mut current: Option<Sample> = None;
-    let mut finish = |sample: Option<Sample>, items: &mut Vec<Item>| -> Result<(), StorageError> {
-        let Some(s) = sample else { return Ok(()) };
-        let Some((offset, len)) = s.image else {
-            return Ok(());
+    let mut finish =
+        |sample: Option<Sample>, items: &mut IndexBuilder| -> Result<(), StorageError> {
+            let Some(s) = sample else { return Ok(()) };
+            let Some((offset, len)) = s.image else {
+                return Ok(());
+            };
+            let label = s.label.ok_or_else(|| StorageError::BadLabel {
+                what: format!("sample {} in {}", s.key, path.display()),
+                reason: "the sample has no .cls member".into(),
+            })?;
+            let label = numeric_label(label, &|| "tar shards".to_owned())?;
+            items.push_member(n, offset, len, label);
+            progress.tick()
         };
-        let label = s.label.ok_or_else(|| StorageError::BadLabel {
-            what: format!("sample {} in {}", s.key, path.display()),
-            reason: "the sample has no .cls member".into(),
-        })?;
-        items.push(Item {
-            location: Location::TarMember {
-                shard: n,
-                offset,
-                len,
-            },
-            label,
-        });
-        progress.tick()
-    };
 
     for entry in entries {
         let mut entry = entry.map_err(|e| bad(e.to_string().to_lowercase()))?;

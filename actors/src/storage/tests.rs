@@ -42,7 +42,7 @@ fn manifest(path: &Path) -> SourceSpec {
 fn names_and_check_reads(ix: &DatasetIndex) -> Vec<String> {
     (0..ix.len() as u32)
         .map(|id| {
-            let Location::File(p) = &ix.items[id as usize].location else {
+            let Some(Location::File(p)) = ix.location(id) else {
                 panic!("not a file item")
             };
             assert_eq!(ix.read(id).unwrap(), fs::read(p).unwrap());
@@ -72,7 +72,7 @@ fn image_folder_labels_follow_sorted_class_names() {
     fs::create_dir_all(root.join("empty_class")).unwrap();
 
     let ix = index_ok(&folder(&root), &[tmp.path().to_owned()]);
-    assert_eq!(ix.classes, ["bird", "cat", "dog", "empty_class"]);
+    assert_eq!(ix.classes(), ["bird", "cat", "dog", "empty_class"]);
     assert_eq!(
         names_and_check_reads(&ix),
         ["bird/b1.jpeg", "cat/c1.JPG", "cat/c2.png", "dog/d1.jpg"]
@@ -80,8 +80,8 @@ fn image_folder_labels_follow_sorted_class_names() {
     let labels: Vec<i64> = (0..4).map(|id| ix.label(id).unwrap()).collect();
     assert_eq!(labels, [0, 1, 1, 2]);
     assert_eq!(ix.label(4), None);
-    assert!(ix.shards.is_empty());
-    let Location::File(p) = &ix.items[0].location else {
+    assert!(ix.shards().is_empty());
+    let Some(Location::File(p)) = ix.location(0) else {
         panic!()
     };
     assert!(p.is_absolute());
@@ -149,12 +149,12 @@ fn symlinks_inside_the_roots_are_followed() {
     symlink(store.join("real.jpg"), root.join("a/link.jpg")).unwrap();
     symlink(store.join("cls"), root.join("b")).unwrap();
     let ix = index_ok(&folder(&root), &[tmp.path().to_owned()]);
-    assert_eq!(ix.classes, ["a", "b"]);
+    assert_eq!(ix.classes(), ["a", "b"]);
     assert_eq!(ix.read(0).unwrap(), content("real"));
     assert_eq!(ix.read(1).unwrap(), content("inner"));
     assert_eq!(
-        ix.items[0].location,
-        Location::File(fs::canonicalize(store.join("real.jpg")).unwrap())
+        ix.location(0).unwrap(),
+        Location::File(&fs::canonicalize(store.join("real.jpg")).unwrap())
     );
 }
 
@@ -312,22 +312,22 @@ fn tar_shards_group_members_by_key_and_read_at_random() {
     let ix = index(&spec, &[tmp.path().to_owned()], &mut |n| last = n).unwrap();
     assert_eq!(last, 5);
     assert_eq!(
-        ix.shards,
+        ix.shards(),
         [
             fs::canonicalize(dir.join("shard-000.tar")).unwrap(),
             fs::canonicalize(dir.join("shard-001.tar")).unwrap(),
             fs::canonicalize(&single).unwrap(),
         ]
     );
-    let labels: Vec<i64> = ix.items.iter().map(|i| i.label).collect();
+    let labels: Vec<i64> = ix.labels().collect();
     assert_eq!(labels, [2, 0, 1, 7, 3]);
-    assert_eq!(ix.classes, ["0", "1", "2", "3", "4", "5", "6", "7"]);
+    assert_eq!(ix.classes(), ["0", "1", "2", "3", "4", "5", "6", "7"]);
     for id in [4u32, 0, 3, 2, 1, 0] {
         let expected = [&a0, &a1, &a2, &b0, &c0][id as usize];
         assert_eq!(&ix.read(id).unwrap(), expected, "item {id}");
     }
     assert!(matches!(
-        ix.items[3].location,
+        ix.location(3).unwrap(),
         Location::TarMember { shard: 1, .. }
     ));
     assert!(ix.describe(3).unwrap().contains("shard-001.tar@"));
@@ -413,8 +413,8 @@ fn manifest_csv_with_header_quotes_and_relative_paths() {
     .unwrap();
     let ix = index_ok(&manifest(&m), &[tmp.path().to_owned()]);
     assert_eq!(ix.len(), 4);
-    assert_eq!(ix.classes, ["0", "1", "2"]);
-    let labels: Vec<i64> = ix.items.iter().map(|i| i.label).collect();
+    assert_eq!(ix.classes(), ["0", "1", "2"]);
+    let labels: Vec<i64> = ix.labels().collect();
     assert_eq!(labels, [2, 0, 2, 1]);
     assert_eq!(ix.read(0).unwrap(), content("x/1.jpg"));
     assert_eq!(ix.read(1).unwrap(), content("odd, \"name\".png"));
@@ -424,8 +424,8 @@ fn manifest_csv_with_header_quotes_and_relative_paths() {
     // Text labels are class names, sorted.
     fs::write(&m, "x/1.jpg,dog\nx/2.jpg,cat\nx/1.jpg,7\n").unwrap();
     let ix = index_ok(&manifest(&m), &[tmp.path().to_owned()]);
-    assert_eq!(ix.classes, ["7", "cat", "dog"]);
-    let labels: Vec<i64> = ix.items.iter().map(|i| i.label).collect();
+    assert_eq!(ix.classes(), ["7", "cat", "dog"]);
+    let labels: Vec<i64> = ix.labels().collect();
     assert_eq!(labels, [2, 1, 0]);
 }
 
@@ -443,7 +443,7 @@ fn manifest_json_lines_and_array() {
     )
     .unwrap();
     let ix = index_ok(&manifest(&m), &roots);
-    assert_eq!(ix.classes, ["0", "1"]);
+    assert_eq!(ix.classes(), ["0", "1"]);
     assert_eq!((ix.label(0), ix.label(1)), (Some(1), Some(0)));
     assert_eq!(ix.read(1).unwrap(), content("b.jpg"));
 
@@ -454,7 +454,7 @@ fn manifest_json_lines_and_array() {
     )
     .unwrap();
     let ix = index_ok(&manifest(&m), &roots);
-    assert_eq!(ix.classes, ["ant", "zebra"]);
+    assert_eq!(ix.classes(), ["ant", "zebra"]);
     assert_eq!((ix.label(0), ix.label(1)), (Some(1), Some(0)));
     assert_eq!(ix.read(0).unwrap(), content("b.jpg"));
 }
@@ -543,9 +543,159 @@ fn specs_and_indexes_serialize() {
         folder(&tmp.path().join("f")),
     ] {
         let ix = index_ok(&spec, &[tmp.path().to_owned()]);
-        let back: DatasetIndex =
-            serde_json::from_str(&serde_json::to_string(&ix).unwrap()).unwrap();
+        let back = DatasetIndex::from_bytes(&ix.to_bytes()).unwrap();
         assert_eq!(back, ix);
         assert_eq!(back.read(0).unwrap(), ix.read(0).unwrap());
+    }
+}
+
+#[test]
+fn manifest_entries_resolve_symlinks_and_stay_in_the_roots() {
+    let tmp = tempfile::tempdir().unwrap();
+    let allowed = tmp.path().join("allowed");
+    let outside = tmp.path().join("outside");
+    write(&allowed.join("store/real.jpg"), &content("real"));
+    write(&outside.join("secret.jpg"), &content("secret"));
+    fs::create_dir_all(allowed.join("links")).unwrap();
+    symlink(
+        allowed.join("store/real.jpg"),
+        allowed.join("links/file.jpg"),
+    )
+    .unwrap();
+    symlink(allowed.join("store"), allowed.join("dirlink")).unwrap();
+    symlink(outside.join("secret.jpg"), allowed.join("links/escape.jpg")).unwrap();
+    symlink(&outside, allowed.join("outdir")).unwrap();
+    let roots = [allowed.clone()];
+    let real = fs::canonicalize(allowed.join("store/real.jpg")).unwrap();
+    let m = allowed.join("m.csv");
+    // The same folder many times (its canonical path is remembered), through a symlinked
+    // file, a symlinked folder and `..`.
+    fs::write(
+        &m,
+        "store/real.jpg,0\nlinks/file.jpg,1\ndirlink/real.jpg,2\nlinks/../store/real.jpg,3\n",
+    )
+    .unwrap();
+    let ix = index_ok(&manifest(&m), &roots);
+    for id in 0..4 {
+        assert_eq!(ix.location(id), Some(Location::File(&real)), "item {id}");
+        assert_eq!(ix.label(id), Some(i64::from(id)));
+    }
+    for entry in [
+        "links/escape.jpg",
+        "outdir/secret.jpg",
+        "../outside/secret.jpg",
+    ] {
+        fs::write(&m, format!("store/real.jpg,0\n{entry},1\n")).unwrap();
+        assert_eq!(
+            index_err(&manifest(&m), &roots).code(),
+            "outside_roots",
+            "{entry}"
+        );
+    }
+    // "x/" and "x/." name x as a folder: a file there is not found as a folder.
+    for entry in ["store/real.jpg/", "store/real.jpg/."] {
+        fs::write(&m, format!("{entry},0\n")).unwrap();
+        assert!(
+            index(&manifest(&m), &roots, &mut |_| {}).is_err(),
+            "{entry}"
+        );
+    }
+}
+
+#[test]
+fn indexes_are_compact_by_column() {
+    // 20,000 entries naming three files over and over: at most 32 bytes per item besides
+    // the path bytes (12 in fact: a label and a path end).
+    let tmp = tempfile::tempdir().unwrap();
+    let names = ["n01/a.jpg", "n02/b.jpg", "n03/c.jpg"];
+    for f in names {
+        write(&tmp.path().join(f), &content(f));
+    }
+    let n = 20_000u32;
+    let m = tmp.path().join("m.csv");
+    let text: String = (0..n)
+        .map(|i| format!("{},{}\n", names[i as usize % 3], i % 1000))
+        .collect();
+    fs::write(&m, text).unwrap();
+    let ix = index_ok(&manifest(&m), &[tmp.path().to_owned()]);
+    assert_eq!(ix.len(), n as usize);
+    let path_bytes: u64 = (0..n)
+        .map(|id| match ix.location(id).unwrap() {
+            Location::File(p) => p.as_os_str().len() as u64,
+            Location::TarMember { .. } => unreachable!(),
+        })
+        .sum();
+    assert!(
+        ix.heap_bytes() <= 32 * u64::from(n) + path_bytes,
+        "{} bytes for {n} items and {path_bytes} path bytes",
+        ix.heap_bytes()
+    );
+    assert_eq!(ix.label(1234), Some(234));
+    assert_eq!(ix.classes().len(), 1000);
+    assert_eq!(ix.read(4).unwrap(), content(names[1]));
+
+    // Tar members: shard, offset, length and label columns.
+    let s = tmp.path().join("s.tar");
+    let members: Vec<(String, Vec<u8>)> = (0..500)
+        .flat_map(|i| {
+            [
+                (format!("k{i:04}.jpg"), content(&i.to_string())),
+                (format!("k{i:04}.cls"), (i % 7).to_string().into_bytes()),
+            ]
+        })
+        .collect();
+    let refs: Vec<(&str, &[u8])> = members
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.as_slice()))
+        .collect();
+    write(&s, &shard(&refs));
+    let ix = index_ok(
+        &SourceSpec::TarShards { paths: vec![s] },
+        &[tmp.path().to_owned()],
+    );
+    assert_eq!(ix.len(), 500);
+    assert!(ix.heap_bytes() <= 32 * 500, "{}", ix.heap_bytes());
+    assert_eq!(ix.read(321).unwrap(), content("321"));
+    assert_eq!(ix.label(321), Some(321 % 7));
+}
+
+#[test]
+fn persisted_indexes_round_trip_and_other_formats_are_recognised() {
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["a.jpg", "b.jpg"] {
+        write(&tmp.path().join(f), &content(f));
+    }
+    let m = tmp.path().join("m.jsonl");
+    fs::write(
+        &m,
+        "{\"path\":\"a.jpg\",\"label\":\"cat\"}\n{\"path\":\"b.jpg\",\"label\":\"ant\"}\n",
+    )
+    .unwrap();
+    let ix = index_ok(&manifest(&m), &[tmp.path().to_owned()]);
+    let bytes = ix.to_bytes();
+    let back = DatasetIndex::from_bytes(&bytes).unwrap();
+    assert_eq!(back, ix);
+    assert_eq!(back.classes(), ["ant", "cat"]);
+    assert_eq!(back.read(1).unwrap(), content("b.jpg"));
+
+    // What joader wrote before the columnar index: JSON.
+    let old =
+        r#"{"items":[{"location":{"File":"/d/a.jpg"},"label":0}],"classes":["0"],"shards":[]}"#;
+    assert!(matches!(
+        DatasetIndex::from_bytes(old.as_bytes()),
+        Err(IndexFormatError::OtherVersion)
+    ));
+    for damaged in [
+        &bytes[..bytes.len() - 3],
+        &bytes[..8],
+        b"garbage".as_slice(),
+    ] {
+        assert!(
+            matches!(
+                DatasetIndex::from_bytes(damaged),
+                Err(IndexFormatError::Damaged(_))
+            ),
+            "{damaged:?}"
+        );
     }
 }

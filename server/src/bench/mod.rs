@@ -4,3 +4,4 @@
 pub mod decode;
 pub mod e2e;
 pub mod sampler;
+pub mod scale;

@@ -24,6 +24,8 @@ pub struct DatasetView {
     pub progress: u64,
     /// Items of the dataset, once indexed.
     pub items: Option<u64>,
+    /// Memory the index takes in the server, once indexed.
+    pub index_bytes: Option<u64>,
     /// The class names (a label is an index into them), once indexed.
     pub classes: Option<Vec<String>>,
     pub created_unix: u64,
@@ -57,8 +59,9 @@ pub fn dataset_view(d: &DatasetEntry) -> DatasetView {
         state: DatasetState::of(&d.record.state),
         error: d.record.error.clone(),
         progress: d.progress.load(Relaxed),
-        items: index.map(|i| i.items.len() as u64),
-        classes: index.map(|i| i.classes.clone()),
+        items: index.map(|i| i.len() as u64),
+        index_bytes: index.map(|i| i.heap_bytes()),
+        classes: index.map(|i| i.classes().to_vec()),
         created_unix: d.record.created_unix,
     }
 }

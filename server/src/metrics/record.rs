@@ -114,7 +114,7 @@ pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &App
         .datasets
         .iter()
         .map(|(name, d)| {
-            let n = d.index.as_ref().map_or(0, |i| i.items.len());
+            let n = d.index.as_ref().map_or(0, |i| i.len());
             (vec![("dataset", name.clone())], n as f64)
         })
         .collect();

@@ -257,13 +257,13 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
         // not hold up the HTTP workers.
         let index = match result {
             Ok(index) => {
-                progress.store(index.items.len() as u64, Relaxed);
+                progress.store(index.len() as u64, Relaxed);
                 record.state = "ready".into();
                 record.error = None;
                 if let Err(e) = state.catalog.put(&record, Some(&index)) {
                     tracing::error!(dataset = %name, error = %e, "cannot persist the dataset index");
                 }
-                tracing::info!(dataset = %name, items = index.items.len(), secs = started.elapsed().as_secs_f64(), "dataset indexed");
+                tracing::info!(dataset = %name, items = index.len(), secs = started.elapsed().as_secs_f64(), "dataset indexed");
                 Some(Arc::new(index))
             }
             Err(e) => {
@@ -292,8 +292,8 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
     }
 }
 
-/// Loads the catalog at start-up: ready datasets with their index; interrupted ones are
-/// indexed again.
+/// Loads the catalog at start-up: ready datasets with their index; interrupted ones, and
+/// ones whose index an older joader stored in another format, are indexed again.
 pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
     let records = state.catalog.records()?;
     let mut reindex = Vec::new();
@@ -309,7 +309,7 @@ pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
             let mut entry = DatasetEntry::new(id, rec.clone());
             match (rec.state.as_str(), state.catalog.index(&rec.name)?) {
                 ("ready", Some(index)) => {
-                    entry.progress.store(index.items.len() as u64, Relaxed);
+                    entry.progress.store(index.len() as u64, Relaxed);
                     entry.index = Some(Arc::new(index));
                 }
                 ("failed", _) => {}

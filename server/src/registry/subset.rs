@@ -59,7 +59,8 @@ impl SubsetSpec {
             SubsetSpec::Ids(ids) => return check_ids(ids),
             SubsetSpec::Filter(f) => f,
         };
-        let mut set: RoaringBitmap = (0..len).collect();
+        let mut set = RoaringBitmap::new();
+        set.insert_range(0..len);
         if f.start.is_some() || f.end.is_some() {
             let (a, b) = (f.start.unwrap_or(0), f.end.unwrap_or(len));
             if a > b || b > len {
@@ -103,10 +104,13 @@ impl SubsetSpec {
             let all: Vec<u32> = set.iter().collect();
             let k = ((all.len() as f64) * frac).round() as usize;
             let mut rng = Xoshiro256PlusPlus::seed_from_u64(f.seed.unwrap_or(0));
-            set = rand::seq::index::sample(&mut rng, all.len(), k)
+            let mut picked: Vec<u32> = rand::seq::index::sample(&mut rng, all.len(), k)
                 .into_iter()
                 .map(|i| all[i])
                 .collect();
+            // Sorted, the ids fill the bitmap container by container.
+            picked.sort_unstable();
+            set = RoaringBitmap::from_sorted_iter(picked).map_err(Error::internal)?;
         }
         Ok(set)
     }

@@ -1,0 +1,442 @@
+//! `joader bench scale`: what an ImageNet-size dataset and 64 jobs cost the server, measured
+//! from outside on real `joader serve` processes (`/proc/<pid>`: `RssAnon`, CPU time), and
+//! whether fast jobs keep their pace beside slow, paused and never-attached ones on a small
+//! cache.
+//!
+//! 1. A manifest of `--items` entries (1,281,167: ImageNet-1k train), each a distinct hard
+//!    link to one of a few small JPEGs, is indexed: time until `ready` (indexing and
+//!    persisting), `RssAnon` growth per item.
+//! 2. `--jobs` jobs with `{"fraction": …}` subsets are registered one after the other: total
+//!    time, `RssAnon` growth per job; then the server's CPU over `--idle-seconds`.
+//! 3. On a generated dataset of 500×375 JPEGs with the decode pipeline (resize 256, center
+//!    crop 224) and batches of 32: one fast job alone, then the mix (fast, 1/10-speed, paused
+//!    mid-epoch, never attached) on a server whose cache holds the paused jobs' rings plus two
+//!    batches per attached job. Each fast job's rate is compared with the rate alone.
+
+mod procs;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+
+use crate::client::Client;
+use procs::{Consumers, ServerProc, cpu_seconds, wait_for};
+
+/// Bytes of one prepared element: 224 × 224 × 3.
+const ELEMENT_BYTES: u64 = 224 * 224 * 3;
+const BATCH: u64 = 32;
+/// The server's default ring capacity for a batch of 32: `max(2 × batch, 64)`.
+const RING: u64 = 64;
+
+#[derive(Debug, Args)]
+pub struct ScaleArgs {
+    /// Entries of the generated manifest (ImageNet-1k train has 1,281,167).
+    #[arg(long, default_value_t = 1_281_167)]
+    pub items: u64,
+    /// Index this manifest (CSV or JSON lines) instead of a generated one; its folder is the
+    /// allowed root.
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Jobs registered on the large dataset, with fractions 1/8, 2/8, …, 8/8 in turn.
+    #[arg(long, default_value_t = 64)]
+    pub jobs: u32,
+    /// Seconds over which the idle server's CPU is measured.
+    #[arg(long, default_value_t = 5.0)]
+    pub idle_seconds: f64,
+    /// Images (500×375 JPEGs) of the mix's dataset: by default about four times what the
+    /// mix's cache holds, so that a job alone is not served from a cache holding its whole
+    /// dataset.
+    #[arg(long, default_value_t = 8000)]
+    pub mix_images: u32,
+    /// Jobs of the mix: fast, slow (1/10 of the fast rate alone), paused mid-epoch, never
+    /// attached.
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 8, 8, 40])]
+    pub mix: Vec<u32>,
+    /// Epochs each fast job reads, alone and in the mix.
+    #[arg(long, default_value_t = 2)]
+    pub epochs: u32,
+    /// Where generated data is written and reused by later runs.
+    #[arg(long, default_value = "joader-bench-data/scale")]
+    pub data: PathBuf,
+    /// A tiny run (CI): 5,000 entries, 8 jobs, 1 s idle, a mix of 1/1/1/2 jobs on 40 small
+    /// images for 2 epochs.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// Figures of the index and job-state part.
+struct StateFigures {
+    items: u64,
+    ready_s: f64,
+    rss_per_item: f64,
+    index_per_item: f64,
+    jobs: u32,
+    register_s: f64,
+    register_max_ms: f64,
+    rss_per_job: f64,
+    idle_cpu_percent: f64,
+}
+
+/// Figures of the mix.
+struct MixFigures {
+    cache_bytes: u64,
+    alone: f64,
+    alone_hits: f64,
+    fast: Vec<f64>,
+    fast_hits: Vec<f64>,
+    /// Seconds from the start of the slow and fast jobs to the end of the last fast one.
+    mix_s: f64,
+    stall: Vec<f64>,
+    slow: Vec<f64>,
+    slow_target: f64,
+    reloads: u64,
+    evictions_needed: u64,
+}
+
+pub fn run(mut args: ScaleArgs) -> Result<()> {
+    if args.quick {
+        (args.items, args.jobs, args.idle_seconds) = (5_000, 8, 1.0);
+        (args.mix_images, args.mix, args.epochs) = (40, vec![1, 1, 1, 2], 2);
+    }
+    if args.mix.len() != 4 {
+        bail!("--mix takes four numbers: fast,slow,paused,never");
+    }
+    std::fs::create_dir_all(&args.data)?;
+    let data = std::fs::canonicalize(&args.data)?;
+    let state = index_and_jobs(&args, &data)?;
+    let mix = mix(&args, &data)?;
+    report(&args, &state, &mix);
+    Ok(())
+}
+
+fn index_and_jobs(args: &ScaleArgs, data: &Path) -> Result<StateFigures> {
+    let manifest = match &args.manifest {
+        Some(m) => std::fs::canonicalize(m)?,
+        None => {
+            eprintln!("generating a manifest of {} hard links…", args.items);
+            procs::generate_manifest(&data.join("manifest"), args.items)?
+        }
+    };
+    let root = manifest.parent().context("the manifest has no folder")?;
+    let server = ServerProc::start("index", &[root.to_owned()], 64 << 20)?;
+    let c = server.client();
+    c.ok("GET", "/healthz", None)?;
+    let rss0 = server.settled_rss()?;
+    eprintln!("indexing {}…", manifest.display());
+    let start = Instant::now();
+    let source = json!({"kind": "manifest", "path": manifest});
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "large", "source": source})),
+    )?;
+    let ds = c.wait_ready("large", procs::DEADLINE)?;
+    let ready_s = start.elapsed().as_secs_f64();
+    let items = ds["items"].as_u64().context("no items")?;
+    let index_bytes = ds["index_bytes"].as_u64().context("no index_bytes")?;
+    let rss1 = server.settled_rss()?;
+
+    eprintln!("registering {} jobs…", args.jobs);
+    let (mut register_s, mut register_max_ms) = (0.0f64, 0.0f64);
+    for i in 0..args.jobs {
+        let fraction = f64::from(i % 8 + 1) / 8.0;
+        let job = json!({
+            "name": format!("large-{i}"), "dataset": "large", "batch_size": BATCH,
+            "seed": i, "subset": {"fraction": fraction, "seed": i},
+        });
+        let t = Instant::now();
+        c.ok("POST", "/v1/jobs", Some(&job))?;
+        let s = t.elapsed().as_secs_f64();
+        register_s += s;
+        register_max_ms = register_max_ms.max(s * 1e3);
+    }
+    let rss2 = server.settled_rss()?;
+
+    eprintln!("idle CPU over {} s…", args.idle_seconds);
+    let cpu0 = cpu_seconds(server.pid())?;
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(args.idle_seconds));
+    let idle = (cpu_seconds(server.pid())? - cpu0) / t.elapsed().as_secs_f64();
+    Ok(StateFigures {
+        items,
+        ready_s,
+        rss_per_item: rss1.saturating_sub(rss0) as f64 / items as f64,
+        index_per_item: index_bytes as f64 / items as f64,
+        jobs: args.jobs,
+        register_s,
+        register_max_ms,
+        rss_per_job: rss2.saturating_sub(rss1) as f64 / f64::from(args.jobs.max(1)),
+        idle_cpu_percent: idle * 100.0,
+    })
+}
+
+fn pipeline() -> Value {
+    json!({"kind": "decode", "resize_shorter": 256, "center_crop": [224, 224]})
+}
+
+fn mix_job(name: &str, seed: u64, epochs: Option<u32>) -> Value {
+    json!({
+        "name": name, "dataset": "mix", "batch_size": BATCH, "seed": seed,
+        "epochs": epochs, "pipeline": pipeline(),
+    })
+}
+
+/// A server with the mix's dataset indexed.
+fn mix_server(tag: &str, images: &Path, cache_bytes: u64) -> Result<ServerProc> {
+    let server = ServerProc::start(tag, &[images.to_owned()], cache_bytes)?;
+    let source = json!({"kind": "image_folder", "path": images});
+    server.client().ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "mix", "source": source})),
+    )?;
+    server.client().wait_ready("mix", procs::DEADLINE)?;
+    Ok(server)
+}
+
+fn job_field(c: &Client, name: &str, field: &str) -> Result<f64> {
+    let j = c.ok("GET", &format!("/v1/jobs/{name}"), None)?;
+    j[field]
+        .as_f64()
+        .with_context(|| format!("job {name} has no {field}: {j}"))
+}
+
+fn rate(summary: &Value) -> Result<f64> {
+    let samples = summary["samples"].as_f64().context("no samples")?;
+    let secs = summary["elapsed_s"].as_f64().context("no elapsed_s")?;
+    Ok(samples / secs.max(1e-9))
+}
+
+fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
+    let [fast, slow, paused, never] = [args.mix[0], args.mix[1], args.mix[2], args.mix[3]];
+    let images = data.join("mix");
+    let (w, h) = if args.quick { (160, 120) } else { (500, 375) };
+    let spec = crate::synth::SynthSpec {
+        classes: 10,
+        per_class: args.mix_images.div_ceil(10).max(1),
+        width: w,
+        height: h,
+        quality: 90,
+        seed: 2022,
+    };
+    eprintln!("generating {} images of {w}x{h}…", spec.images());
+    crate::synth::generate_image_folder(&images, &spec, &mut |_| {})?;
+    let attached = u64::from(fast + slow + paused);
+    let cache_bytes = (u64::from(paused) * RING + 2 * BATCH * attached) * ELEMENT_BYTES;
+    let out = tempfile::Builder::new()
+        .prefix("joader-bench-scale-consumers")
+        .tempdir()?;
+
+    eprintln!("one fast job alone…");
+    let (alone, alone_hits) = {
+        let server = mix_server("alone", &images, cache_bytes)?;
+        let mut consumers = Consumers::default();
+        consumers.start(
+            &server.url,
+            &mix_job("alone", 0, Some(args.epochs)),
+            0,
+            out.path(),
+        )?;
+        let rate = rate(&consumers.finish("alone")?)?;
+        (rate, job_field(&server.client(), "alone", "hit_ratio")?)
+    };
+
+    eprintln!("the mix: {fast} fast, {slow} slow, {paused} paused, {never} never attached…");
+    let server = mix_server("mix", &images, cache_bytes)?;
+    let c = server.client();
+    for i in 0..never {
+        let reg = c.ok(
+            "POST",
+            "/v1/jobs",
+            Some(&mix_job(&format!("never-{i}"), 100 + u64::from(i), None)),
+        )?;
+        if reg["ranks"][0]["capacity"].as_u64() != Some(RING) {
+            bail!("the ring capacity is not {RING}: {reg}");
+        }
+    }
+    let mut consumers = Consumers::default();
+    let paused_names: Vec<String> = (0..paused).map(|i| format!("paused-{i}")).collect();
+    for (i, name) in paused_names.iter().enumerate() {
+        consumers.start(
+            &server.url,
+            &mix_job(name, 200 + i as u64, None),
+            0,
+            out.path(),
+        )?;
+    }
+    // Each paused job stops once it has read two batches: mid-epoch, its ring full.
+    let mut running = paused_names.clone();
+    wait_for("the paused jobs to read two batches each", || {
+        let mut still = Vec::new();
+        for name in running.drain(..) {
+            match job_field(&c, &name, "acknowledged") {
+                Ok(a) if a >= (2 * BATCH) as f64 => consumers.pause(&name)?,
+                _ => still.push(name),
+            }
+        }
+        running = still;
+        Ok(running.is_empty().then_some(()))
+    })?;
+    let stats0 = c.ok("GET", "/v1/stats", None)?;
+    let sample_us = (10.0 * 1e6 / alone.max(1e-3)) as u64;
+    let slow_names: Vec<String> = (0..slow).map(|i| format!("slow-{i}")).collect();
+    let fast_names: Vec<String> = (0..fast).map(|i| format!("fast-{i}")).collect();
+    let start = Instant::now();
+    for (i, name) in slow_names.iter().enumerate() {
+        let job = mix_job(name, 300 + i as u64, None);
+        consumers.start(&server.url, &job, sample_us, out.path())?;
+    }
+    for (i, name) in fast_names.iter().enumerate() {
+        let job = mix_job(name, 400 + i as u64, Some(args.epochs));
+        consumers.start(&server.url, &job, 0, out.path())?;
+    }
+    let mut fast_rates = Vec::new();
+    for name in &fast_names {
+        fast_rates.push(rate(&consumers.finish(name)?)? / alone.max(1e-9));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let stats1 = c.ok("GET", "/v1/stats", None)?;
+    let stall = fast_names
+        .iter()
+        .map(|n| job_field(&c, n, "stall_s"))
+        .collect::<Result<Vec<_>>>()?;
+    let fast_hits = fast_names
+        .iter()
+        .map(|n| job_field(&c, n, "hit_ratio"))
+        .collect::<Result<Vec<_>>>()?;
+    let slow_rates = slow_names
+        .iter()
+        .map(|n| Ok(job_field(&c, n, "acknowledged")? / secs))
+        .collect::<Result<Vec<_>>>()?;
+    let delta = |k: &str| {
+        let get = |s: &Value| {
+            s[k].as_u64()
+                .with_context(|| format!("no {k} in /v1/stats"))
+        };
+        Ok::<u64, anyhow::Error>(get(&stats1)?.saturating_sub(get(&stats0)?))
+    };
+    Ok(MixFigures {
+        cache_bytes,
+        alone,
+        alone_hits,
+        fast: fast_rates,
+        fast_hits,
+        mix_s: secs,
+        stall,
+        slow: slow_rates,
+        slow_target: 1e6 / sample_us.max(1) as f64,
+        reloads: delta("reloads")?,
+        evictions_needed: delta("evictions_needed")?,
+    })
+}
+
+fn list(v: &[f64], digits: usize) -> String {
+    if v.is_empty() {
+        return "-".into();
+    }
+    v.iter()
+        .map(|x| format!("{x:.digits$}"))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
+    let [fast, slow, paused, never] = [args.mix[0], args.mix[1], args.mix[2], args.mix[3]];
+    let attached = fast + slow + paused;
+    let mb = |b: f64| b / 1e6;
+    let rss_total = s.rss_per_item * s.items as f64;
+    println!(
+        "joader bench scale: {} manifest entries, {} jobs; mix of {fast} fast, {slow} slow, \
+         {paused} paused, {never} never-attached jobs on {} images, decode -> resize 256, \
+         center crop 224 ({ELEMENT_BYTES} B an element), batch {BATCH}, {} epochs\n",
+        s.items, s.jobs, args.mix_images, args.epochs
+    );
+    println!("| what | measured | target |\n|---|---|---|");
+    println!(
+        "| index: time until ready (index + persist) | {:.1} s | <= 10 s |",
+        s.ready_s
+    );
+    println!(
+        "| index: RssAnon growth | {:.1} B/item ({:.1} MB); the index's columns {:.1} B/item | <= 120 MB for 1,281,167 (93.7 B/item) |",
+        s.rss_per_item,
+        mb(rss_total),
+        s.index_per_item
+    );
+    println!(
+        "| registration of {} jobs (fractions 1/8..8/8) | {:.2} s in total, slowest {:.0} ms | <= 10 s in total |",
+        s.jobs, s.register_s, s.register_max_ms
+    );
+    println!(
+        "| RssAnon growth per registered job | {:.2} MB ({} jobs: {:.1} MB) | 64 jobs <= 150 MB |",
+        mb(s.rss_per_job),
+        s.jobs,
+        mb(s.rss_per_job * f64::from(s.jobs))
+    );
+    println!(
+        "| idle CPU with {} registered jobs | {:.2}% of a core | |",
+        s.jobs, s.idle_cpu_percent
+    );
+    println!(
+        "| mix: cache bytes | {} = ({paused} paused rings x {RING} + 2 x {BATCH} x {attached} attached jobs) x {ELEMENT_BYTES} | |",
+        m.cache_bytes
+    );
+    println!(
+        "| mix: a fast job alone | {:.0} samples/s (hit ratio {:.2}) | |",
+        m.alone, m.alone_hits
+    );
+    println!(
+        "| mix: fast jobs' rate / rate alone | {} (min {:.2}) | >= 0.9 |",
+        list(&m.fast, 2),
+        min(&m.fast)
+    );
+    println!(
+        "| mix: fast jobs' stall | {} s (of {:.1} s) | |",
+        list(&m.stall, 2),
+        m.mix_s
+    );
+    println!(
+        "| mix: fast jobs' hit ratio | {} | |",
+        list(&m.fast_hits, 2)
+    );
+    println!(
+        "| mix: slow jobs (1/10 speed) | {} samples/s (their pace allows {:.0}) | |",
+        list(&m.slow, 0),
+        m.slow_target
+    );
+    println!(
+        "| mix: reloads / evictions_needed | {} / {} | |",
+        m.reloads, m.evictions_needed
+    );
+    println!(
+        "{}",
+        json!({
+            "bench": "scale",
+            "items": s.items,
+            "ready_s": s.ready_s,
+            "rss_bytes_per_item": s.rss_per_item,
+            "index_bytes_per_item": s.index_per_item,
+            "jobs": s.jobs,
+            "register_total_s": s.register_s,
+            "register_max_ms": s.register_max_ms,
+            "rss_bytes_per_job": s.rss_per_job,
+            "idle_cpu_percent": s.idle_cpu_percent,
+            "cache_bytes": m.cache_bytes,
+            "alone_samples_per_s": m.alone,
+            "alone_hit_ratio": m.alone_hits,
+            "fast_hit_ratio": m.fast_hits,
+            "fast_fraction_of_alone": m.fast,
+            "fast_stall_s": m.stall,
+            "mix_s": m.mix_s,
+            "slow_samples_per_s": m.slow,
+            "reloads": m.reloads,
+            "evictions_needed": m.evictions_needed,
+        })
+    );
+}
