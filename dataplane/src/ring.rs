@@ -145,7 +145,7 @@ impl RingWriter {
     /// still alive; this tells that one came, cheaply enough to check on every poll.
     pub fn reader_attached(&self) -> bool {
         self.map
-            .atomic_u32(ring::CONSUMER_STATE)
+            .atomic_u32(self.layout.ctl(ring::CONSUMER_STATE))
             .load(Ordering::Acquire)
             == consumer_state::ATTACHED
     }
