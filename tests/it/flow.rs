@@ -7,25 +7,20 @@ use std::process::{Child, Command};
 
 use serde_json::{Value, json};
 
-use crate::common::{DEADLINE, TempDir, TestServer, consumer, finish, unique_instance, wait_for};
-use crate::server::{CLASSES, PER_CLASS, dataset, epoch_ids};
+use crate::common::{consumer, finish, wait_for};
+use crate::server::{
+    CLASSES, Env, PER_CLASS, create_folder_dataset, dataset, epoch_ids, start_with,
+};
 
 /// A cache of 4 MiB holds 27 elements of the default pipeline (224×224×3 bytes): fewer than
 /// the 48 of the test dataset, and fewer than what a dozen rings of 16 records would pin.
 const SMALL_CACHE: &[&str] = &["--cache-bytes", "4MiB"];
 
-fn server(tag: &str, extra: &[&str]) -> (TestServer, TempDir) {
-    let state = TempDir::new(tag);
-    let server = TestServer::start(&unique_instance(tag), &state.0, dataset(), extra);
-    let c = server.client();
-    c.ok(
-        "POST",
-        "/v1/datasets",
-        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": dataset()}})),
-    )
-    .unwrap();
-    c.wait_ready("imgs", DEADLINE).unwrap();
-    (server, state)
+/// A server with the test dataset `imgs` indexed.
+fn server(tag: &str, extra: &[&str]) -> Env {
+    let env = start_with(tag, dataset(), extra);
+    create_folder_dataset(&env, "imgs", dataset());
+    env
 }
 
 fn all() -> BTreeSet<u32> {
@@ -63,7 +58,8 @@ fn signal(child: &Child, sig: &str) {
 #[test]
 fn a_sweep_of_64_jobs_of_batch_256_is_admitted_and_holds_nothing_until_read() {
     // 256 MiB and 16,384 slots: reserving 512 places per job refused the 33rd job.
-    let (server, _state) = server("sweep", &["--cache-slots", "16384"]);
+    let env = server("sweep", &["--cache-slots", "16384"]);
+    let server = &env.server;
     let c = server.client();
     for i in 0..64 {
         let (status, v) = c
@@ -102,7 +98,8 @@ fn a_sweep_of_64_jobs_of_batch_256_is_admitted_and_holds_nothing_until_read() {
 
 #[test]
 fn unattached_and_slow_jobs_do_not_stall_fast_ones_on_a_small_cache() {
-    let (server, _state) = server("stall", SMALL_CACHE);
+    let env = server("stall", SMALL_CACHE);
+    let server = &env.server;
     let c = server.client();
     for i in 0..12 {
         c.ok(
@@ -143,7 +140,8 @@ fn unattached_and_slow_jobs_do_not_stall_fast_ones_on_a_small_cache() {
 
 #[test]
 fn a_stopped_client_pins_two_batches_at_most_and_resumes_its_epoch_exactly() {
-    let (server, _state) = server("sigstop", SMALL_CACHE);
+    let env = server("sigstop", SMALL_CACHE);
+    let server = &env.server;
     let c = server.client();
     let paused = consumer(
         &server.url,

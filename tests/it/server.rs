@@ -60,8 +60,13 @@ pub(crate) struct Env {
 }
 
 pub(crate) fn start(tag: &str, root: &Path) -> Env {
+    start_with(tag, root, &[])
+}
+
+/// A server with `extra` flags (they override the test defaults of `TestServer`).
+pub(crate) fn start_with(tag: &str, root: &Path, extra: &[&str]) -> Env {
     let state = TempDir::new(tag);
-    let server = TestServer::start(&unique_instance(tag), &state.0, root, &[]);
+    let server = TestServer::start(&unique_instance(tag), &state.0, root, extra);
     Env {
         server,
         _state: state,

@@ -123,6 +123,8 @@ fn world_ticking(tag: &str, slots: u32, arena: u64, tick: Duration) -> World {
 }
 
 impl World {
+    /// A job through the sampler: its rings, then the sampler (no credit up front: the Cache
+    /// grants the rings' capacity when the reader attaches).
     async fn job(
         &self,
         job: JobId,
@@ -130,28 +132,8 @@ impl World {
         epochs: u32,
         capacity: u32,
     ) -> (Arc<JobStats>, String) {
-        let stats = Arc::new(JobStats::default());
         let subset = Arc::new(subset);
-        let rings = self
-            .cache
-            .send(OpenJob {
-                job,
-                dataset: 1,
-                source: self.source.clone(),
-                pipeline: 0,
-                prepare: Arc::new(Identity),
-                subset: subset.clone(),
-                ring_prefix: format!("job{job}"),
-                ranks: 1,
-                capacity,
-                batch: BATCH,
-                stats: stats.clone(),
-                sampler: self.sampler.clone().recipient(),
-            })
-            .await
-            .unwrap()
-            .unwrap();
-        // No credit up front: the Cache grants the rings' capacity when the reader attaches.
+        let (stats, ring) = open(self, job, subset.clone(), capacity).await;
         self.sampler
             .send(AddJob {
                 job,
@@ -165,8 +147,39 @@ impl World {
             .await
             .unwrap()
             .unwrap();
-        (stats, rings[0].ring.clone())
+        (stats, ring)
     }
+}
+
+/// Opens a job's rings (one rank) in the Cache only; a test that sends deliveries itself
+/// uses it without the sampler.
+async fn open(
+    w: &World,
+    job: JobId,
+    subset: Arc<RoaringBitmap>,
+    capacity: u32,
+) -> (Arc<JobStats>, String) {
+    let stats = Arc::new(JobStats::default());
+    let rings = w
+        .cache
+        .send(OpenJob {
+            job,
+            dataset: 1,
+            source: w.source.clone(),
+            pipeline: 0,
+            prepare: Arc::new(Identity),
+            subset,
+            ring_prefix: format!("job{job}"),
+            ranks: 1,
+            capacity,
+            batch: BATCH,
+            stats: stats.clone(),
+            sampler: w.sampler.clone().recipient(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    (stats, rings[0].ring.clone())
 }
 
 /// Records per batch of the test jobs (the readers take batches of this size).
@@ -401,31 +414,6 @@ async fn unattached_jobs_hold_nothing_and_slow_jobs_do_not_stall_fast_ones() {
     w.cache.send(Shutdown).await.unwrap();
 }
 
-/// Opens a job's rings without a sampler: the test sends the deliveries itself.
-async fn open(w: &World, job: JobId, capacity: u32) -> (Arc<JobStats>, String) {
-    let stats = Arc::new(JobStats::default());
-    let rings = w
-        .cache
-        .send(OpenJob {
-            job,
-            dataset: 1,
-            source: w.source.clone(),
-            pipeline: 0,
-            prepare: Arc::new(Identity),
-            subset: Arc::new((0..1000).collect()),
-            ring_prefix: format!("job{job}"),
-            ranks: 1,
-            capacity,
-            batch: BATCH,
-            stats: stats.clone(),
-            sampler: w.sampler.clone().recipient(),
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    (stats, rings[0].ring.clone())
-}
-
 /// One epoch of `elements`, in this order, for `job`; the job finishes after it.
 fn epoch_of(job: JobId, elements: std::ops::Range<u32>) -> Deliver {
     let n = elements.len();
@@ -459,8 +447,8 @@ async fn a_paused_readers_queued_elements_make_room_and_are_reloaded_in_order() 
     // queued elements are needed later, so they are evicted (never the pushed ones) and
     // loaded again when job 2 reads on; both epochs stay exact and in order.
     let w = world("pressure", 8, 1 << 20);
-    let (s2, r2) = open(&w, 2, 4).await;
-    let (s1, r1) = open(&w, 1, 4).await;
+    let (s2, r2) = open(&w, 2, Arc::new((0..1000).collect()), 4).await;
+    let (s1, r1) = open(&w, 1, Arc::new((0..1000).collect()), 4).await;
     let (go, wait_go) = std::sync::mpsc::channel::<()>();
     let (attached, wait_attached) = std::sync::mpsc::channel::<()>();
     let inst = w.instance.clone();
@@ -520,8 +508,8 @@ async fn units_competing_for_too_little_room_complete_one_after_the_other() {
     // cached would wait forever; room goes to one unit first, then to the other.
     for round in 0..5 {
         let w = world(&format!("units{round}"), 6, 1 << 20);
-        let (_s1, r1) = open(&w, 1, 4).await;
-        let (_s2, r2) = open(&w, 2, 4).await;
+        let (_s1, r1) = open(&w, 1, Arc::new((0..1000).collect()), 4).await;
+        let (_s2, r2) = open(&w, 2, Arc::new((0..1000).collect()), 4).await;
         let h1 = read_all(w.instance.clone(), r1, Duration::ZERO);
         let h2 = read_all(w.instance.clone(), r2, Duration::ZERO);
         // Interleaved, so that the loads fill the room with half of each unit.
