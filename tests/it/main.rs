@@ -6,5 +6,6 @@ mod common;
 mod flow;
 mod observability;
 mod openapi;
+mod s3;
 mod server;
 mod simulate;

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use actors::storage::SourceSpec;
+use actors::storage::{SourceSpec, StorageError};
 
 use super::{AppState, DatasetEntry, check_name, start_indexing};
 use crate::catalog::DatasetRecord;
@@ -13,14 +13,18 @@ use crate::error::{Code, Error, Result};
 pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -> Result<()> {
     check_name("dataset", &name)?;
     super::check_not_draining(state)?;
-    source
-        .check_roots(&state.config.allowed_roots)
-        .map_err(|e| {
-            Error::new(
-                Code::PathNotAllowed,
-                format!("{e}; allowed roots: {:?}", state.config.allowed_roots),
-            )
-        })?;
+    crate::glue::check_source(
+        &source,
+        &state.config.allowed_roots,
+        state.objects.as_deref(),
+    )
+    .map_err(|e| match e {
+        StorageError::S3NotAllowed { .. } => Error::new(Code::PathNotAllowed, e.to_string()),
+        e => Error::new(
+            Code::PathNotAllowed,
+            format!("{e}; allowed roots: {:?}", state.config.allowed_roots),
+        ),
+    })?;
     let record = DatasetRecord {
         name: name.clone(),
         source,
