@@ -244,6 +244,7 @@ fn write_layouts(bucket: &Path) -> usize {
     let mut classes: Vec<PathBuf> = std::fs::read_dir(src)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
         .collect();
     classes.sort();
     let folder = bucket.join("folder");
@@ -299,11 +300,11 @@ fn every_s3_layout_reads_the_same_bytes_as_local_disk() {
     let Some(bin) = s3s_fs("every_s3_layout_reads_the_same_bytes_as_local_disk") else {
         return;
     };
-    let s3 = S3Server::start(bin, "s3-layouts");
+    let s3 = S3Server::start(bin, "s3_layouts");
     let n = write_layouts(&s3.bucket());
     let bucket = s3.bucket();
     let j = joader(
-        "s3-layouts",
+        "s3_layouts",
         &bucket,
         &["--allowed-s3", "s3://bkt"],
         &credentials(&s3),
@@ -363,7 +364,7 @@ fn an_s3_image_folder_of_1000_objects_is_listed_across_pages() {
     let Some(bin) = s3s_fs("an_s3_image_folder_of_1000_objects_is_listed_across_pages") else {
         return;
     };
-    let s3 = S3Server::start(bin, "s3-pages");
+    let s3 = S3Server::start(bin, "s3_pages");
     let folder = s3.bucket().join("many");
     for i in 0..1000 {
         // Four classes, some images one folder deeper, plus objects that are no images.
@@ -376,7 +377,7 @@ fn an_s3_image_folder_of_1000_objects_is_listed_across_pages() {
     std::fs::create_dir_all(folder.join(".hidden")).unwrap();
     std::fs::write(folder.join(".hidden/x.jpg"), "hidden").unwrap();
     let j = joader(
-        "s3-pages",
+        "s3_pages",
         &s3.bucket(),
         &["--allowed-s3", "s3://bkt/many", "--s3-list-page", "100"],
         &credentials(&s3),
@@ -407,7 +408,7 @@ fn the_s3_server_killed_and_restarted_mid_epoch_loses_nothing() {
     let Some(bin) = s3s_fs("the_s3_server_killed_and_restarted_mid_epoch_loses_nothing") else {
         return;
     };
-    let mut s3 = S3Server::start(bin, "s3-restart");
+    let mut s3 = S3Server::start(bin, "s3_restart");
     let n = 200;
     for i in 0..n {
         let dir = s3.bucket().join("d").join(format!("c{}", i % 2));
@@ -415,7 +416,7 @@ fn the_s3_server_killed_and_restarted_mid_epoch_loses_nothing() {
         std::fs::write(dir.join(format!("{i:03}.jpg")), format!("payload {i}")).unwrap();
     }
     let j = joader(
-        "s3-restart",
+        "s3_restart",
         &s3.bucket(),
         // A budget far beyond the restart: nothing may fail for good.
         &["--allowed-s3", "s3://bkt/d", "--s3-retry-budget-s", "120"],
@@ -462,13 +463,13 @@ fn s3_sources_outside_the_allowed_list_or_without_credentials_are_refused() {
     else {
         return;
     };
-    let s3 = S3Server::start(bin, "s3-refused");
+    let s3 = S3Server::start(bin, "s3_refused");
     std::fs::create_dir_all(s3.bucket().join("x/c")).unwrap();
     std::fs::write(s3.bucket().join("x/c/a.jpg"), "a").unwrap();
     let source = json!({"kind": "s3", "url": "s3://bkt/x", "layout": "image_folder"});
 
     // No --allowed-s3: refused, naming the flag.
-    let plain = joader("s3-none", &s3.bucket(), &[], &credentials(&s3));
+    let plain = joader("s3_none", &s3.bucket(), &[], &credentials(&s3));
     let body = json!({"name": "d", "source": source});
     let (status, v) = plain
         .server
@@ -487,7 +488,7 @@ fn s3_sources_outside_the_allowed_list_or_without_credentials_are_refused() {
 
     // Outside the allowed prefixes.
     let allowed = joader(
-        "s3-outside",
+        "s3_outside",
         &s3.bucket(),
         &["--allowed-s3", "s3://bkt/y"],
         &credentials(&s3),
@@ -509,7 +510,7 @@ fn s3_sources_outside_the_allowed_list_or_without_credentials_are_refused() {
 
     // No credentials in the environment: the dataset fails at once, saying what to set.
     let bare = joader(
-        "s3-nocreds",
+        "s3_nocreds",
         &s3.bucket(),
         &["--allowed-s3", "s3://bkt"],
         &[
@@ -530,7 +531,7 @@ fn s3_sources_outside_the_allowed_list_or_without_credentials_are_refused() {
     let mut wrong = credentials(&s3);
     wrong[1].1 = "not-the-secret-at-all".into();
     let denied = joader(
-        "s3-denied",
+        "s3_denied",
         &s3.bucket(),
         &["--allowed-s3", "s3://bkt"],
         &wrong,
@@ -554,7 +555,7 @@ fn s3_sources_outside_the_allowed_list_or_without_credentials_are_refused() {
     let closed = format!("http://127.0.0.1:{}", down.local_addr().unwrap().port());
     drop(down);
     let unreachable = joader(
-        "s3-unreachable",
+        "s3_unreachable",
         &s3.bucket(),
         &["--allowed-s3", "s3://bkt", "--s3-retry-budget-s", "1"],
         &credentials(&s3),
@@ -579,14 +580,14 @@ fn an_object_deleted_after_indexing_is_an_element_error_not_a_failed_epoch() {
     else {
         return;
     };
-    let s3 = S3Server::start(bin, "s3-deleted");
+    let s3 = S3Server::start(bin, "s3_deleted");
     for i in 0..20 {
         let dir = s3.bucket().join("d/c");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("{i:02}.jpg")), format!("payload {i}")).unwrap();
     }
     let j = joader(
-        "s3-deleted",
+        "s3_deleted",
         &s3.bucket(),
         &["--allowed-s3", "s3://bkt/d"],
         &credentials(&s3),

@@ -261,6 +261,8 @@ fn classify(e: &object_store::Error) -> Class {
                     Class::Transient("unavailable")
                 }
                 Some(s) if s >= 500 => Class::Transient("unavailable"),
+                Some(401 | 403) => Class::Final("access_denied"),
+                Some(404) => Class::Final("not_found"),
                 _ => Class::Final("refused"),
             }
         }
@@ -268,13 +270,17 @@ fn classify(e: &object_store::Error) -> Class {
     }
 }
 
-/// The whole chain of an error as text.
+/// The whole chain of an error as text, each cause once (object_store's messages often
+/// repeat their sources' already).
 fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
         source = s.source();
     }
     text
