@@ -176,9 +176,12 @@ fn settled(j: &Joader, name: &str) -> Value {
     })
 }
 
-/// Reads one epoch of `dataset` with the raw pipeline: element → (label, bytes), and the
-/// epoch's ids in delivery order.
-fn read_raw(j: &Joader, job: &str, dataset: &str) -> (BTreeMap<u32, (i64, Vec<u8>)>, Vec<u32>) {
+/// Element → (label, stored bytes).
+type Payloads = BTreeMap<u32, (i64, Vec<u8>)>;
+
+/// Reads one epoch of `dataset` with the raw pipeline: its payloads, and the epoch's ids in
+/// delivery order.
+fn read_raw(j: &Joader, job: &str, dataset: &str) -> (Payloads, Vec<u32>) {
     let dump = TempDir::new(job);
     let s = finish(consumer(
         &j.server.url,
