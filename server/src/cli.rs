@@ -167,6 +167,14 @@ pub struct ServeArgs {
     /// environment variables.
     #[arg(long = "allowed-s3", env = "JOADER_ALLOWED_S3", value_delimiter = ',')]
     pub allowed_s3: Vec<String>,
+    /// Endpoints `s3` datasets may name, besides AWS_ENDPOINT_URL (repeat): the server sends
+    /// its signed requests, credentials included, there.
+    #[arg(
+        long = "allowed-s3-endpoint",
+        env = "JOADER_ALLOWED_S3_ENDPOINTS",
+        value_delimiter = ','
+    )]
+    pub allowed_s3_endpoints: Vec<String>,
     /// Object-store requests in flight at once (default 64).
     #[arg(long, env = "JOADER_S3_MAX_IN_FLIGHT")]
     pub s3_max_in_flight: Option<usize>,
@@ -236,6 +244,9 @@ impl ServeArgs {
         }
         if !self.allowed_s3.is_empty() {
             c.allowed_s3 = self.allowed_s3;
+        }
+        if !self.allowed_s3_endpoints.is_empty() {
+            c.allowed_s3_endpoints = self.allowed_s3_endpoints;
         }
         if let Some(v) = self.s3_max_in_flight {
             c.s3_max_in_flight = v;

@@ -37,6 +37,9 @@ pub struct Config {
     /// What `s3` sources may name: `s3://bucket` or `s3://bucket/prefix` entries. Empty (the
     /// default): `s3` sources are refused.
     pub allowed_s3: Vec<String>,
+    /// Endpoints `s3` sources may name besides the environment's `AWS_ENDPOINT_URL` (the
+    /// server sends its signed requests there).
+    pub allowed_s3_endpoints: Vec<String>,
     /// Object-store requests in flight at once, for the whole server.
     pub s3_max_in_flight: usize,
     /// Seconds one element (or listing page) may spend retrying transient failures.
@@ -82,6 +85,7 @@ impl Default for Config {
             http_workers: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
             allowed_roots: vec![std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))],
             allowed_s3: Vec::new(),
+            allowed_s3_endpoints: Vec::new(),
             s3_max_in_flight: 64,
             s3_retry_budget_s: 15.0,
             s3_request_timeout_s: 10.0,
@@ -137,8 +141,8 @@ impl Config {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        actors::storage::s3::S3Allow::parse(&self.allowed_s3)
-            .map_err(|e| anyhow::anyhow!("allowed_s3: {e}"))?;
+        actors::storage::s3::S3Allow::parse(&self.allowed_s3, &self.allowed_s3_endpoints)
+            .map_err(|e| anyhow::anyhow!("allowed_s3 / allowed_s3_endpoints: {e}"))?;
         anyhow::ensure!(
             self.s3_max_in_flight > 0 && (1..=1000).contains(&self.s3_list_page),
             "s3_max_in_flight must be positive and s3_list_page between 1 and 1000"

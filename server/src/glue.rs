@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use actors::pipeline::{self, Limits, Output, Pipeline, PipelineError};
 use actors::service::{ElementSource, Fetched, LoadFailure, Prepare, Prepared};
-use actors::storage::s3::{ObjectStores, S3Source};
+use actors::storage::s3::{self, ObjectStores, ObjectVersion, S3Source};
 use actors::storage::{self, DatasetIndex, SourceSpec, StorageError};
 use dataplane::element_error;
 
@@ -69,26 +69,42 @@ fn no_object_store(url: &str) -> StorageError {
 }
 
 /// Checks, before a dataset is created, that its source may be read: local paths under the
-/// allowed roots, s3 urls under `--allowed-s3`.
+/// allowed roots; s3 sources well formed (else [`StorageError::S3Invalid`], whatever the
+/// server's configuration), their urls under `--allowed-s3` and their endpoints configured.
 pub fn check_source(
     spec: &SourceSpec,
     roots: &[PathBuf],
     objects: Option<&ObjectStores>,
 ) -> Result<(), StorageError> {
     match (spec, objects) {
-        (SourceSpec::S3 { url, .. }, Some(o)) => o.check(url).map(drop),
-        (SourceSpec::S3 { url, .. }, None) => Err(no_object_store(url)),
+        (
+            SourceSpec::S3 {
+                url,
+                endpoint,
+                region,
+                ..
+            },
+            o,
+        ) => {
+            let (endpoint, region) = (endpoint.as_deref(), region.as_deref());
+            s3::validate(url, endpoint, region)?;
+            match o {
+                Some(o) => o.check(url, endpoint, region).map(drop),
+                None => Err(no_object_store(url)),
+            }
+        }
         _ => spec.check_roots(roots),
     }
 }
 
-/// Indexes a source (blocking: the indexing thread).
+/// Indexes a source (blocking: the indexing thread). An `s3` source also gives the objects
+/// it was made of (what a re-index compares).
 pub fn index(
     spec: &SourceSpec,
     roots: &[PathBuf],
     objects: Option<&ObjectStores>,
     progress: &mut dyn FnMut(u64),
-) -> Result<DatasetIndex, StorageError> {
+) -> Result<(DatasetIndex, Option<Vec<ObjectVersion>>), StorageError> {
     match (spec, objects) {
         (
             SourceSpec::S3 {
@@ -98,15 +114,17 @@ pub fn index(
                 region,
             },
             Some(o),
-        ) => o.index(
-            url,
-            *layout,
-            endpoint.as_deref(),
-            region.as_deref(),
-            progress,
-        ),
+        ) => o
+            .index(
+                url,
+                *layout,
+                endpoint.as_deref(),
+                region.as_deref(),
+                progress,
+            )
+            .map(|i| (i.index, Some(i.objects))),
         (SourceSpec::S3 { url, .. }, None) => Err(no_object_store(url)),
-        _ => storage::index(spec, roots, progress),
+        _ => storage::index(spec, roots, progress).map(|i| (i, None)),
     }
 }
 

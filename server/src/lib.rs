@@ -64,8 +64,10 @@ pub async fn run(
     let objects = if config.allowed_s3.is_empty() {
         None
     } else {
-        let allow = actors::storage::s3::S3Allow::parse(&config.allowed_s3)
-            .map_err(|e| anyhow::anyhow!("allowed_s3: {e}"))?;
+        let allow =
+            actors::storage::s3::S3Allow::parse(&config.allowed_s3, &config.allowed_s3_endpoints)
+                .map_err(|e| anyhow::anyhow!("allowed_s3 / allowed_s3_endpoints: {e}"))?
+                .with_environment();
         Some(Arc::new(
             actors::storage::s3::ObjectStores::new(config.fetch_config(), allow)
                 .context("cannot start the object-store stage")?,

@@ -560,7 +560,14 @@ fn s3_sources_outside_the_allowed_list_or_without_credentials_are_refused() {
     let unreachable = joader(
         "s3_unreachable",
         &s3.bucket(),
-        &["--allowed-s3", "s3://bkt", "--s3-retry-budget-s", "1"],
+        &[
+            "--allowed-s3",
+            "s3://bkt",
+            "--s3-retry-budget-s",
+            "1",
+            "--allowed-s3-endpoint",
+            &closed,
+        ],
         &credentials(&s3),
     );
     create(
@@ -620,4 +627,244 @@ fn an_object_deleted_after_indexing_is_an_element_error_not_a_failed_epoch() {
         .ok("GET", "/v1/datasets/d/failures", None)
         .unwrap();
     assert!(failures.to_string().contains("not_found"), "{failures}");
+}
+
+/// `POST /v1/datasets` with `source`: (status, body).
+fn try_create(j: &Joader, name: &str, source: &Value) -> (u16, Value) {
+    j.server
+        .client()
+        .call(
+            "POST",
+            "/v1/datasets",
+            Some(&json!({"name": name, "source": source})),
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_request_may_name_only_the_endpoints_the_configuration_names() {
+    let Some(bin) = s3s_fs("a_request_may_name_only_the_endpoints_the_configuration_names") else {
+        return;
+    };
+    let s3 = S3Server::start(bin, "s3_endpoints");
+    std::fs::create_dir_all(s3.bucket().join("x/c")).unwrap();
+    std::fs::write(s3.bucket().join("x/c/a.jpg"), "a").unwrap();
+    // Anything that listens: the server must not send it a single request.
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let trap_url = format!("http://127.0.0.1:{}", trap.local_addr().unwrap().port());
+    trap.set_nonblocking(true).unwrap();
+    let with = |endpoint: &str| json!({"kind": "s3", "url": "s3://bkt/x", "layout": "image_folder", "endpoint": endpoint});
+    // The environment's AWS_ENDPOINT_URL only.
+    let j = joader(
+        "s3_endpoints",
+        &s3.bucket(),
+        &["--allowed-s3", "s3://bkt"],
+        &credentials(&s3),
+    );
+    let (status, v) = try_create(&j, "elsewhere", &with(&trap_url));
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(v["error"]["code"], "endpoint_not_allowed", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("--allowed-s3-endpoint") && message.contains("AWS_ENDPOINT_URL"),
+        "{v}"
+    );
+    assert!(
+        !message.contains(SECRET) && !message.contains(KEY),
+        "credentials echoed: {v}"
+    );
+    // The environment's endpoint, spelled with a trailing slash, is the same endpoint.
+    create(&j, "same", with(&format!("{}/", s3.endpoint())));
+    assert_eq!(settled(&j, "same")["state"], "ready");
+    // A region is part of AWS host names: only a-z 0-9 - are taken.
+    let (status, v) = try_create(
+        &j,
+        "region",
+        &json!({"kind": "s3", "url": "s3://bkt/x", "layout": "image_folder",
+                "region": "evil.example/"}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "invalid_request", "{v}");
+    assert!(
+        matches!(trap.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the server connected to an endpoint no configuration names"
+    );
+
+    // A server whose configuration lists another endpoint takes it (and no other).
+    let listed = joader(
+        "s3_endpoints_listed",
+        &s3.bucket(),
+        &[
+            "--allowed-s3",
+            "s3://bkt",
+            "--allowed-s3-endpoint",
+            &s3.endpoint(),
+        ],
+        &credentials(&s3)
+            .into_iter()
+            .filter(|(k, _)| *k != "AWS_ENDPOINT_URL")
+            .collect::<Vec<_>>(),
+    );
+    create(&listed, "listed", with(&s3.endpoint()));
+    assert_eq!(settled(&listed, "listed")["state"], "ready");
+    let (status, v) = try_create(&listed, "other", &with(&trap_url));
+    assert_eq!(status, 403, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&s3.endpoint()),
+        "the refusal lists the allowed endpoints: {v}"
+    );
+}
+
+#[test]
+fn a_malformed_s3_url_is_an_invalid_request() {
+    let Some(bin) = s3s_fs("a_malformed_s3_url_is_an_invalid_request") else {
+        return;
+    };
+    let s3 = S3Server::start(bin, "s3_malformed");
+    let allowed = joader(
+        "s3_malformed",
+        &s3.bucket(),
+        &["--allowed-s3", "s3://bkt"],
+        &credentials(&s3),
+    );
+    let plain = joader("s3_malformed_plain", &s3.bucket(), &[], &credentials(&s3));
+    for url in [
+        "s3:/bkt/x",
+        "https://bkt/x",
+        "s3://B/x",
+        "s3://bkt/a/../b",
+        "s3://",
+    ] {
+        for j in [&allowed, &plain] {
+            let (status, v) = try_create(
+                j,
+                "bad",
+                &json!({"kind": "s3", "url": url, "layout": "image_folder"}),
+            );
+            assert_eq!(status, 400, "{url}: {v}");
+            assert_eq!(v["error"]["code"], "invalid_request", "{url}: {v}");
+        }
+    }
+    let (status, v) = try_create(
+        &allowed,
+        "bad",
+        &json!({"kind": "s3", "url": "s3://bkt/x", "layout": "image_folder",
+                "endpoint": "ftp://127.0.0.1"}),
+    );
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("invalid_request")),
+        "{v}"
+    );
+}
+
+#[test]
+fn a_reindex_reports_the_objects_changed_added_and_removed() {
+    let Some(bin) = s3s_fs("a_reindex_reports_the_objects_changed_added_and_removed") else {
+        return;
+    };
+    let s3 = S3Server::start(bin, "s3_reindex");
+    let dir = s3.bucket().join("r/c");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..10 {
+        std::fs::write(dir.join(format!("{i:02}.jpg")), format!("payload {i}")).unwrap();
+    }
+    let j = joader(
+        "s3_reindex",
+        &s3.bucket(),
+        &["--allowed-s3", "s3://bkt/r"],
+        &credentials(&s3),
+    );
+    create(
+        &j,
+        "d",
+        json!({"kind": "s3", "url": "s3://bkt/r", "layout": "image_folder"}),
+    );
+    let first = settled(&j, "d");
+    assert_eq!(first["state"], "ready", "{first}");
+    assert_eq!(
+        first["changes"],
+        Value::Null,
+        "a first index compares nothing"
+    );
+    let c = j.server.client();
+    // A job uses the dataset: its element ids may not change under it.
+    let reader = consumer(
+        &j.server.url,
+        &json!({"name": "r", "dataset": "d", "batch_size": 2, "epochs": 1,
+                "pipeline": {"kind": "raw"}}),
+        &[],
+    );
+    wait_for("the job to be registered", || {
+        c.ok("GET", "/v1/jobs/r", None).ok()
+    });
+    let (status, v) = c.call("POST", "/v1/datasets/d/reindex", None).unwrap();
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (409, &json!("dataset_in_use")),
+        "{v}"
+    );
+    finish(reader);
+    c.ok("DELETE", "/v1/jobs/r", None).unwrap();
+
+    // One object modified (another size), one deleted, one added.
+    std::fs::write(dir.join("03.jpg"), "payload 3, rewritten longer").unwrap();
+    std::fs::remove_file(dir.join("05.jpg")).unwrap();
+    std::fs::write(dir.join("10.jpg"), "payload 10").unwrap();
+    let (status, v) = c.call("POST", "/v1/datasets/d/reindex", None).unwrap();
+    assert_eq!(status, 202, "{v}");
+    let d = settled(&j, "d");
+    assert_eq!(d["state"], "ready", "{d}");
+    assert_eq!(d["items"], 10, "{d}");
+    let changes = &d["changes"];
+    assert_eq!(
+        (
+            &changes["changed"],
+            &changes["added"],
+            &changes["removed"],
+            &changes["unchanged"]
+        ),
+        (&json!(1), &json!(1), &json!(1), &json!(8)),
+        "{d}"
+    );
+    assert_eq!(changes["changed_keys"], json!(["r/c/03.jpg"]), "{d}");
+    assert_eq!(changes["added_keys"], json!(["r/c/10.jpg"]), "{d}");
+    assert_eq!(changes["removed_keys"], json!(["r/c/05.jpg"]), "{d}");
+    // The new index serves the new bytes (nothing cached from the old one).
+    let (got, ids) = read_raw(&j, "after", "d");
+    assert_permutation(&ids, 10, "the re-indexed epoch");
+    let bytes: BTreeSet<Vec<u8>> = got.into_values().map(|(_, b)| b).collect();
+    assert!(bytes.contains(b"payload 3, rewritten longer".as_slice()));
+    assert!(bytes.contains(b"payload 10".as_slice()));
+    assert!(!bytes.contains(b"payload 5".as_slice()));
+    c.ok("DELETE", "/v1/jobs/after", None).unwrap();
+
+    // Nothing changed since: a re-index says so.
+    c.ok("POST", "/v1/datasets/d/reindex", None).unwrap();
+    let d = settled(&j, "d");
+    assert_eq!(
+        (
+            &d["changes"]["changed"],
+            &d["changes"]["added"],
+            &d["changes"]["removed"]
+        ),
+        (&json!(0), &json!(0), &json!(0)),
+        "{d}"
+    );
+    // Local datasets have no ETags to compare: refused, saying so.
+    create(
+        &j,
+        "local",
+        json!({"kind": "image_folder", "path": s3.bucket().join("r")}),
+    );
+    assert_eq!(settled(&j, "local")["state"], "ready");
+    let (status, v) = c.call("POST", "/v1/datasets/local/reindex", None).unwrap();
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("invalid_request")),
+        "{v}"
+    );
 }

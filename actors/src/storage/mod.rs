@@ -137,6 +137,11 @@ pub enum StorageError {
     },
     #[error("{url} may not be read: {reason}")]
     S3NotAllowed { url: String, reason: String },
+    /// An `s3` source that names no valid url, endpoint or region.
+    #[error("invalid s3 source: {reason}")]
+    S3Invalid { reason: String },
+    #[error("endpoint {endpoint} may not be used: {reason}")]
+    S3EndpointNotAllowed { endpoint: String, reason: String },
     #[error("no credentials for the object store: {reason}")]
     S3Credentials { reason: String },
     #[error("{url}: {message}")]
@@ -165,6 +170,8 @@ impl StorageError {
             StorageError::ReadFailed { .. } => "read_failed",
             StorageError::Io { .. } => "io_error",
             StorageError::S3NotAllowed { .. } => "s3_not_allowed",
+            StorageError::S3Invalid { .. } => "invalid_s3_source",
+            StorageError::S3EndpointNotAllowed { .. } => "endpoint_not_allowed",
             StorageError::S3Credentials { .. } => "no_credentials",
             StorageError::Remote {
                 code: "not_found", ..

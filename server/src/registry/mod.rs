@@ -17,7 +17,7 @@ use actors::service::{
     CacheActor, CacheStats, ElementSource, JobState, JobStats, RingInfo, SamplerActor,
 };
 use actors::storage::DatasetIndex;
-use actors::storage::s3::ObjectStores;
+use actors::storage::s3::{ObjectChanges, ObjectStores};
 
 use crate::catalog::{Catalog, DatasetRecord};
 use crate::config::Config;
@@ -254,13 +254,13 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
         let started = Instant::now();
         let objects = state.objects.as_deref();
         let result = crate::glue::index(&spec, &state.config.allowed_roots, objects, &mut |n| progress.store(n, Relaxed))
-            .and_then(|index| {
+            .and_then(|(index, versions)| {
                 // An object store's reader is opened here, off the HTTP workers.
                 let index = Arc::new(index);
                 let source = matches!(spec, actors::storage::SourceSpec::S3 { .. })
                     .then(|| crate::glue::element_source(&spec, objects, index.clone()))
                     .transpose()?;
-                Ok((index, source))
+                Ok((index, source, versions))
             });
         let Some(mut record) = state.inner.lock().ok().and_then(|i| i.datasets.get(&name).map(|d| d.record.clone())) else {
             return;
@@ -268,11 +268,19 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
         // Persisted before the registry's lock is taken: a redb commit of a whole index must
         // not hold up the HTTP workers.
         let (index, source) = match result {
-            Ok((index, source)) => {
+            Ok((index, source, versions)) => {
                 progress.store(index.len() as u64, Relaxed);
                 record.state = "ready".into();
                 record.error = None;
-                if let Err(e) = state.catalog.put(&record, Some(&index)) {
+                // Compared with the objects of the previous index (a re-index).
+                record.changes = match (&versions, state.catalog.objects(&name)) {
+                    (Some(new), Ok(Some(old))) => Some(ObjectChanges::between(&old, new)),
+                    _ => None,
+                };
+                if let Some(c) = &record.changes {
+                    tracing::info!(dataset = %name, added = c.added, removed = c.removed, changed = c.changed, "dataset re-indexed");
+                }
+                if let Err(e) = state.catalog.put_indexed(&record, Some(&index), versions.as_deref()) {
                     tracing::error!(dataset = %name, error = %e, "cannot persist the dataset index");
                 }
                 tracing::info!(dataset = %name, items = index.len(), secs = started.elapsed().as_secs_f64(), "dataset indexed");

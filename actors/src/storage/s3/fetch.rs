@@ -19,7 +19,7 @@ use tokio::runtime::{Handle, Runtime};
 use tokio::sync::{Semaphore, mpsc};
 
 use super::stats::{ObjectStats, Op};
-use super::{S3Allow, S3Dataset, S3Layout, S3Url, object_key};
+use super::{S3Allow, S3Dataset, S3Index, S3Layout, S3Url, object_key};
 use crate::storage::{DatasetIndex, Location, MAX_MEMBER_LEN, Progress, StorageError};
 
 /// Neighbouring tar members at most this many bytes apart are read with one request (the
@@ -125,13 +125,18 @@ impl ObjectStores {
         self.handle.block_on(f)
     }
 
-    /// Checks that `url` may be read: before any request, and before a dataset is created.
-    pub fn check(&self, url: &str) -> Result<S3Url, StorageError> {
-        let parsed = S3Url::parse(url).map_err(|reason| StorageError::S3NotAllowed {
-            url: url.to_owned(),
-            reason,
-        })?;
+    /// Checks that an `s3` source may be read: its syntax, its url under `--allowed-s3`, its
+    /// endpoint one the configuration names. Before a dataset is created, and before any
+    /// request.
+    pub fn check(
+        &self,
+        url: &str,
+        endpoint: Option<&str>,
+        region: Option<&str>,
+    ) -> Result<S3Url, StorageError> {
+        let parsed = super::validate(url, endpoint, region)?;
         self.allow.check(&parsed)?;
+        self.allow.check_endpoint(endpoint)?;
         Ok(parsed)
     }
 
@@ -143,15 +148,16 @@ impl ObjectStores {
         endpoint: Option<&str>,
         region: Option<&str>,
         progress: &mut dyn FnMut(u64),
-    ) -> Result<DatasetIndex, StorageError> {
-        let url = self.check(url)?;
+    ) -> Result<S3Index, StorageError> {
+        let url = self.check(url, endpoint, region)?;
         let dataset = S3Dataset::open(&url, endpoint, region)?;
         let mut counter = Progress {
             count: 0,
             report: progress,
         };
-        let index = super::index(self, &dataset, layout, &mut counter)?;
-        super::super::finish_index(index, &mut counter)
+        let (index, objects) = super::index(self, &dataset, layout, &mut counter)?;
+        let index = super::super::finish_index(index, &mut counter)?;
+        Ok(S3Index { index, objects })
     }
 
     /// The reader of an indexed `s3` source's elements.
@@ -162,7 +168,7 @@ impl ObjectStores {
         region: Option<&str>,
         index: Arc<DatasetIndex>,
     ) -> Result<S3Source, StorageError> {
-        let url = self.check(url)?;
+        let url = self.check(url, endpoint, region)?;
         let dataset = S3Dataset::open(&url, endpoint, region)?;
         Ok(S3Source {
             inner: Arc::new(SourceInner { dataset, index }),

@@ -104,23 +104,100 @@ impl fmt::Display for S3Url {
     }
 }
 
-/// The `--allowed-s3` list: what `s3` sources may name.
+/// A region name: it becomes part of the AWS host name, so only `a-z 0-9 -` are taken
+/// (anything else could steer signed requests to another host).
+fn check_region(region: &str) -> Result<(), String> {
+    let ok = (1..=64).contains(&region.len())
+        && region
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "region '{region}' must have 1 to 64 characters from a-z 0-9 -"
+        ))
+    }
+}
+
+/// An endpoint in the form endpoints are compared in: `http(s)://host[:port][/path]`, no
+/// trailing `/`, host lowercased, no credentials, query or fragment.
+pub fn normalize_endpoint(endpoint: &str) -> Result<String, String> {
+    let bad = |why: &str| format!("endpoint '{endpoint}' {why}");
+    let u = url::Url::parse(endpoint).map_err(|e| bad(&format!("is no url ({e})")))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(bad("must start with http:// or https://"));
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err(bad("names no host"));
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err(bad("may not carry credentials"));
+    }
+    if u.query().is_some() || u.fragment().is_some() {
+        return Err(bad("may not have a query or fragment"));
+    }
+    Ok(u.as_str().trim_end_matches('/').to_owned())
+}
+
+/// Checks the syntax of what an `s3` source names (before any access check): its url, its
+/// endpoint and its region. Errors are [`StorageError::S3Invalid`] (the request's fault).
+pub fn validate(
+    url: &str,
+    endpoint: Option<&str>,
+    region: Option<&str>,
+) -> Result<S3Url, StorageError> {
+    let invalid = |reason: String| StorageError::S3Invalid { reason };
+    let parsed = S3Url::parse(url).map_err(invalid)?;
+    if let Some(e) = endpoint {
+        normalize_endpoint(e).map_err(invalid)?;
+    }
+    if let Some(r) = region {
+        check_region(r).map_err(invalid)?;
+    }
+    Ok(parsed)
+}
+
+/// What `s3` sources may name: the `--allowed-s3` prefixes, and the endpoints the server may
+/// send its signed requests to (its environment's `AWS_ENDPOINT_URL` and the
+/// `--allowed-s3-endpoint` list). A request's `endpoint` receives the server's credentials,
+/// so it is tied to the configuration like the buckets are.
 #[derive(Clone, Debug, Default)]
-pub struct S3Allow(Vec<S3Url>);
+pub struct S3Allow {
+    prefixes: Vec<S3Url>,
+    /// Normalized ([`normalize_endpoint`]).
+    endpoints: Vec<String>,
+}
 
 impl S3Allow {
-    pub fn parse(entries: &[String]) -> Result<Self, String> {
-        entries
-            .iter()
-            .map(|e| S3Url::parse(e))
-            .collect::<Result<_, _>>()
-            .map(S3Allow)
+    /// `entries` (`s3://bucket[/prefix]`) and `endpoints` (urls), as configured.
+    pub fn parse(entries: &[String], endpoints: &[String]) -> Result<Self, String> {
+        Ok(S3Allow {
+            prefixes: entries
+                .iter()
+                .map(|e| S3Url::parse(e))
+                .collect::<Result<_, _>>()?,
+            endpoints: endpoints
+                .iter()
+                .map(|e| normalize_endpoint(e))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// Adds the endpoint of the server's environment (`AWS_ENDPOINT_URL`), where requests
+    /// without an `endpoint` go anyway.
+    pub fn with_environment(mut self) -> Self {
+        let env = AmazonS3Builder::from_env().get_config_value(&AmazonS3ConfigKey::Endpoint);
+        if let Some(e) = env.and_then(|e| normalize_endpoint(&e).ok()) {
+            self.endpoints.push(e);
+        }
+        self
     }
 
     /// Whether `key` of `bucket` lies under an allowed prefix, taken as a folder
     /// (`s3://b/train` allows `train` and `train/...`, not `training/...`).
     pub fn permits(&self, bucket: &str, key: &str) -> bool {
-        self.0.iter().any(|a| {
+        self.prefixes.iter().any(|a| {
             a.bucket == bucket
                 && (a.key.is_empty()
                     || key == a.key.trim_end_matches('/')
@@ -130,7 +207,7 @@ impl S3Allow {
 
     /// Refuses a url outside the list, naming the flag.
     pub fn check(&self, url: &S3Url) -> Result<(), StorageError> {
-        if self.0.is_empty() {
+        if self.prefixes.is_empty() {
             return Err(StorageError::S3NotAllowed {
                 url: url.to_string(),
                 reason: "this server reads no object store: start it with --allowed-s3 \
@@ -141,12 +218,134 @@ impl S3Allow {
         if self.permits(&url.bucket, &url.key) {
             return Ok(());
         }
-        let list: Vec<String> = self.0.iter().map(S3Url::to_string).collect();
+        let list: Vec<String> = self.prefixes.iter().map(S3Url::to_string).collect();
         Err(StorageError::S3NotAllowed {
             url: url.to_string(),
             reason: format!("it lies outside --allowed-s3 {}", list.join(", ")),
         })
     }
+
+    /// Refuses an endpoint the configuration does not name (no endpoint: the environment's,
+    /// or AWS's, always allowed).
+    pub fn check_endpoint(&self, endpoint: Option<&str>) -> Result<(), StorageError> {
+        let Some(e) = endpoint else { return Ok(()) };
+        let normalized =
+            normalize_endpoint(e).map_err(|reason| StorageError::S3Invalid { reason })?;
+        if self.endpoints.contains(&normalized) {
+            return Ok(());
+        }
+        let allowed = if self.endpoints.is_empty() {
+            "none".to_owned()
+        } else {
+            self.endpoints.join(", ")
+        };
+        Err(StorageError::S3EndpointNotAllowed {
+            endpoint: e.to_owned(),
+            reason: format!(
+                "the server sends its signed requests (and credentials) only to the endpoints \
+                 its configuration names: AWS_ENDPOINT_URL in its environment and \
+                 --allowed-s3-endpoint (allowed_s3_endpoints in its configuration file); \
+                 allowed: {allowed}"
+            ),
+        })
+    }
+}
+
+/// An object as indexed: what a re-index compares.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ObjectVersion {
+    pub key: String,
+    pub size: u64,
+    pub etag: Option<String>,
+}
+
+impl ObjectVersion {
+    fn of(meta: &ObjectMeta) -> Self {
+        Self {
+            key: meta.location.to_string(),
+            size: meta.size,
+            etag: meta.e_tag.clone(),
+        }
+    }
+
+    /// The compact stored form of a dataset's objects (postcard).
+    pub fn encode_all(objects: &[ObjectVersion]) -> Vec<u8> {
+        postcard::to_allocvec(objects).unwrap_or_default()
+    }
+
+    pub fn decode_all(bytes: &[u8]) -> Result<Vec<ObjectVersion>, String> {
+        postcard::from_bytes(bytes).map_err(|e| e.to_string())
+    }
+}
+
+/// At most this many keys of each kind are named in [`ObjectChanges`] (the counts are whole).
+pub const CHANGES_LISTED: usize = 100;
+
+/// What a re-index found: objects added, removed, and changed (another size or ETag) since
+/// the previous index.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ObjectChanges {
+    pub added: u64,
+    pub removed: u64,
+    pub changed: u64,
+    pub unchanged: u64,
+    /// The first keys added, removed and changed (at most 100 of each, sorted).
+    pub added_keys: Vec<String>,
+    pub removed_keys: Vec<String>,
+    pub changed_keys: Vec<String>,
+}
+
+impl ObjectChanges {
+    /// Compares two object lists sorted by key.
+    pub fn between(old: &[ObjectVersion], new: &[ObjectVersion]) -> Self {
+        let mut c = ObjectChanges::default();
+        let note = |n: &mut u64, keys: &mut Vec<String>, key: &str| {
+            *n += 1;
+            if keys.len() < CHANGES_LISTED {
+                keys.push(key.to_owned());
+            }
+        };
+        let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
+        loop {
+            match (a.peek(), b.peek()) {
+                (None, None) => return c,
+                (Some(o), None) => {
+                    note(&mut c.removed, &mut c.removed_keys, &o.key);
+                    a.next();
+                }
+                (None, Some(n)) => {
+                    note(&mut c.added, &mut c.added_keys, &n.key);
+                    b.next();
+                }
+                (Some(o), Some(n)) => match o.key.cmp(&n.key) {
+                    std::cmp::Ordering::Less => {
+                        note(&mut c.removed, &mut c.removed_keys, &o.key);
+                        a.next();
+                    }
+                    std::cmp::Ordering::Greater => {
+                        note(&mut c.added, &mut c.added_keys, &n.key);
+                        b.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        if o.size != n.size || o.etag != n.etag {
+                            note(&mut c.changed, &mut c.changed_keys, &n.key);
+                        } else {
+                            c.unchanged += 1;
+                        }
+                        a.next();
+                        b.next();
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// An indexed `s3` source: its index, and the objects it was made of, sorted by key.
+pub struct S3Index {
+    pub index: DatasetIndex,
+    pub objects: Vec<ObjectVersion>,
 }
 
 /// One bucket opened with the server's credentials.
@@ -172,7 +371,8 @@ impl S3Dataset {
                 ..RetryConfig::default()
             });
         if let Some(e) = endpoint {
-            b = b.with_endpoint(e);
+            // Checked against the allowed endpoints in this form.
+            b = b.with_endpoint(normalize_endpoint(e).unwrap_or_else(|_| e.to_owned()));
         }
         if let Some(r) = region {
             b = b.with_region(r);
@@ -260,7 +460,7 @@ pub(super) fn index(
     dataset: &S3Dataset,
     layout: S3Layout,
     progress: &mut Progress<'_>,
-) -> Result<DatasetIndex, StorageError> {
+) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
     stores.allow().check(&dataset.url)?;
     match layout {
         S3Layout::ImageFolder => index_folder(stores, dataset, progress),
@@ -311,7 +511,7 @@ fn index_folder(
     stores: &ObjectStores,
     ds: &S3Dataset,
     progress: &mut Progress<'_>,
-) -> Result<DatasetIndex, StorageError> {
+) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
     let root = ds.url.folder();
     let (_, prefixes) = list_all(stores, ds, &root, true)?;
     let mut classes: Vec<String> = prefixes
@@ -327,6 +527,7 @@ fn index_folder(
         });
     }
     let mut items = IndexBuilder::files();
+    let mut versions = Vec::new();
     for (label, class) in classes.iter().enumerate() {
         let label = u32::try_from(label).map_err(|_| StorageError::TooManyItems)?;
         let prefix = format!("{root}{class}/");
@@ -348,6 +549,7 @@ fn index_folder(
                 continue;
             }
             let dir: String = dirs.iter().map(|d| format!("/{d}")).collect();
+            versions.push(ObjectVersion::of(&o));
             found.push((dir, (*name).to_owned(), key));
         }
         found.sort();
@@ -356,14 +558,15 @@ fn index_folder(
             progress.tick()?;
         }
     }
-    Ok(items.finish(classes, Vec::new()))
+    versions.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok((items.finish(classes, Vec::new()), versions))
 }
 
 fn index_shards(
     stores: &ObjectStores,
     ds: &S3Dataset,
     progress: &mut Progress<'_>,
-) -> Result<DatasetIndex, StorageError> {
+) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
     let is_tar = |k: &str| {
         Path::new(k)
             .extension()
@@ -404,20 +607,25 @@ fn index_shards(
         tar_shards::index_entries(n, &name, shard.size, entries, &mut items, progress)?;
     }
     let classes = super::numeric_classes(items.labels_mut());
-    Ok(items.finish(
+    let index = items.finish(
         classes,
         shards
             .iter()
             .map(|s| PathBuf::from(s.location.to_string()))
             .collect(),
-    ))
+    );
+    Ok((index, shards.iter().map(ObjectVersion::of).collect()))
 }
 
+/// A manifest: the manifest object is read as a stream; the objects it names are then found
+/// with one paginated listing of their longest common folder (a key the listing lacks fails
+/// the dataset, as a missing file fails a local manifest), which also gives their sizes and
+/// ETags.
 fn index_manifest(
     stores: &ObjectStores,
     ds: &S3Dataset,
     progress: &mut Progress<'_>,
-) -> Result<DatasetIndex, StorageError> {
+) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
     let key = ds.url.key.clone();
     let (objects, _) = list_all(stores, ds, &key, false)?;
     let Some(meta) = objects.into_iter().find(|o| o.location.as_ref() == key) else {
@@ -431,6 +639,7 @@ fn index_manifest(
     };
     let allow = stores.allow();
     let bucket = ds.url.bucket.clone();
+    let mut named = std::collections::BTreeSet::new();
     let mut resolve = |entry: &str| -> Result<PathBuf, StorageError> {
         let full = resolve_key(&base, entry).ok_or_else(|| StorageError::S3NotAllowed {
             url: format!("s3://{bucket}/{base}{entry}"),
@@ -444,15 +653,42 @@ fn index_manifest(
                 key: full.clone(),
             })?;
         }
+        named.insert(full.clone());
         Ok(PathBuf::from(full))
     };
     let reader = BufReader::with_capacity(1 << 16, StreamRead::new(stores, ds, &meta));
-    manifest::index_reader(
+    let index = manifest::index_reader(
         &PathBuf::from(ds.url.to_string()),
         reader,
         &mut resolve,
         progress,
-    )
+    )?;
+    let mut versions = vec![ObjectVersion::of(&meta)];
+    if let (Some(first), Some(last)) = (named.first(), named.last()) {
+        let common: usize = first
+            .bytes()
+            .zip(last.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        // The folder both keys lie in (the keys are sorted: so do all between them).
+        let prefix = match first.as_bytes()[..common].iter().rposition(|&b| b == b'/') {
+            Some(i) => &first[..=i],
+            None => "",
+        };
+        let (listed, _) = list_all(stores, ds, prefix, false)?;
+        for o in listed {
+            if named.remove(o.location.as_ref()) {
+                versions.push(ObjectVersion::of(&o));
+            }
+        }
+        if let Some(missing) = named.first() {
+            return Err(StorageError::NotFound {
+                path: PathBuf::from(ds.name(missing)),
+            });
+        }
+    }
+    versions.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok((index, versions))
 }
 
 /// `base` + `entry` with `.` and `..` resolved; `None` for an absolute entry or one that
@@ -585,7 +821,30 @@ mod tests {
         assert!(S3Url::parse("http://b/x").is_err());
         assert!(S3Url::parse("s3://B/x").is_err());
         assert!(S3Url::parse("s3://bkt/a/../b").is_err());
-        let allow = S3Allow::parse(&["s3://bkt/train".into(), "s3://other".into()]).unwrap();
+        let allow = S3Allow::parse(
+            &["s3://bkt/train".into(), "s3://other".into()],
+            &["http://127.0.0.1:9000/".into()],
+        )
+        .unwrap();
+        assert!(allow.check_endpoint(None).is_ok());
+        assert!(allow.check_endpoint(Some("http://127.0.0.1:9000")).is_ok());
+        let e = allow
+            .check_endpoint(Some("http://evil.example:9000"))
+            .unwrap_err();
+        assert_eq!(e.code(), "endpoint_not_allowed");
+        assert!(e.to_string().contains("--allowed-s3-endpoint"), "{e}");
+        assert_eq!(
+            validate("s3://bkt/x", None, Some("evil.com/"))
+                .unwrap_err()
+                .code(),
+            "invalid_s3_source"
+        );
+        assert_eq!(
+            validate("s3:/bkt", None, None).unwrap_err().code(),
+            "invalid_s3_source"
+        );
+        assert!(validate("s3://bkt/x", Some("ftp://h"), None).is_err());
+        assert!(validate("s3://bkt/x", Some("http://u:p@h"), None).is_err());
         assert!(allow.permits("bkt", "train"));
         assert!(allow.permits("bkt", "train/a.jpg"));
         assert!(!allow.permits("bkt", "training/a.jpg"));
@@ -611,5 +870,39 @@ mod tests {
         );
         assert_eq!(resolve_key("a/", "../../y.jpg"), None);
         assert_eq!(resolve_key("a/", "/y.jpg"), None);
+    }
+
+    #[test]
+    fn a_reindex_compares_keys_sizes_and_etags() {
+        let v = |key: &str, size: u64, etag: Option<&str>| ObjectVersion {
+            key: key.into(),
+            size,
+            etag: etag.map(Into::into),
+        };
+        let old = [
+            v("a", 1, Some("1")),
+            v("b", 2, Some("2")),
+            v("c", 3, None),
+            v("d", 4, Some("4")),
+        ];
+        let new = [
+            v("a", 1, Some("1")),
+            v("b", 2, Some("2b")),
+            v("d", 5, Some("4")),
+            v("e", 6, None),
+        ];
+        let c = ObjectChanges::between(&old, &new);
+        assert_eq!((c.added, c.removed, c.changed, c.unchanged), (1, 1, 2, 1));
+        assert_eq!(c.added_keys, ["e"]);
+        assert_eq!(c.removed_keys, ["c"]);
+        assert_eq!(c.changed_keys, ["b", "d"]);
+        let bytes = ObjectVersion::encode_all(&new);
+        assert_eq!(ObjectVersion::decode_all(&bytes).unwrap(), new);
+        // Many added: all counted, the first CHANGES_LISTED named.
+        let many: Vec<_> = (0..250).map(|i| v(&format!("k{i:03}"), 1, None)).collect();
+        let c = ObjectChanges::between(&[], &many);
+        assert_eq!(c.added, 250);
+        assert_eq!(c.added_keys.len(), CHANGES_LISTED);
+        assert_eq!(c.added_keys[0], "k000");
     }
 }
