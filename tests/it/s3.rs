@@ -868,3 +868,70 @@ fn a_reindex_reports_the_objects_changed_added_and_removed() {
         "{v}"
     );
 }
+
+#[test]
+fn neighbouring_tar_members_are_read_with_one_request_and_the_bytes_stay_right() {
+    let Some(bin) =
+        s3s_fs("neighbouring_tar_members_are_read_with_one_request_and_the_bytes_stay_right")
+    else {
+        return;
+    };
+    let s3 = S3Server::start(bin, "s3_coalesce");
+    // One shard of 300 small members (the whole shard is well inside the coalescing gap), each
+    // member's bytes naming it.
+    let shards = s3.bucket().join("t");
+    std::fs::create_dir_all(&shards).unwrap();
+    let n = 300;
+    {
+        let f = std::fs::File::create(shards.join("part-000.tar")).unwrap();
+        let mut b = tar::Builder::new(f);
+        for i in 0..n {
+            let mut add = |name: String, data: &[u8]| {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, name, data).unwrap();
+            };
+            add(
+                format!("k{i:04}.jpg"),
+                format!("member {i} {}", "x".repeat(i % 7)).as_bytes(),
+            );
+            add(format!("k{i:04}.cls"), (i % 3).to_string().as_bytes());
+        }
+        b.finish().unwrap();
+    }
+    // One request in flight at a time: the loads due meanwhile (the Cache keeps at least 16
+    // under way) queue up, and are grouped when the request ends.
+    let j = joader(
+        "s3_coalesce",
+        &s3.bucket(),
+        &["--allowed-s3", "s3://bkt/t", "--s3-max-in-flight", "1"],
+        &credentials(&s3),
+    );
+    create(
+        &j,
+        "d",
+        json!({"kind": "s3", "url": "s3://bkt/t", "layout": "tar_shards"}),
+    );
+    assert_eq!(settled(&j, "d")["state"], "ready");
+    let gets_before = metric(&j, "joader_s3_requests_total{op=\"get\"}");
+    let (got, ids) = read_raw(&j, "r", "d");
+    assert_permutation(&ids, n, "the epoch");
+    for (element, (label, bytes)) in &got {
+        let i = *element as usize;
+        assert_eq!(
+            String::from_utf8_lossy(bytes),
+            format!("member {i} {}", "x".repeat(i % 7)),
+            "element {element}'s bytes"
+        );
+        assert_eq!(*label, (i % 3) as i64, "element {element}'s label");
+    }
+    let coalesced = metric(&j, "joader_s3_coalesced_requests_total");
+    let gets = metric(&j, "joader_s3_requests_total{op=\"get\"}") - gets_before;
+    assert!(coalesced > 0.0, "no request served several members");
+    assert!(
+        gets < n as f64,
+        "{gets} GETs for {n} members: neighbours were not read together"
+    );
+}
