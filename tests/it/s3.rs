@@ -935,3 +935,55 @@ fn neighbouring_tar_members_are_read_with_one_request_and_the_bytes_stay_right()
         "{gets} GETs for {n} members: neighbours were not read together"
     );
 }
+
+/// `joader bench e2e --quick --source s3`: the scenarios against a local s3s-fs beside local
+/// disk, and the bytes the store served. The bench's figures are its business; the test checks
+/// that the rows are there and that, with a cache holding the whole dataset, each object was
+/// read from the store exactly once per scenario (the union of the jobs' subsets).
+#[test]
+fn bench_e2e_with_source_s3_prints_the_s3_rows_beside_the_disk_rows() {
+    let Some(bin) = s3s_fs("bench_e2e_with_source_s3_prints_the_s3_rows_beside_the_disk_rows")
+    else {
+        return;
+    };
+    let dir = TempDir::new("bench-s3");
+    let (data, out) = (dir.0.join("data"), dir.0.join("out"));
+    let o = crate::common::joader(&[
+        "bench",
+        "e2e",
+        "--quick",
+        "--source",
+        "s3",
+        "--s3s-fs",
+        bin.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let md = std::fs::read_to_string(out.join("e2e.md")).unwrap();
+    for row in [
+        "| sync K=2 | joader serve, disk |",
+        "| sync K=2 | joader serve, s3 |",
+        "| overlap 50% | joader serve, s3 |",
+    ] {
+        assert!(md.contains(row), "missing {row} in\n{md}");
+    }
+    let section = md
+        .split("S3 beside local disk")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no S3 section in\n{md}"));
+    let mut scenarios = 0;
+    for line in section
+        .lines()
+        .filter(|l| l.starts_with("| sync") || l.starts_with("| overlap"))
+    {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // | scenario | disk | s3 | s3/disk | CPU | read from the store | union | read/union |
+        assert_eq!(cells[6], cells[7], "bytes read from the store: {line}");
+        assert!(cells[7].parse::<u64>().unwrap() > 0, "{line}");
+        scenarios += 1;
+    }
+    assert_eq!(scenarios, 3, "{section}");
+}
