@@ -19,6 +19,14 @@ python3 -m pip --version >/dev/null
 # The tests that need them fail (instead of skipping) when they are missing.
 export JOADER_REQUIRE_TOOLS=1
 
+echo "== s3s-fs, the real S3 server of the s3 source's tests (built once, kept in the target dir)"
+# 0.14.1: later versions need a newer Rust than the workspace's.
+S3S_FS="$CARGO_TARGET_DIR/tools/bin/s3s-fs"
+if [ ! -x "$S3S_FS" ]; then
+    cargo install s3s-fs --version 0.14.1 --features binary --locked --root "$CARGO_TARGET_DIR/tools"
+fi
+export JOADER_S3S_FS="$S3S_FS"
+
 echo "== formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings

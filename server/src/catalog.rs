@@ -5,9 +5,13 @@
 //! An index is stored in its compact form (`DatasetIndex::to_bytes`: a versioned tag, then
 //! the columns). An index stored by an older joader in another format is not read: its
 //! dataset is indexed again at start-up (see `registry::load_catalog`).
+//!
+//! An `s3` dataset also has its objects stored (key, size, ETag; `ObjectVersion::encode_all`),
+//! which a re-index compares with the objects it finds.
 
 use std::path::Path;
 
+use actors::storage::s3::{ObjectChanges, ObjectVersion};
 use actors::storage::{DatasetIndex, IndexFormatError, SourceSpec};
 use anyhow::{Context, Result};
 use redb::{Builder, Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -15,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 const DATASETS: TableDefinition<&str, &[u8]> = TableDefinition::new("datasets");
 const INDEXES: TableDefinition<&str, &[u8]> = TableDefinition::new("indexes");
+const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
 
 /// redb's page cache. The catalog is written once per dataset and read at start-up, so
 /// pages need not stay in memory (redb's default, 1 GiB, would keep a copy of every index
@@ -30,6 +35,9 @@ pub struct DatasetRecord {
     pub state: String,
     pub error: Option<String>,
     pub created_unix: u64,
+    /// What the last re-index found changed in the store (`s3` sources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changes: Option<ObjectChanges>,
 }
 
 pub struct Catalog {
@@ -48,11 +56,22 @@ impl Catalog {
         let tx = db.begin_write()?;
         tx.open_table(DATASETS)?;
         tx.open_table(INDEXES)?;
+        tx.open_table(OBJECTS)?;
         tx.commit()?;
         Ok(Self { db })
     }
 
     pub fn put(&self, rec: &DatasetRecord, index: Option<&DatasetIndex>) -> Result<()> {
+        self.put_indexed(rec, index, None)
+    }
+
+    /// [`Catalog::put`], with the objects an `s3` index was made of, in one transaction.
+    pub fn put_indexed(
+        &self,
+        rec: &DatasetRecord,
+        index: Option<&DatasetIndex>,
+        objects: Option<&[ObjectVersion]>,
+    ) -> Result<()> {
         let tx = self.db.begin_write()?;
         {
             let mut t = tx.open_table(DATASETS)?;
@@ -60,6 +79,13 @@ impl Catalog {
             if let Some(index) = index {
                 let mut i = tx.open_table(INDEXES)?;
                 i.insert(rec.name.as_str(), index.to_bytes().as_slice())?;
+            }
+            if let Some(objects) = objects {
+                let mut o = tx.open_table(OBJECTS)?;
+                o.insert(
+                    rec.name.as_str(),
+                    ObjectVersion::encode_all(objects).as_slice(),
+                )?;
             }
         }
         tx.commit()?;
@@ -71,6 +97,7 @@ impl Catalog {
         {
             tx.open_table(DATASETS)?.remove(name)?;
             tx.open_table(INDEXES)?.remove(name)?;
+            tx.open_table(OBJECTS)?.remove(name)?;
         }
         tx.commit()?;
         Ok(())
@@ -85,6 +112,21 @@ impl Catalog {
             out.push(serde_json::from_slice(v.value()).context("a corrupt catalog record")?);
         }
         Ok(out)
+    }
+
+    /// The objects the stored index of an `s3` dataset was made of (`None`: none stored, or
+    /// unreadable, and then a re-index reports no changes).
+    pub fn objects(&self, name: &str) -> Result<Option<Vec<ObjectVersion>>> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(OBJECTS)?;
+        let Some(v) = t.get(name)? else {
+            return Ok(None);
+        };
+        Ok(ObjectVersion::decode_all(v.value())
+            .inspect_err(
+                |e| tracing::warn!(dataset = %name, error = %e, "unreadable stored objects"),
+            )
+            .ok())
     }
 
     /// The stored index of a dataset: `None` if there is none, or if it was stored by an
@@ -130,6 +172,7 @@ mod tests {
             state: "ready".into(),
             error: None,
             created_unix: 1,
+            changes: None,
         };
         let data = dir.path().join("data");
         {
@@ -137,6 +180,17 @@ mod tests {
             catalog.put(&rec, Some(&index)).unwrap();
             assert_eq!(catalog.index("d").unwrap(), Some(index.clone()));
             assert_eq!(catalog.records().unwrap(), std::slice::from_ref(&rec));
+            assert_eq!(catalog.objects("d").unwrap(), None);
+            let objects = [ObjectVersion {
+                key: "a/b.jpg".into(),
+                size: 3,
+                etag: Some("\"e1\"".into()),
+            }];
+            catalog.put_indexed(&rec, None, Some(&objects)).unwrap();
+            assert_eq!(catalog.objects("d").unwrap().as_deref(), Some(&objects[..]));
+            catalog.remove("d").unwrap();
+            assert_eq!(catalog.objects("d").unwrap(), None);
+            catalog.put(&rec, Some(&index)).unwrap();
         }
         // An index as joader stored it before the columnar format (JSON of items): the
         // catalog still opens, and the dataset has no index (it is indexed again).

@@ -162,6 +162,28 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allowed_roots: Vec<PathBuf>,
+    /// S3 buckets or prefixes `s3` datasets may name, as `s3://bucket[/prefix]` (repeat;
+    /// default: none, and `s3` sources are refused). Credentials come from the AWS_*
+    /// environment variables.
+    #[arg(long = "allowed-s3", env = "JOADER_ALLOWED_S3", value_delimiter = ',')]
+    pub allowed_s3: Vec<String>,
+    /// Endpoints `s3` datasets may name, besides AWS_ENDPOINT_URL (repeat): the server sends
+    /// its signed requests, credentials included, there.
+    #[arg(
+        long = "allowed-s3-endpoint",
+        env = "JOADER_ALLOWED_S3_ENDPOINTS",
+        value_delimiter = ','
+    )]
+    pub allowed_s3_endpoints: Vec<String>,
+    /// Object-store requests in flight at once (default 64).
+    #[arg(long, env = "JOADER_S3_MAX_IN_FLIGHT")]
+    pub s3_max_in_flight: Option<usize>,
+    /// Seconds an element may spend retrying transient object-store failures (default 15).
+    #[arg(long, env = "JOADER_S3_RETRY_BUDGET_S")]
+    pub s3_retry_budget_s: Option<f64>,
+    /// Keys per object-store listing page (default 1000, the most S3 returns).
+    #[arg(long, env = "JOADER_S3_LIST_PAGE")]
+    pub s3_list_page: Option<usize>,
     /// Bearer token required by the REST API.
     #[arg(long, env = "JOADER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -219,6 +241,21 @@ impl ServeArgs {
         }
         if !self.allowed_roots.is_empty() {
             c.allowed_roots = self.allowed_roots;
+        }
+        if !self.allowed_s3.is_empty() {
+            c.allowed_s3 = self.allowed_s3;
+        }
+        if !self.allowed_s3_endpoints.is_empty() {
+            c.allowed_s3_endpoints = self.allowed_s3_endpoints;
+        }
+        if let Some(v) = self.s3_max_in_flight {
+            c.s3_max_in_flight = v;
+        }
+        if let Some(v) = self.s3_retry_budget_s {
+            c.s3_retry_budget_s = v;
+        }
+        if let Some(v) = self.s3_list_page {
+            c.s3_list_page = v;
         }
         if self.token.is_some() {
             c.token = self.token;

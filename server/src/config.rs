@@ -34,6 +34,20 @@ pub struct Config {
     pub http_workers: usize,
     /// Dataset paths must lie under one of these folders (default: the current directory).
     pub allowed_roots: Vec<PathBuf>,
+    /// What `s3` sources may name: `s3://bucket` or `s3://bucket/prefix` entries. Empty (the
+    /// default): `s3` sources are refused.
+    pub allowed_s3: Vec<String>,
+    /// Endpoints `s3` sources may name besides the environment's `AWS_ENDPOINT_URL` (the
+    /// server sends its signed requests there).
+    pub allowed_s3_endpoints: Vec<String>,
+    /// Object-store requests in flight at once, for the whole server.
+    pub s3_max_in_flight: usize,
+    /// Seconds one element (or listing page) may spend retrying transient failures.
+    pub s3_retry_budget_s: f64,
+    /// Seconds one object-store request may take.
+    pub s3_request_timeout_s: f64,
+    /// Keys per listing page (S3 returns at most 1000).
+    pub s3_list_page: usize,
     /// Bearer token required by the REST API when set.
     pub token: Option<String>,
     /// Records per delivery ring (per job rank); 0 means 2 × batch size, at least 64.
@@ -70,6 +84,12 @@ impl Default for Config {
             loader_workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             http_workers: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
             allowed_roots: vec![std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))],
+            allowed_s3: Vec::new(),
+            allowed_s3_endpoints: Vec::new(),
+            s3_max_in_flight: 64,
+            s3_retry_budget_s: 15.0,
+            s3_request_timeout_s: 10.0,
+            s3_list_page: 1000,
             token: None,
             ring_capacity: 0,
             default_pipeline: Pipeline::Decode {
@@ -110,7 +130,30 @@ impl Config {
         }
     }
 
+    /// The object-store stage's settings.
+    pub fn fetch_config(&self) -> actors::storage::s3::FetchConfig {
+        actors::storage::s3::FetchConfig {
+            max_in_flight: self.s3_max_in_flight,
+            budget: std::time::Duration::from_secs_f64(self.s3_retry_budget_s),
+            request_timeout: std::time::Duration::from_secs_f64(self.s3_request_timeout_s),
+            list_page: self.s3_list_page,
+        }
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
+        actors::storage::s3::S3Allow::parse(&self.allowed_s3, &self.allowed_s3_endpoints)
+            .map_err(|e| anyhow::anyhow!("allowed_s3 / allowed_s3_endpoints: {e}"))?;
+        anyhow::ensure!(
+            self.s3_max_in_flight > 0 && (1..=1000).contains(&self.s3_list_page),
+            "s3_max_in_flight must be positive and s3_list_page between 1 and 1000"
+        );
+        anyhow::ensure!(
+            self.s3_retry_budget_s.is_finite()
+                && self.s3_retry_budget_s >= 0.0
+                && self.s3_request_timeout_s.is_finite()
+                && self.s3_request_timeout_s > 0.0,
+            "s3_retry_budget_s must be at least 0 and s3_request_timeout_s positive"
+        );
         dataplane::names::validate_instance(&self.instance)
             .map_err(|e| anyhow::anyhow!("instance: {e}"))?;
         anyhow::ensure!(self.cache_slots > 0, "cache_slots must be positive");

@@ -51,7 +51,13 @@ codes! {
     Unauthorized = ("unauthorized", 401,
         "the server requires a bearer token (`--token`) and the request has none or another"),
     PathNotAllowed = ("path_not_allowed", 403,
-        "a dataset path lies outside the server's `--allowed-root` folders"),
+        "a dataset path lies outside the server's `--allowed-root` folders, or an s3 url \
+         outside its `--allowed-s3` prefixes (a server without `--allowed-s3` refuses every \
+         s3 source)"),
+    EndpointNotAllowed = ("endpoint_not_allowed", 403,
+        "an s3 source names an `endpoint` the server's configuration does not (its \
+         `AWS_ENDPOINT_URL` and `--allowed-s3-endpoint`): the server sends its credentials only \
+         there"),
     DatasetNotFound = ("dataset_not_found", 404, "no dataset has this name"),
     JobNotFound = ("job_not_found", 404, "no job has this name"),
     NotFound = ("not_found", 404, "no route or dashboard file has this path"),

@@ -1,10 +1,12 @@
 //! Plugs storage and the shared pipeline into the actors' seams.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use actors::pipeline::{self, Limits, Output, Pipeline, PipelineError};
-use actors::service::{ElementSource, LoadFailure, Prepare, Prepared};
-use actors::storage::{DatasetIndex, StorageError};
+use actors::service::{ElementSource, Fetched, LoadFailure, Prepare, Prepared};
+use actors::storage::s3::{self, ObjectStores, ObjectVersion, S3Source};
+use actors::storage::{self, DatasetIndex, SourceSpec, StorageError};
 use dataplane::element_error;
 
 /// A dataset index read through storage.
@@ -12,19 +14,144 @@ pub struct IndexSource(pub Arc<DatasetIndex>);
 
 impl ElementSource for IndexSource {
     fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure> {
-        self.0.read(element).map_err(|e: StorageError| LoadFailure {
-            code: if e.code() == "not_found" {
-                element_error::NOT_FOUND
-            } else {
-                element_error::IO
-            },
-            kind: e.code().to_string(),
-            message: e.to_string(),
-        })
+        self.0.read(element).map_err(|e| failure(&e))
     }
 
     fn label(&self, element: u32) -> i64 {
         self.0.label(element).unwrap_or(-1)
+    }
+}
+
+/// An element's storage error as the element error clients receive in its place.
+fn failure(e: &StorageError) -> LoadFailure {
+    LoadFailure {
+        code: if e.code() == "not_found" {
+            element_error::NOT_FOUND
+        } else {
+            element_error::IO
+        },
+        kind: e.code().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// An `s3` dataset read through the object-store stage: the Loader hands its loads to the
+/// stage ([`ElementSource::fetch`]), and its decode threads get the bytes.
+pub struct S3ElementSource(pub S3Source);
+
+impl ElementSource for S3ElementSource {
+    fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure> {
+        self.0.read(element).map_err(|e| failure(&e))
+    }
+
+    fn label(&self, element: u32) -> i64 {
+        self.0.label(element)
+    }
+
+    fn is_remote(&self) -> bool {
+        true
+    }
+
+    fn fetch(&self, element: u32, done: Fetched) {
+        self.0
+            .fetch(element, Box::new(move |r| done(r.map_err(|e| failure(&e)))));
+    }
+}
+
+/// Why an `s3` source is refused when the server reads no object store.
+fn no_object_store(url: &str) -> StorageError {
+    StorageError::S3NotAllowed {
+        url: url.to_owned(),
+        reason: "this server reads no object store: start it with --allowed-s3 \
+                 s3://bucket[/prefix] (or allowed_s3 in its configuration file)"
+            .into(),
+    }
+}
+
+/// Checks, before a dataset is created, that its source may be read: local paths under the
+/// allowed roots; s3 sources well formed (else [`StorageError::S3Invalid`], whatever the
+/// server's configuration), their urls under `--allowed-s3` and their endpoints configured.
+pub fn check_source(
+    spec: &SourceSpec,
+    roots: &[PathBuf],
+    objects: Option<&ObjectStores>,
+) -> Result<(), StorageError> {
+    match (spec, objects) {
+        (
+            SourceSpec::S3 {
+                url,
+                endpoint,
+                region,
+                ..
+            },
+            o,
+        ) => {
+            let (endpoint, region) = (endpoint.as_deref(), region.as_deref());
+            s3::validate(url, endpoint, region)?;
+            match o {
+                Some(o) => o.check(url, endpoint, region).map(drop),
+                None => Err(no_object_store(url)),
+            }
+        }
+        _ => spec.check_roots(roots),
+    }
+}
+
+/// Indexes a source (blocking: the indexing thread). An `s3` source also gives the objects
+/// it was made of (what a re-index compares).
+pub fn index(
+    spec: &SourceSpec,
+    roots: &[PathBuf],
+    objects: Option<&ObjectStores>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(DatasetIndex, Option<Vec<ObjectVersion>>), StorageError> {
+    match (spec, objects) {
+        (
+            SourceSpec::S3 {
+                url,
+                layout,
+                endpoint,
+                region,
+            },
+            Some(o),
+        ) => o
+            .index(
+                url,
+                *layout,
+                endpoint.as_deref(),
+                region.as_deref(),
+                progress,
+            )
+            .map(|i| (i.index, Some(i.objects))),
+        (SourceSpec::S3 { url, .. }, None) => Err(no_object_store(url)),
+        _ => storage::index(spec, roots, progress).map(|i| (i, None)),
+    }
+}
+
+/// The element reader of an indexed dataset. Opening an object store builds its HTTP
+/// client: call it off the HTTP workers (indexing thread, start-up).
+pub fn element_source(
+    spec: &SourceSpec,
+    objects: Option<&ObjectStores>,
+    index: Arc<DatasetIndex>,
+) -> Result<Arc<dyn ElementSource>, StorageError> {
+    match (spec, objects) {
+        (
+            SourceSpec::S3 {
+                url,
+                endpoint,
+                region,
+                ..
+            },
+            Some(o),
+        ) => Ok(Arc::new(S3ElementSource(o.source(
+            url,
+            endpoint.as_deref(),
+            region.as_deref(),
+            index,
+        )?))),
+        (SourceSpec::S3 { url, .. }, None) => Err(no_object_store(url)),
+        _ => Ok(Arc::new(IndexSource(index))),
     }
 }
 

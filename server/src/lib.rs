@@ -58,10 +58,29 @@ pub async fn run(
         tracing::warn!(segment = %stale, "removed a stale segment of a previous run");
     }
     let stats = Arc::new(CacheStats::default());
+    // The object-store stage runs only on a server that may read object stores; its loads
+    // wait on the network, so the Cache lets as many be under way as requests may be in
+    // flight (decoded payloads outside shared memory stay bounded by that number).
+    let objects = if config.allowed_s3.is_empty() {
+        None
+    } else {
+        let allow =
+            actors::storage::s3::S3Allow::parse(&config.allowed_s3, &config.allowed_s3_endpoints)
+                .map_err(|e| anyhow::anyhow!("allowed_s3 / allowed_s3_endpoints: {e}"))?
+                .with_environment();
+        Some(Arc::new(
+            actors::storage::s3::ObjectStores::new(config.fetch_config(), allow)
+                .context("cannot start the object-store stage")?,
+        ))
+    };
+    let mut max_loading = CacheConfig::max_loading_for(config.loader_workers);
+    if objects.is_some() {
+        max_loading = max_loading.max(config.s3_max_in_flight);
+    }
     let cache_cfg = CacheConfig {
         policy: config.cache_policy,
         tick: Duration::from_millis(config.cache_tick_ms),
-        max_loading: CacheConfig::max_loading_for(config.loader_workers),
+        max_loading,
     };
     let workers = config.loader_workers;
     let st = stats.clone();
@@ -77,6 +96,7 @@ pub async fn run(
         samplers: samplers.handle(),
         draining: Default::default(),
         stats,
+        objects,
         inner: Mutex::new(registry::Inner::default()),
         started: Instant::now(),
     });

@@ -146,7 +146,25 @@ impl TestServer {
         root: &std::path::Path,
         extra: &[&str],
     ) -> TestServer {
+        Self::start_env(instance, data_dir, root, extra, &[])
+    }
+
+    /// [`TestServer::start`] with `env` set, and no `AWS_*` variable but those of `env` (a
+    /// test decides what credentials a server has).
+    pub fn start_env(
+        instance: &str,
+        data_dir: &std::path::Path,
+        root: &std::path::Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> TestServer {
         let mut cmd = Command::new(joader_bin());
+        for (k, _) in std::env::vars_os() {
+            if k.to_str().is_some_and(|k| k.starts_with("AWS_")) {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(env.iter().copied());
         cmd.args(["serve", "--bind", "127.0.0.1:0", "--instance", instance]);
         // Defaults a test may override through `extra`.
         if !extra.contains(&"--cache-bytes") {

@@ -7,5 +7,6 @@ mod decode;
 mod flow;
 mod observability;
 mod openapi;
+mod s3;
 mod server;
 mod simulate;

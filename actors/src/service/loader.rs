@@ -1,5 +1,6 @@
 //! The Loader: reads elements from storage and runs the shared pipelines on a bounded pool of
-//! worker threads, never on an actix arbiter thread.
+//! worker threads, never on an actix arbiter thread. A remote source's elements are fetched
+//! by the source's own asynchronous stage first and reach the workers with their bytes.
 //!
 //! The workers run at a lower CPU priority than the rest of the server ([`DECODE_NICE`] above
 //! the process's nice value), so that when decoding saturates the cores the sampler, the cache
@@ -13,7 +14,7 @@ use std::time::Instant;
 use actix::prelude::*;
 use crossbeam_channel::{Sender, unbounded};
 
-use super::messages::{Load, Loaded};
+use super::messages::{Load, LoadFailure, Loaded};
 use super::stats::CacheStats;
 
 /// How much nicer (lower priority) than the process the decode workers run, on Linux (one
@@ -38,7 +39,7 @@ fn lower_own_priority() {
 /// See the module docs. The queue is unbounded but its length is bounded by the jobs' credit:
 /// a job never has more outstanding deliveries than its rings hold.
 pub struct Loader {
-    tx: Option<Sender<Load>>,
+    tx: Option<Sender<Work>>,
     workers: Vec<JoinHandle<()>>,
     stats: Arc<CacheStats>,
 }
@@ -46,7 +47,7 @@ pub struct Loader {
 impl Loader {
     /// Starts `workers` threads that send their results to `downstream`.
     pub fn new(workers: usize, downstream: Recipient<Loaded>, stats: Arc<CacheStats>) -> Self {
-        let (tx, rx) = unbounded::<Load>();
+        let (tx, rx) = unbounded::<Work>();
         let workers = (0..workers.max(1))
             .map(|i| {
                 let rx = rx.clone();
@@ -56,9 +57,9 @@ impl Loader {
                     .name(format!("joader-loader-{i}"))
                     .spawn(move || {
                         lower_own_priority();
-                        while let Ok(load) = rx.recv() {
+                        while let Ok((load, fetched)) = rx.recv() {
                             stats.loader_queue.fetch_sub(1, Relaxed);
-                            let loaded = run_load(&load, &stats);
+                            let loaded = run_load(&load, fetched, &stats);
                             downstream.do_send(loaded);
                         }
                     })
@@ -73,11 +74,19 @@ impl Loader {
     }
 }
 
-/// Reads once, prepares for every pipeline.
-fn run_load(load: &Load, stats: &CacheStats) -> Loaded {
+/// A load for the workers, with its bytes when a remote source fetched them already.
+type Work = (Load, Option<Result<Vec<u8>, LoadFailure>>);
+
+/// Reads once (unless fetched), prepares for every pipeline.
+fn run_load(
+    load: &Load,
+    fetched: Option<Result<Vec<u8>, LoadFailure>>,
+    stats: &CacheStats,
+) -> Loaded {
     let start = Instant::now();
     let label = load.source.label(load.element);
-    let (results, bytes_read) = match load.source.read(load.element) {
+    let read = fetched.unwrap_or_else(|| load.source.read(load.element));
+    let (results, bytes_read) = match read {
         Ok(bytes) => {
             let results = load
                 .pipelines
@@ -124,8 +133,16 @@ impl Handler<Load> for Loader {
     fn handle(&mut self, msg: Load, _: &mut Context<Self>) {
         if let Some(tx) = &self.tx {
             self.stats.loader_queue.fetch_add(1, Relaxed);
-            // Workers only stop when the sender is dropped, so this cannot fail while we hold it.
-            let _ = tx.send(msg);
+            if msg.source.is_remote() {
+                // The bytes come from the source's fetch stage; a send after the Loader
+                // stopped finds no worker, and the load is dropped with the server.
+                let (tx, source, element) = (tx.clone(), msg.source.clone(), msg.element);
+                source.fetch(element, Box::new(move |r| drop(tx.send((msg, Some(r))))));
+            } else {
+                // Workers only stop when the sender is dropped, so this cannot fail while we
+                // hold it.
+                let _ = tx.send((msg, None));
+            }
         }
     }
 }

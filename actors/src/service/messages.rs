@@ -35,10 +35,26 @@ pub struct Prepared {
     pub format: dataplane::Format,
 }
 
+/// Called once with an element's stored bytes, from the source's own fetch stage.
+pub type Fetched = Box<dyn FnOnce(Result<Vec<u8>, LoadFailure>) + Send>;
+
 /// Reads the stored bytes of an element of one base dataset.
 pub trait ElementSource: Send + Sync {
     fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure>;
     fn label(&self, element: u32) -> i64;
+
+    /// True for a source whose reads wait on the network (an object store): the Loader
+    /// then asks [`ElementSource::fetch`] instead of reading on a decode thread, so that a
+    /// slow request never holds one.
+    fn is_remote(&self) -> bool {
+        false
+    }
+
+    /// Starts reading `element` in the source's own fetch stage; `done` gets the bytes. Only
+    /// called when [`ElementSource::is_remote`].
+    fn fetch(&self, element: u32, done: Fetched) {
+        done(self.read(element));
+    }
 }
 
 /// The shared, deterministic part of the preparation (decode, resize, crop).

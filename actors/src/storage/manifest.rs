@@ -60,16 +60,66 @@ pub(super) fn index(
         }
     };
     let file = File::open(&manifest).map_err(|e| StorageError::io(path, e))?;
-    let mut reader = BufReader::with_capacity(1 << 16, file);
+    let reader = BufReader::with_capacity(1 << 16, file);
+    let mut resolver = Resolver {
+        roots,
+        base: manifest.parent().unwrap_or(Path::new("/")).to_owned(),
+        dirs: HashMap::new(),
+    };
+    parse(
+        path,
+        csv,
+        reader,
+        &mut |file| resolver.resolve(file),
+        progress,
+    )
+}
+
+/// Indexes a manifest read from `reader` (named `path`, whose extension gives the format),
+/// `resolve` turning each entry's path into what the index records (an object store's key).
+pub(super) fn index_reader(
+    path: &Path,
+    reader: impl BufRead,
+    resolve: &mut dyn FnMut(&str) -> Result<PathBuf, StorageError>,
+    progress: &mut Progress<'_>,
+) -> Result<DatasetIndex, StorageError> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let csv = match ext.as_deref() {
+        Some("csv") => true,
+        Some("jsonl" | "json") => false,
+        _ => {
+            return Err(StorageError::BadManifest {
+                path: path.to_owned(),
+                line: 0,
+                reason: "unknown manifest format: the object's name must end in .csv, .jsonl \
+                         or .json"
+                    .into(),
+            });
+        }
+    };
+    parse(path, csv, reader, resolve, progress)
+}
+
+fn parse(
+    path: &Path,
+    csv: bool,
+    mut reader: impl BufRead,
+    resolve: &mut dyn FnMut(&str) -> Result<PathBuf, StorageError>,
+    progress: &mut Progress<'_>,
+) -> Result<DatasetIndex, StorageError> {
+    let bad = |line: u64, reason: String| StorageError::BadManifest {
+        path: path.to_owned(),
+        line,
+        reason,
+    };
     let mut entries = Entries {
         items: IndexBuilder::files(),
         names: HashMap::new(),
         kinds: (false, false),
-        resolver: Resolver {
-            roots,
-            base: manifest.parent().unwrap_or(Path::new("/")).to_owned(),
-            dirs: HashMap::new(),
-        },
+        resolve,
         progress,
     };
     if csv {
@@ -103,13 +153,14 @@ struct Entries<'a, 'p> {
     names: HashMap<Box<str>, u32>,
     /// (numbers, names) met in a JSON manifest.
     kinds: (bool, bool),
-    resolver: Resolver<'a>,
+    /// An entry's path to what the index records.
+    resolve: &'a mut dyn FnMut(&str) -> Result<PathBuf, StorageError>,
     progress: &'a mut Progress<'p>,
 }
 
 impl Entries<'_, '_> {
     fn add(&mut self, file: &str, label: RawLabel<'_>) -> Result<(), StorageError> {
-        let canonical = self.resolver.resolve(file)?;
+        let canonical = (self.resolve)(file)?;
         let label = match label {
             RawLabel::Number(n) => numeric_label(n, &|| format!("manifest entry {file}"))?,
             RawLabel::Name(name) => match self.names.get(name) {

@@ -27,6 +27,9 @@
 //! `0..MAX_NUMERIC_LABEL`, and `classes` is then `"0", "1", ..., "max"`. Text manifest labels
 //! are class names: sorted, and the label is the position.
 //!
+//! - `s3`: an S3-compatible object store, in any of the three layouts above (see `s3/`);
+//!   indexed and read through the server's [`s3::ObjectStores`], not through [`index`].
+//!
 //! **Every path is canonicalized (symlinks and `..` resolved) and must lie under one of the
 //! allowed roots**: the source paths, each manifest entry and each symlink target met while
 //! walking. The check happens at indexing time; items record canonical paths.
@@ -35,6 +38,7 @@ mod folder;
 mod index;
 mod manifest;
 mod roots;
+pub mod s3;
 mod tar_shards;
 #[cfg(test)]
 mod tests;
@@ -54,7 +58,7 @@ pub use index::{DatasetIndex, IndexFormatError, Location};
 pub const MAX_NUMERIC_LABEL: i64 = 1 << 20;
 
 /// Largest tar member read into memory (guards against a damaged persisted index).
-const MAX_MEMBER_LEN: u64 = 1 << 32;
+pub(crate) const MAX_MEMBER_LEN: u64 = 1 << 32;
 
 /// How often (in items) indexing reports progress.
 const PROGRESS_EVERY: u64 = 256;
@@ -78,6 +82,19 @@ pub enum SourceSpec {
     Manifest {
         #[cfg_attr(feature = "openapi", schema(value_type = String))]
         path: PathBuf,
+    },
+    /// An S3-compatible object store: `url` is `s3://bucket/prefix` (for `manifest`, the
+    /// manifest object). Credentials come from the server's environment, never from here.
+    S3 {
+        url: String,
+        layout: s3::S3Layout,
+        /// The store's address (MinIO, Garage, Ceph RGW, R2); default: `AWS_ENDPOINT_URL`,
+        /// else AWS.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        endpoint: Option<String>,
+        /// Default: `AWS_REGION`, else `us-east-1`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        region: Option<String>,
     },
 }
 
@@ -118,6 +135,23 @@ pub enum StorageError {
         #[source]
         source: io::Error,
     },
+    #[error("{url} may not be read: {reason}")]
+    S3NotAllowed { url: String, reason: String },
+    /// An `s3` source that names no valid url, endpoint or region.
+    #[error("invalid s3 source: {reason}")]
+    S3Invalid { reason: String },
+    #[error("endpoint {endpoint} may not be used: {reason}")]
+    S3EndpointNotAllowed { endpoint: String, reason: String },
+    #[error("no credentials for the object store: {reason}")]
+    S3Credentials { reason: String },
+    #[error("{url}: {message}")]
+    Remote {
+        url: String,
+        /// `not_found`, `access_denied`, `refused` (another 4xx), `unavailable` (5xx,
+        /// connection or timeouts past the retry budget), `s3_config`.
+        code: &'static str,
+        message: String,
+    },
 }
 
 impl StorageError {
@@ -135,6 +169,19 @@ impl StorageError {
             StorageError::NoSuchItem { .. } => "no_such_item",
             StorageError::ReadFailed { .. } => "read_failed",
             StorageError::Io { .. } => "io_error",
+            StorageError::S3NotAllowed { .. } => "s3_not_allowed",
+            StorageError::S3Invalid { .. } => "invalid_s3_source",
+            StorageError::S3EndpointNotAllowed { .. } => "endpoint_not_allowed",
+            StorageError::S3Credentials { .. } => "no_credentials",
+            StorageError::Remote {
+                code: "not_found", ..
+            } => "not_found",
+            StorageError::Remote { code, .. } => match *code {
+                "access_denied" => "access_denied",
+                "unavailable" => "s3_unavailable",
+                "s3_config" => "s3_config",
+                _ => "s3_refused",
+            },
         }
     }
 
@@ -183,7 +230,21 @@ pub fn index(
         SourceSpec::ImageFolder { path } => folder::index(path, &roots, &mut counter)?,
         SourceSpec::TarShards { paths } => tar_shards::index(paths, &roots, &mut counter)?,
         SourceSpec::Manifest { path } => manifest::index(path, &roots, &mut counter)?,
+        SourceSpec::S3 { url, .. } => {
+            return Err(StorageError::S3NotAllowed {
+                url: url.clone(),
+                reason: "an s3 source is indexed by the server's object-store stage".into(),
+            });
+        }
     };
+    finish_index(index, &mut counter)
+}
+
+/// The checks every finished index passes, and the last progress report.
+fn finish_index(
+    index: DatasetIndex,
+    counter: &mut Progress<'_>,
+) -> Result<DatasetIndex, StorageError> {
     if index.is_empty() {
         return Err(StorageError::Empty);
     }
@@ -323,6 +384,8 @@ impl SourceSpec {
                 vec![path.as_path()]
             }
             SourceSpec::TarShards { paths } => paths.iter().map(PathBuf::as_path).collect(),
+            // Checked against `--allowed-s3` by the object-store stage.
+            SourceSpec::S3 { .. } => Vec::new(),
         };
         for p in paths {
             if let Err(e @ StorageError::OutsideRoots { .. }) = roots.check(p) {

@@ -100,7 +100,24 @@ fn index_shard(
     let entries = archive
         .entries_with_seek()
         .map_err(|e| bad(e.to_string().to_lowercase()))?;
+    index_entries(n, path, file_len, entries, items, progress)
+}
 
+/// Indexes the members of shard number `n` (named `path` in errors, `file_len` bytes long)
+/// as `entries` yields them: from a local file (seeking past member data) or an object
+/// store's stream.
+pub(super) fn index_entries<R: Read>(
+    n: u32,
+    path: &Path,
+    file_len: u64,
+    entries: tar::Entries<'_, R>,
+    items: &mut IndexBuilder,
+    progress: &mut Progress<'_>,
+) -> Result<(), StorageError> {
+    let bad = |reason: String| StorageError::BadShard {
+        path: path.to_owned(),
+        reason,
+    };
     let mut current: Option<Sample> = None;
     let mut finish =
         |sample: Option<Sample>, items: &mut IndexBuilder| -> Result<(), StorageError> {

@@ -1,4 +1,4 @@
-//! `/v1/datasets`: create (indexed in the background), list, get, failures, delete.
+//! `/v1/datasets`: create (indexed in the background), list, get, failures, re-index, delete.
 
 use actix_web::{HttpResponse, delete, get, post, web};
 use actors::storage::SourceSpec;
@@ -25,9 +25,10 @@ pub struct CreateDataset {
 }
 
 // Every route may also answer `internal` and, with a token, `unauthorized` (`super::openapi`).
-errors!(CreateErrors: InvalidRequest, PathNotAllowed, DatasetExists, ShuttingDown);
+errors!(CreateErrors: InvalidRequest, PathNotAllowed, EndpointNotAllowed, DatasetExists, ShuttingDown);
 errors!(GetErrors: DatasetNotFound);
 errors!(DeleteErrors: InvalidRequest, DatasetNotFound, DatasetInUse);
+errors!(ReindexErrors: InvalidRequest, DatasetNotFound, DatasetInUse, DatasetNotReady, ShuttingDown);
 
 /// Create a dataset; indexing runs in the background (poll the dataset until its state is
 /// `ready`).
@@ -109,6 +110,37 @@ async fn dataset_failures(
     Ok(HttpResponse::Ok().json(FailureList { failures }))
 }
 
+/// Index an `s3` dataset again, in the background (refused while jobs use it). Once its
+/// state is `ready` again, its `changes` list the objects added, removed and changed (another
+/// size or ETag) since the previous index; its element ids may differ.
+#[utoipa::path(
+    tag = "datasets",
+    params(("name" = String, Path, description = "the dataset's name", example = "example")),
+    responses(
+        (status = 202, description = "accepted: state `indexing`", body = DatasetView),
+        ReindexErrors
+    )
+)]
+#[post("/v1/datasets/{name}/reindex")]
+async fn reindex_dataset(
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse> {
+    let name = name.into_inner();
+    let st = state.clone().into_inner();
+    let owned = name.clone();
+    // A catalog commit: on the blocking pool, never on the HTTP worker.
+    web::block(move || datasets::reindex_dataset(&st, &owned))
+        .await
+        .map_err(Error::internal)??;
+    let inner = state.inner.lock().map_err(Error::internal)?;
+    let d = inner
+        .datasets
+        .get(&name)
+        .ok_or_else(|| Error::dataset_not_found(&name))?;
+    Ok(HttpResponse::Accepted().json(dataset_view(d)))
+}
+
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -142,5 +174,6 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(list_datasets)
         .service(get_dataset)
         .service(delete_dataset)
-        .service(dataset_failures);
+        .service(dataset_failures)
+        .service(reindex_dataset);
 }

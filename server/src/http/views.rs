@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use actors::pipeline::Pipeline;
 use actors::service::JobState;
 use actors::storage::SourceSpec;
+use actors::storage::s3::ObjectChanges;
 use joader_core::sampling::SamplerKind;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -29,6 +30,9 @@ pub struct DatasetView {
     /// The class names (a label is an index into them), once indexed.
     pub classes: Option<Vec<String>>,
     pub created_unix: u64,
+    /// What the last re-index (`POST /v1/datasets/{name}/reindex`) found changed in the
+    /// object store since the index before it (`s3` sources).
+    pub changes: Option<ObjectChanges>,
 }
 
 /// Where a dataset is in its life.
@@ -63,6 +67,7 @@ pub fn dataset_view(d: &DatasetEntry) -> DatasetView {
         index_bytes: index.map(|i| i.heap_bytes()),
         classes: index.map(|i| i.classes().to_vec()),
         created_unix: d.record.created_unix,
+        changes: d.record.changes.clone(),
     }
 }
 

@@ -225,6 +225,9 @@ impl Metrics {
             "time the loader workers spent reading and preparing elements, summed over workers",
             &[(vec![], s.loader_busy_us.load(Relaxed) as f64 / 1e6)],
         );
+        if let Some(objects) = &state.objects {
+            render::objects(&mut extra, objects.stats());
+        }
         if let Some(p) = process_stats() {
             family(
                 &mut extra,

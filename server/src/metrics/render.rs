@@ -3,6 +3,9 @@
 //! output.
 
 use std::fmt::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+
+use actors::storage::s3::{LATENCY_BUCKETS, ObjectStats, Op};
 
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 
@@ -115,6 +118,73 @@ pub(super) fn describe_all() {
     describe_gauge!("joader_process_threads", "threads of the joader process");
     describe_gauge!("joader_build_info", "1, labelled with the joader version");
     describe_gauge!("joader_jobs", "registered jobs by state");
+}
+
+/// Appends the object-store stage's families (a server with `--allowed-s3` only). The
+/// latency histogram is written here from the stage's atomic buckets.
+pub(super) fn objects(out: &mut String, s: &ObjectStats) {
+    let requests: Vec<_> = Op::ALL
+        .iter()
+        .map(|op| {
+            (
+                vec![("op", op.as_str().to_string())],
+                s.requests(*op) as f64,
+            )
+        })
+        .collect();
+    family(
+        out,
+        "joader_s3_requests_total",
+        "counter",
+        "requests to object stores (attempts, retries included), by operation: list (a page) or get",
+        &requests,
+    );
+    family(
+        out,
+        "joader_s3_read_bytes_total",
+        "counter",
+        "body bytes received from object stores",
+        &[(vec![], s.bytes.load(Relaxed) as f64)],
+    );
+    family(
+        out,
+        "joader_s3_retries_total",
+        "counter",
+        "object-store requests made again after a transient failure (5xx, 408, 429, connection, timeout)",
+        &[(vec![], s.retries.load(Relaxed) as f64)],
+    );
+    family(
+        out,
+        "joader_s3_coalesced_requests_total",
+        "counter",
+        "ranged GETs that served several neighbouring tar members at once",
+        &[(vec![], s.coalesced.load(Relaxed) as f64)],
+    );
+    let errors: Vec<_> = s
+        .errors()
+        .iter()
+        .map(|(kind, n)| (vec![("kind", kind.to_string())], *n as f64))
+        .collect();
+    family(
+        out,
+        "joader_s3_errors_total",
+        "counter",
+        "failed object-store requests by kind (not_found, access_denied, refused: another 4xx, unavailable: 5xx or connection, timeout)",
+        &errors,
+    );
+    let (buckets, count, sum) = s.latency();
+    let name = "joader_s3_request_duration_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} object-store request latency (one attempt)"
+    );
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (le, n) in LATENCY_BUCKETS.iter().zip(&buckets) {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {n}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum {sum}");
+    let _ = writeln!(out, "{name}_count {count}\n");
 }
 
 /// Appends one metric family in the Prometheus text format: `rows` of (labels, value);

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use actors::storage::SourceSpec;
+use actors::storage::{SourceSpec, StorageError};
 
 use super::{AppState, DatasetEntry, check_name, start_indexing};
 use crate::catalog::DatasetRecord;
@@ -13,14 +13,22 @@ use crate::error::{Code, Error, Result};
 pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -> Result<()> {
     check_name("dataset", &name)?;
     super::check_not_draining(state)?;
-    source
-        .check_roots(&state.config.allowed_roots)
-        .map_err(|e| {
-            Error::new(
-                Code::PathNotAllowed,
-                format!("{e}; allowed roots: {:?}", state.config.allowed_roots),
-            )
-        })?;
+    crate::glue::check_source(
+        &source,
+        &state.config.allowed_roots,
+        state.objects.as_deref(),
+    )
+    .map_err(|e| match e {
+        StorageError::S3Invalid { .. } => Error::new(Code::InvalidRequest, e.to_string()),
+        StorageError::S3EndpointNotAllowed { .. } => {
+            Error::new(Code::EndpointNotAllowed, e.to_string())
+        }
+        StorageError::S3NotAllowed { .. } => Error::new(Code::PathNotAllowed, e.to_string()),
+        e => Error::new(
+            Code::PathNotAllowed,
+            format!("{e}; allowed roots: {:?}", state.config.allowed_roots),
+        ),
+    })?;
     let record = DatasetRecord {
         name: name.clone(),
         source,
@@ -29,6 +37,7 @@ pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -
         created_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        changes: None,
     };
     {
         let mut inner = state.inner.lock().map_err(Error::internal)?;
@@ -51,6 +60,79 @@ pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -
         }
         return Err(Error::internal(e));
     }
+    start_indexing(state.clone(), record.name);
+    Ok(())
+}
+
+/// Indexes an `s3` dataset again, in the background; once done, its record's `changes` says
+/// which objects were added, removed or changed since the last index. Refused while jobs use
+/// the dataset (their element ids would change under them; ended jobs do not count). The dataset takes a new id, so
+/// that no element cached from the previous index is ever served for the new one. Blocks on
+/// a catalog commit: call it on the blocking pool.
+pub fn reindex_dataset(state: &Arc<AppState>, name: &str) -> Result<()> {
+    super::check_not_draining(state)?;
+    let record = {
+        let mut inner = state.inner.lock().map_err(Error::internal)?;
+        let d = inner
+            .datasets
+            .get(name)
+            .ok_or_else(|| Error::dataset_not_found(name))?;
+        if !matches!(d.record.source, SourceSpec::S3 { .. }) {
+            return Err(Error::new(
+                Code::InvalidRequest,
+                format!(
+                    "dataset '{name}' is read from local files: re-indexing compares the sizes \
+                     and ETags an object store lists, so only s3 datasets are re-indexed \
+                     (delete a local dataset and create it again)"
+                ),
+            ));
+        }
+        if d.record.state == "indexing" {
+            return Err(Error::new(
+                Code::DatasetNotReady,
+                format!("dataset '{name}' is being indexed already"),
+            ));
+        }
+        let users: Vec<&str> = inner
+            .jobs
+            .values()
+            .filter(|j| j.dataset == name && !j.has_ended())
+            .map(|j| j.name.as_str())
+            .chain(
+                inner
+                    .registering
+                    .iter()
+                    .filter(|(_, r)| r.request.dataset == name)
+                    .map(|(n, _)| n.as_str()),
+            )
+            .collect();
+        if !users.is_empty() {
+            return Err(Error::new(
+                Code::DatasetInUse,
+                format!(
+                    "dataset '{name}' is used by job(s) {}: a re-index changes its element ids; \
+                     delete the jobs first",
+                    users.join(", ")
+                ),
+            ));
+        }
+        let id = inner.next_dataset_id()?;
+        let d = inner
+            .datasets
+            .get_mut(name)
+            .ok_or_else(|| Error::dataset_not_found(name))?;
+        d.id = id;
+        d.record.state = "indexing".into();
+        d.record.error = None;
+        d.record.changes = None;
+        d.progress.store(0, std::sync::atomic::Ordering::Relaxed);
+        d.index = None;
+        d.source = None;
+        d.sampler = None;
+        d.record.clone()
+    };
+    // The previous index and objects stay stored until the new ones replace them.
+    state.catalog.put(&record, None).map_err(Error::internal)?;
     start_indexing(state.clone(), record.name);
     Ok(())
 }

@@ -353,10 +353,24 @@ pub async fn register_job<T>(
                 format!("dataset '{}' is {}", req.dataset, d.record.state),
             ));
         };
-        let source = d
-            .source
-            .get_or_insert_with(|| Arc::new(IndexSource(index.clone())))
-            .clone();
+        let source = match &d.source {
+            Some(s) => s.clone(),
+            // Opened when the dataset was indexed or loaded; failing then, it is logged.
+            None if matches!(d.record.source, actors::storage::SourceSpec::S3 { .. }) => {
+                return Err(Error::new(
+                    Code::DatasetNotReady,
+                    format!(
+                        "dataset '{}' cannot open its object store (the server's log says \
+                         why; check its AWS_* environment and restart it)",
+                        req.dataset
+                    ),
+                ));
+            }
+            None => d
+                .source
+                .insert(Arc::new(IndexSource(index.clone())))
+                .clone(),
+        };
         let sampler = d
             .sampler
             .get_or_insert_with(|| {

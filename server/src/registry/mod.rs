@@ -16,7 +16,8 @@ use actors::pipeline::Pipeline;
 use actors::service::{
     CacheActor, CacheStats, ElementSource, JobState, JobStats, RingInfo, SamplerActor,
 };
-use actors::storage::{self, DatasetIndex};
+use actors::storage::DatasetIndex;
+use actors::storage::s3::{ObjectChanges, ObjectStores};
 
 use crate::catalog::{Catalog, DatasetRecord};
 use crate::config::Config;
@@ -33,6 +34,8 @@ pub struct AppState {
     /// Set by SIGTERM: new datasets and jobs are refused while running jobs drain.
     pub draining: std::sync::atomic::AtomicBool,
     pub stats: Arc<CacheStats>,
+    /// The object-store stage (`s3` sources), when the server has `--allowed-s3`.
+    pub objects: Option<Arc<ObjectStores>>,
     pub inner: Mutex<Inner>,
     pub started: Instant,
 }
@@ -249,29 +252,46 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
             (d.record.source.clone(), d.progress.clone())
         };
         let started = Instant::now();
-        let result = storage::index(&spec, &state.config.allowed_roots, &mut |n| progress.store(n, Relaxed));
+        let objects = state.objects.as_deref();
+        let result = crate::glue::index(&spec, &state.config.allowed_roots, objects, &mut |n| progress.store(n, Relaxed))
+            .and_then(|(index, versions)| {
+                // An object store's reader is opened here, off the HTTP workers.
+                let index = Arc::new(index);
+                let source = matches!(spec, actors::storage::SourceSpec::S3 { .. })
+                    .then(|| crate::glue::element_source(&spec, objects, index.clone()))
+                    .transpose()?;
+                Ok((index, source, versions))
+            });
         let Some(mut record) = state.inner.lock().ok().and_then(|i| i.datasets.get(&name).map(|d| d.record.clone())) else {
             return;
         };
         // Persisted before the registry's lock is taken: a redb commit of a whole index must
         // not hold up the HTTP workers.
-        let index = match result {
-            Ok(index) => {
+        let (index, source) = match result {
+            Ok((index, source, versions)) => {
                 progress.store(index.len() as u64, Relaxed);
                 record.state = "ready".into();
                 record.error = None;
-                if let Err(e) = state.catalog.put(&record, Some(&index)) {
+                // Compared with the objects of the previous index (a re-index).
+                record.changes = match (&versions, state.catalog.objects(&name)) {
+                    (Some(new), Ok(Some(old))) => Some(ObjectChanges::between(&old, new)),
+                    _ => None,
+                };
+                if let Some(c) = &record.changes {
+                    tracing::info!(dataset = %name, added = c.added, removed = c.removed, changed = c.changed, "dataset re-indexed");
+                }
+                if let Err(e) = state.catalog.put_indexed(&record, Some(&index), versions.as_deref()) {
                     tracing::error!(dataset = %name, error = %e, "cannot persist the dataset index");
                 }
                 tracing::info!(dataset = %name, items = index.len(), secs = started.elapsed().as_secs_f64(), "dataset indexed");
-                Some(Arc::new(index))
+                (Some(index), source)
             }
             Err(e) => {
                 record.state = "failed".into();
                 record.error = Some(format!("{}: {e}", e.code()));
                 let _ = state.catalog.put(&record, None);
                 tracing::warn!(dataset = %name, error = %e, "indexing failed");
-                None
+                (None, None)
             }
         };
         let Ok(mut inner) = state.inner.lock() else { return };
@@ -279,6 +299,9 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
             Some(d) => {
                 d.record = record;
                 d.index = index;
+                if source.is_some() {
+                    d.source = source;
+                }
             }
             // Deleted while it was indexed: forget what was just persisted.
             None => {
@@ -310,7 +333,22 @@ pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
             match (rec.state.as_str(), state.catalog.index(&rec.name)?) {
                 ("ready", Some(index)) => {
                     entry.progress.store(index.len() as u64, Relaxed);
-                    entry.index = Some(Arc::new(index));
+                    let index = Arc::new(index);
+                    if matches!(rec.source, actors::storage::SourceSpec::S3 { .. }) {
+                        // Jobs of a dataset whose store cannot be opened are refused, naming
+                        // this log line's reason.
+                        match crate::glue::element_source(
+                            &rec.source,
+                            state.objects.as_deref(),
+                            index.clone(),
+                        ) {
+                            Ok(source) => entry.source = Some(source),
+                            Err(e) => {
+                                tracing::warn!(dataset = %rec.name, error = %e, "cannot open the dataset's object store")
+                            }
+                        }
+                    }
+                    entry.index = Some(index);
                 }
                 ("failed", _) => {}
                 _ => {

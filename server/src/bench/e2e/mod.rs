@@ -2,10 +2,12 @@
 //! with joader (an in-process server and one consumer thread per job through the shared-memory
 //! rings) and with independent loading (every job reads, decodes and resizes its own shuffled
 //! order with the same storage and pipeline code on the same number of worker threads), and
-//! optionally with PyTorch's DataLoader (`--torch`). It prints and writes a markdown table and a
-//! PNG chart. Nothing is asserted: the figures are what this machine did in this run.
+//! optionally with PyTorch's DataLoader (`--torch`); with `--source s3` also from a local S3
+//! server beside local disk (`s3`). It prints and writes a markdown table and a PNG chart.
+//! Nothing is asserted: the figures are what this machine did in this run.
 
 mod report;
+mod s3;
 mod scenarios;
 mod systems;
 
@@ -51,6 +53,13 @@ pub struct E2eArgs {
     /// torchvision and pillow from PyPI with pip when they are missing).
     #[arg(long)]
     pub torch: bool,
+    /// `s3`: also run every scenario with the dataset in a local S3 server (`s3s-fs` over a
+    /// copy of it) beside local disk, both served by a `joader serve` child.
+    #[arg(long, value_enum, default_value = "disk")]
+    pub source: s3::Source,
+    /// The `s3s-fs` binary of `--source s3` (default: `JOADER_S3S_FS`).
+    #[arg(long)]
+    pub s3s_fs: Option<PathBuf>,
 }
 
 /// What every system of a run shares: the dataset, its index, the threads and the pipeline.
@@ -115,6 +124,14 @@ pub fn run(args: E2eArgs) -> Result<()> {
             }
             ok
         };
+    let store = match args.source {
+        s3::Source::Disk => None,
+        s3::Source::S3 => Some(s3::Store::start(
+            &ctx,
+            &s3::s3s_fs(args.s3s_fs.as_deref())?,
+        )?),
+    };
+    let mut s3_rows = Vec::new();
     let started = Instant::now();
     let mut rows: Vec<(Scenario, Vec<Outcome>)> = Vec::new();
     let mut epoch_alone_s = 0.0;
@@ -128,9 +145,17 @@ pub fn run(args: E2eArgs) -> Result<()> {
         if torch {
             outs.push(run_torch(&sc, &ctx, epoch_alone_s)?);
         }
+        if let Some(store) = &store {
+            let (disk, s3, fetched) = store.run_both(&sc, &ctx, i)?;
+            s3_rows.push((sc.name.clone(), disk.clone(), s3.clone(), fetched));
+            outs.extend([disk, s3]);
+        }
         rows.push((sc, outs));
     }
-    let table = markdown(&rows, workers, args.cache_bytes, n);
+    let mut table = markdown(&rows, workers, args.cache_bytes, n);
+    if let Some(store) = &store {
+        table.push_str(&store.report(&s3_rows));
+    }
     println!("{table}");
     std::fs::create_dir_all(&args.out)?;
     let md = args.out.join("e2e.md");

@@ -31,7 +31,7 @@ pub(super) struct Outcome {
     pub(super) hit_ratio: Option<f64>,
 }
 
-fn summarize(
+pub(super) fn summarize(
     system: &'static str,
     spans: &[(u64, Instant, Instant)],
     cpu: f64,
@@ -75,9 +75,25 @@ pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome
         Some(&json!({"name": "d", "source": {"kind": "image_folder", "path": ctx.root}})),
     )?;
     client.wait_ready("d", Duration::from_secs(120))?;
+    let cpu0 = process_cpu();
+    let spans = run_jobs(&client, sc)?;
+    let cpu = process_cpu() - cpu0;
+    let stats = client.ok("GET", "/v1/stats", None)?;
+    server.stop()?;
+    Ok(summarize(
+        "joader",
+        &spans,
+        cpu,
+        stats["decodes"].as_f64().unwrap_or(0.0),
+        stats["hit_ratio"].as_f64(),
+    ))
+}
+
+/// Runs the jobs of `sc` on the server of `client`, one consumer thread each: every job's
+/// samples, start and end.
+pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<(u64, Instant, Instant)>> {
     let lead = AtomicU64::new(0);
     let lead_done = AtomicU64::new(0);
-    let cpu0 = process_cpu();
     let spans: Vec<Result<(u64, Instant, Instant)>> = std::thread::scope(|s| {
         let handles: Vec<_> = sc
             .jobs
@@ -124,17 +140,7 @@ pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome
             })
             .collect()
     });
-    let cpu = process_cpu() - cpu0;
-    let spans = spans.into_iter().collect::<Result<Vec<_>>>()?;
-    let stats = client.ok("GET", "/v1/stats", None)?;
-    server.stop()?;
-    Ok(summarize(
-        "joader",
-        &spans,
-        cpu,
-        stats["decodes"].as_f64().unwrap_or(0.0),
-        stats["hit_ratio"].as_f64(),
-    ))
+    spans.into_iter().collect()
 }
 
 /// Independent loading: each job shuffles its subset and decodes every element itself; all

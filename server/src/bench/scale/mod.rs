@@ -15,7 +15,7 @@
 //!    with the mean of the two rates alone (measured before and after, so that a change in the
 //!    machine's load during the run shows as a difference between the two).
 
-mod procs;
+pub(crate) mod procs;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -64,6 +64,18 @@ pub struct ServerProc {
 
 impl ServerProc {
     pub fn start(tag: &str, roots: &[PathBuf], cache_bytes: u64) -> Result<Self> {
+        Self::start_with(tag, roots, cache_bytes, &[], &[])
+    }
+
+    /// [`ServerProc::start`] with more flags, and an environment whose `AWS_*` variables are
+    /// `env`'s only (the object-store credentials a server reads).
+    pub fn start_with(
+        tag: &str,
+        roots: &[PathBuf],
+        cache_bytes: u64,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let instance = format!("bench_scale_{tag}_{}", std::process::id());
         let data = tempfile::Builder::new()
             .prefix("joader-bench-scale-catalog")
@@ -84,6 +96,12 @@ impl ServerProc {
         for r in roots {
             cmd.arg("--allowed-root").arg(r);
         }
+        for (k, _) in std::env::vars_os() {
+            if k.to_str().is_some_and(|k| k.starts_with("AWS_")) {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.args(args).envs(env.iter().copied());
         let mut child = cmd.spawn().context("cannot start joader serve")?;
         let stderr = child.stderr.take().context("no stderr")?;
         let log = Arc::new(Mutex::new(Vec::new()));

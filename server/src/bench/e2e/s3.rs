@@ -1,0 +1,312 @@
+//! `joader bench e2e --source s3`: the scenarios again with the dataset in an object store, a
+//! local `s3s-fs` on loopback serving a copy of the bench's dataset, beside the same dataset
+//! on local disk. Both are served by a `joader serve` child process (the object store's keys
+//! reach the server through its environment, the way AWS tools read them), the same consumers
+//! read both, so the rows differ only in where the bytes come from.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+
+use super::Ctx;
+use super::scenarios::Scenario;
+use super::systems::{Outcome, run_jobs, summarize};
+use crate::bench::scale::procs::{DEADLINE, ServerProc, wait_for};
+use crate::client::Client;
+use crate::procstat::process_cpu;
+
+const BUCKET: &str = "bench";
+/// The folder of the bucket the dataset is copied to (its key prefix).
+const PREFIX: &str = "images";
+
+/// `--source`: local disk only, or also a local S3 server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    Disk,
+    S3,
+}
+
+/// Where a scenario's dataset is read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Where {
+    Disk,
+    S3,
+}
+
+impl Where {
+    pub(super) fn system(self) -> &'static str {
+        match self {
+            Where::Disk => "joader serve, disk",
+            Where::S3 => "joader serve, s3",
+        }
+    }
+}
+
+/// One scenario's S3 figures: the bytes the server read from the store while the scenario's
+/// jobs read one epoch each, and the bytes of the union of the jobs' subsets.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Fetched {
+    pub(super) store_bytes: f64,
+    pub(super) union_bytes: u64,
+}
+
+/// A local `s3s-fs` over a copy of the bench's dataset, with keys made up for this run.
+pub(super) struct Store {
+    child: Child,
+    endpoint: String,
+    key: String,
+    secret: String,
+    /// Each element's size in bytes, by id (the files of the local dataset).
+    sizes: Vec<u64>,
+    root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// `n` random bytes as hex, from the kernel.
+fn random_hex(n: usize) -> Result<String> {
+    let mut b = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Copies (hard-links where it can) the image folder `from` into `to`.
+fn copy_folder(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let target = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_folder(&e.path(), &target)?;
+        } else if std::fs::hard_link(e.path(), &target).is_err() {
+            std::fs::copy(e.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Starts `s3s_fs` on a free port over a copy of the dataset of `ctx`.
+    pub(super) fn start(ctx: &Ctx, s3s_fs: &Path) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("joader-e2e-s3-")
+            .tempdir()?;
+        copy_folder(&ctx.root, &dir.path().join(BUCKET).join(PREFIX))?;
+        let sizes = (0..ctx.index.len() as u32)
+            .map(|id| match ctx.index.location(id) {
+                Some(actors::storage::Location::File(p)) => Ok(std::fs::metadata(p)?.len()),
+                _ => bail!("element {id} of the bench's image folder is no file"),
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        let (key, secret) = (random_hex(10)?, random_hex(20)?);
+        for _ in 0..10 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let mut child = Command::new(s3s_fs)
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--access-key", &key, "--secret-key", &secret])
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .with_context(|| format!("cannot start {}", s3s_fs.display()))?;
+            let up = wait_for("s3s-fs to accept connections or exit", || {
+                if child.try_wait()?.is_some() {
+                    return Ok(Some(false));
+                }
+                Ok(std::net::TcpStream::connect(("127.0.0.1", port))
+                    .is_ok()
+                    .then_some(true))
+            })?;
+            if up {
+                return Ok(Store {
+                    child,
+                    endpoint: format!("http://127.0.0.1:{port}"),
+                    key,
+                    secret,
+                    sizes,
+                    root: ctx.root.clone(),
+                    _dir: dir,
+                });
+            }
+        }
+        bail!("s3s-fs found no free port in 10 tries")
+    }
+
+    /// A `joader serve` child over the local dataset or the store, with dataset `d` indexed.
+    fn server(&self, ctx: &Ctx, tag: &str, source: Where) -> Result<(ServerProc, Client)> {
+        let args = [
+            "--cache-slots".to_owned(),
+            "8192".to_owned(),
+            "--loader-workers".to_owned(),
+            ctx.workers.to_string(),
+            "--allowed-s3".to_owned(),
+            format!("s3://{BUCKET}"),
+        ];
+        // The store's keys reach the server through its environment only.
+        let env = [
+            ("AWS_ACCESS_KEY_ID", self.key.as_str()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret.as_str()),
+            ("AWS_ENDPOINT_URL", self.endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_REGION", "us-east-1"),
+        ];
+        let server = ServerProc::start_with(
+            tag,
+            std::slice::from_ref(&self.root),
+            ctx.cache_bytes,
+            &args,
+            &env,
+        )?;
+        let client = server.client();
+        let spec = match source {
+            Where::Disk => json!({"kind": "image_folder", "path": self.root}),
+            Where::S3 => json!({"kind": "s3", "url": format!("s3://{BUCKET}/{PREFIX}"),
+                                "layout": "image_folder"}),
+        };
+        client.ok(
+            "POST",
+            "/v1/datasets",
+            Some(&json!({"name": "d", "source": spec})),
+        )?;
+        let d = client.wait_ready("d", DEADLINE)?;
+        if d["items"].as_u64() != Some(self.sizes.len() as u64) {
+            bail!(
+                "the {source:?} dataset has {} items, the bench's {}",
+                d["items"],
+                self.sizes.len()
+            );
+        }
+        Ok((server, client))
+    }
+
+    /// Runs `sc` from disk, then from the store: both outcomes, the store's with its bytes.
+    pub(super) fn run_both(
+        &self,
+        sc: &Scenario,
+        ctx: &Ctx,
+        tag: usize,
+    ) -> Result<(Outcome, Outcome, Fetched)> {
+        let (disk, _) = self.run(sc, ctx, tag, Where::Disk)?;
+        let (s3, fetched) = self.run(sc, ctx, tag, Where::S3)?;
+        Ok((disk, s3, fetched.context("no S3 figures")?))
+    }
+
+    /// Runs `sc` on a `joader serve` child reading from `source`: its outcome (CPU of the
+    /// server and of the consumers), and for the store the bytes read from it.
+    fn run(
+        &self,
+        sc: &Scenario,
+        ctx: &Ctx,
+        tag: usize,
+        source: Where,
+    ) -> Result<(Outcome, Option<Fetched>)> {
+        let name = format!(
+            "e2e{tag}_{}",
+            if source == Where::S3 { "s3" } else { "disk" }
+        );
+        let (server, client) = self.server(ctx, &name, source)?;
+        let before = read_bytes(&server.url)?;
+        let cpu0 = server_cpu(&client)? + process_cpu();
+        let spans = run_jobs(&client, sc)?;
+        let stats = client.ok("GET", "/v1/stats", None)?;
+        let cpu = server_cpu(&client)? + process_cpu() - cpu0;
+        let after = read_bytes(&server.url)?;
+        let outcome = summarize(
+            source.system(),
+            &spans,
+            cpu,
+            stats["decodes"].as_f64().unwrap_or(0.0),
+            stats["hit_ratio"].as_f64(),
+        );
+        let mut union = vec![false; self.sizes.len()];
+        for job in &sc.jobs {
+            for id in job.subset.clone() {
+                union[id as usize] = true;
+            }
+        }
+        let union_bytes = union
+            .iter()
+            .zip(&self.sizes)
+            .filter(|(u, _)| **u)
+            .map(|(_, s)| s)
+            .sum();
+        let fetched = (source == Where::S3).then_some(Fetched {
+            store_bytes: after - before,
+            union_bytes,
+        });
+        Ok((outcome, fetched))
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The server's CPU seconds so far.
+fn server_cpu(client: &Client) -> Result<f64> {
+    client.ok("GET", "/v1/stats", None)?["process_cpu_s"]
+        .as_f64()
+        .context("the server reports no process_cpu_s")
+}
+
+/// `joader_s3_read_bytes_total` as the server's `/metrics` gives it (0 before any read).
+fn read_bytes(url: &str) -> Result<f64> {
+    let text = ureq::get(&format!("{url}/metrics"))
+        .call()?
+        .into_body()
+        .read_to_string()?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix("joader_s3_read_bytes_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0))
+}
+
+impl Store {
+    /// The S3 section of the report: per scenario, the store's rows beside the disk's, and
+    /// the bytes read from the store against the union of the jobs' subsets.
+    pub(super) fn report(&self, rows: &[(String, Outcome, Outcome, Fetched)]) -> String {
+        report(rows, &format!("s3s-fs at {}", self.endpoint))
+    }
+}
+
+fn report(rows: &[(String, Outcome, Outcome, Fetched)], endpoint_note: &str) -> String {
+    let mut s = format!(
+        "\nS3 beside local disk ({endpoint_note}); both served by a `joader serve` child, read by the same consumers\n\n\
+         | scenario | disk samples/s | s3 samples/s | s3 / disk | s3 CPU ms/sample | bytes read from the store | union of the jobs' subsets | read / union |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for (name, disk, s3, f) in rows {
+        s.push_str(&format!(
+            "| {name} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {} | {:.2} |\n",
+            disk.aggregate,
+            s3.aggregate,
+            s3.aggregate / disk.aggregate.max(1e-9),
+            s3.cpu_ms_per_sample,
+            f.store_bytes,
+            f.union_bytes,
+            f.store_bytes / (f.union_bytes.max(1) as f64),
+        ));
+    }
+    s
+}
+
+/// The `s3s-fs` binary: `--s3s-fs`, else `JOADER_S3S_FS`, else an error saying how to get it.
+pub(super) fn s3s_fs(flag: Option<&Path>) -> Result<PathBuf> {
+    let path = flag
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("JOADER_S3S_FS").map(PathBuf::from))
+        .filter(|p| p.is_file());
+    path.context(
+        "--source s3 needs an s3s-fs binary: pass --s3s-fs PATH or set JOADER_S3S_FS \
+         (cargo install s3s-fs --version 0.14.1 --features binary --locked; tests/all.sh \
+         keeps one in $CARGO_TARGET_DIR/tools/bin)",
+    )
+}
