@@ -17,9 +17,9 @@
 //!   element short of `pad_to` receives the epoch's first element of its share once more at the
 //!   end, as `DistributedSampler` pads, so that every rank runs the same number of steps.
 
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -27,6 +27,8 @@ use crate::augment::{Augmenter, Output, RandomResizedCrop};
 use crate::collate::{BatchOut, write_batch};
 use crate::error::{Error, Result};
 use crate::reader::{ElementError, EpochEnd, RawReader};
+
+pub use crossbeam_channel::Sender;
 
 /// How often the prefetch thread looks at its stop flag while it waits for records.
 const STOP_SLICE: Duration = Duration::from_millis(100);
@@ -109,8 +111,8 @@ impl Prefetcher {
         if let Some(a) = &config.aug {
             a.validate()?;
         }
-        let (ready_tx, ready) = std::sync::mpsc::sync_channel(config.depth - 1);
-        let (free, free_rx) = std::sync::mpsc::channel();
+        let (ready_tx, ready) = crossbeam_channel::bounded(config.depth - 1);
+        let (free, free_rx) = crossbeam_channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
         let allocated = Arc::new(AtomicUsize::new(0));
         let mut worker = Worker {
@@ -223,7 +225,7 @@ struct Worker {
     reader: RawReader,
     augmenters: Vec<Augmenter>,
     config: PrefetchConfig,
-    ready: SyncSender<Result<Ready>>,
+    ready: Sender<Result<Ready>>,
     free: Receiver<BatchBuf>,
     stop: Arc<AtomicBool>,
     allocated: Arc<AtomicUsize>,

@@ -10,7 +10,9 @@ Low level::
 High level::
 
     loader = joader.Loader(server="http://127.0.0.1:7480", dataset="imagenet", job="resnet",
-                           batch_size=256, transform=joader.RandomResizedCrop(224))
+                           batch_size=256, transform=joader.RandomResizedCrop(224),
+                           pipeline={"kind": "decode", "resize_shorter": 256},
+                           mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     for epoch in range(3):
         for images, labels in loader:      # one epoch per iteration
             ...
@@ -90,9 +92,10 @@ class ElementLoadError(JoaderError):
 @dataclass(frozen=True)
 class RandomResizedCrop:
     """Per-job augmentation applied in Rust after the shared cache: a random crop
-    (area fraction in ``scale``, aspect ratio in ``ratio``, as torchvision's
-    RandomResizedCrop) resized bilinearly to ``size``, then a horizontal flip
-    with probability ``flip``. The randomness of an element depends only on the
+    (area fraction in ``scale``, aspect ratio in ``ratio``, ten tries then the
+    central fallback, as torchvision's RandomResizedCrop) resized to ``size`` by
+    fast_image_resize (bilinear, antialiased when downscaling), then a
+    horizontal flip with probability ``flip``. The randomness of an element depends only on the
     job's seed, the epoch and the element's position in the epoch."""
 
     size: Union[int, Tuple[int, int]]
@@ -314,6 +317,7 @@ def register_job(
     pipeline: Optional[Dict[str, Any]] = None,
     timeout: float = 10.0,
     token: Optional[str] = None,
+    sampler: Optional[str] = None,
 ) -> Dict[str, Any]:
     """``POST {server}/v1/jobs`` (see dataplane/DESIGN.md, "Job registration") and returns the response."""
     body = {
@@ -328,6 +332,8 @@ def register_job(
         "pipeline": pipeline,
         "client": {"pid": os.getpid(), "version": __version__, "layout_version": LAYOUT_VERSION},
     }
+    if sampler is not None:
+        body["sampler"] = sampler
     return _post_json(server.rstrip("/") + "/v1/jobs", body, timeout, token)
 
 
@@ -335,16 +341,31 @@ class Loader:
     """Registers a job with a joader server and iterates its batches.
 
     Each ``for`` loop over the loader is one epoch and yields
-    ``(images, labels)``: ``(B, H, W, C)`` uint8 and ``(B,)`` int64 NumPy arrays
-    (fresh arrays, safe to keep). ``transform`` is a `RandomResizedCrop`
-    applied in Rust with the job's ``seed``, or any callable
-    ``(images, labels) -> anything`` applied to each collated batch.
-    ``server`` defaults to ``$JOADER_SERVER``, else ``http://127.0.0.1:7480``.
-    ``rank`` / ``world_size`` default to the ``RANK`` / ``WORLD_SIZE``
-    environment variables (as set by torchrun), else 0 / 1.
+    ``(images, labels)``: ``(B, H, W, C)`` uint8 (or, with ``mean`` and ``std``,
+    ``(B, C, H, W)`` float32 normalized as torchvision's ``Normalize``) and
+    ``(B,)`` int64 NumPy arrays, safe to keep.
+
+    A native thread prefetches: it reads the ring, collates and augments
+    ``prefetch`` batches ahead (on ``threads`` threads, default the cores) into
+    pooled buffers with the GIL released, and acknowledges each batch once it
+    is copied out of shared memory; iterating only hands over a ready batch.
+    The images array is a view of a pooled buffer that is rewritten only after
+    every Python object referring to it (the array, its views, a tensor made by
+    ``torch.from_numpy``) is gone, so nothing changes under the user.
+
+    ``transform`` is a `RandomResizedCrop` applied in Rust with the job's
+    ``seed`` (an element's crop and flip depend only on the seed, its epoch and
+    its position), or any callable ``(images, labels) -> anything`` applied to
+    each batch. ``server`` defaults to ``$JOADER_SERVER``, else
+    ``http://127.0.0.1:7480``. ``rank`` / ``world_size`` default to the
+    ``RANK`` / ``WORLD_SIZE`` environment variables (as set by torchrun), else
+    0 / 1; with several ranks each receives a disjoint share of every epoch,
+    and a share one element short of the others is padded with its first
+    element (``pad``, default on), as ``DistributedSampler`` pads.
     ``on_error`` is ``"raise"`` (raise `ElementLoadError` when the server
     reports elements it failed to load) or ``"skip"`` (count them in
-    ``failures`` and go on)."""
+    ``failures`` and go on). ``timeout`` (seconds) bounds each wait for a
+    batch (``JoaderError("timeout")``)."""
 
     def __init__(
         self,
@@ -365,12 +386,24 @@ class Loader:
         open_timeout: float = 10.0,
         request_timeout: float = 10.0,
         token: Optional[str] = None,
+        prefetch: int = 2,
+        threads: Optional[int] = None,
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+        pad: bool = True,
+        sampler: Optional[str] = None,
     ) -> None:
         if not dataset:
             raise ValueError("dataset is required")
         server = server or os.environ.get("JOADER_SERVER", "http://127.0.0.1:7480")
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
+        if prefetch < 1:
+            raise ValueError("prefetch must be at least 1 batch")
+        if threads is not None and threads < 1:
+            raise ValueError("threads must be positive")
+        if (mean is None) != (std is None):
+            raise ValueError("give both mean and std (float32 NCHW output), or neither (uint8 NHWC)")
         if on_error not in ("raise", "skip"):
             raise ValueError('on_error must be "raise" or "skip"')
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
@@ -398,68 +431,52 @@ class Loader:
             pipeline=pipeline,
             timeout=request_timeout,
             token=token,
+            sampler=sampler,
         )
         mine = [r for r in self.info.get("ranks", []) if r.get("rank") == self.rank]
         if not mine:
             raise ServerError("bad_response", f"registration response has no entry for rank {self.rank}: {self.info}")
         self.instance: str = mine[0]["instance"]
         self.ring: str = mine[0]["ring"]
-        self.reader = RingReader(self.instance, self.ring, open_timeout)
+        size = self.info.get("job", {}).get("subset_size")
+        #: Records every rank receives per epoch (its share, padded), when known.
+        self.share: Optional[int] = -(-int(size) // self.world_size) if size is not None else None
+        pad_to = self.share if pad and self.world_size > 1 else None
+        aug = transform._native() if isinstance(transform, RandomResizedCrop) else None
+        self._prefetch = _native.Prefetcher(
+            self.instance, self.ring, batch_size, prefetch, aug, seed,
+            None if mean is None else [float(m) for m in mean],
+            None if std is None else [float(s) for s in std],
+            threads, pad_to, open_timeout,
+        )
         self._finished = False
-
-    def _next(self) -> Optional[Tuple[np.ndarray, np.ndarray, bool]]:
-        """Assembles one batch; returns (images, labels, epoch_ended) or None at an empty epoch end."""
-        aug = self.transform if isinstance(self.transform, RandomResizedCrop) else None
-        images: Optional[np.ndarray] = None
-        labels: Optional[np.ndarray] = None
-        filled = 0
-        ended = False
-        while filled < self.batch_size:
-            b = self.reader.next_batch(self.batch_size - filled, self.timeout)
-            if b.errors:
-                if self.on_error == "raise":
-                    self.reader.ack()
-                    raise ElementLoadError(b.errors)
-                self.failures.extend(b.errors)
-            if len(b):
-                shape = b.shape(aug)
-                if images is None:
-                    images = np.empty((self.batch_size,) + shape[1:], dtype=np.uint8)
-                    labels = np.empty((self.batch_size,), dtype=np.int64)
-                elif images.shape[1:] != shape[1:]:
-                    raise JoaderError("collate", f"element shape changed within a batch: {images.shape[1:]} vs {shape[1:]}")
-                assert labels is not None
-                n = len(b)
-                b.collate(images[filled : filled + n], labels[filled : filled + n], aug, self.seed)
-                filled += n
-            if b.end_of_stream:
-                self._finished = True
-            if b.end_of_epoch is not None or b.end_of_stream:
-                ended = True
-                self.reader.ack()
-                break
-            if len(b) == 0 and not b.errors and self.timeout is not None:
-                self.reader.ack()
-                raise JoaderError("timeout", f"no data from the server within {self.timeout} s")
-        self.reader.ack()
-        if images is None or filled == 0:
-            return None if ended else (np.empty((0,), np.uint8), np.empty((0,), np.int64), ended)
-        assert labels is not None
-        if filled < self.batch_size:
-            images, labels = images[:filled].copy(), labels[:filled].copy()
-        return images, labels, ended
+        #: Element ids, epochs and positions of the batch yielded last (int64 arrays); a padded
+        #: element appears with its own id and position again.
+        self.last_ids: np.ndarray = np.empty((0,), np.int64)
+        self.last_epochs: np.ndarray = np.empty((0,), np.int64)
+        self.last_positions: np.ndarray = np.empty((0,), np.int64)
 
     def __iter__(self) -> Iterator[Any]:
         """Iterates one epoch. Breaking out of the loop and iterating again
         continues the same epoch (the server's order cannot be rewound)."""
-        if self._finished:
-            return
-        while True:
-            got = self._next()
-            if got is None:
+        while not self._finished:
+            d = self._prefetch.next(self.timeout)
+            if d is None:
+                self._finished = True
                 return
-            images, labels, ended = got
+            if d["errors"]:
+                failures = [ElementFailure(*e) for e in d["errors"]]
+                if self.on_error == "raise":
+                    raise ElementLoadError(failures)
+                self.failures.extend(failures)
+            if d["end_of_stream"]:
+                self._finished = True
+            ended = d["end_of_epoch"] is not None or d["end_of_stream"]
+            images, labels = d["images"], d["labels"]
             if len(labels) and not (ended and self.drop_last and len(labels) < self.batch_size):
+                self.last_ids = np.asarray(d["element_ids"], dtype=np.int64)
+                self.last_epochs = np.asarray(d["epochs"], dtype=np.int64)
+                self.last_positions = np.asarray(d["positions"], dtype=np.int64)
                 if self.transform is not None and not isinstance(self.transform, RandomResizedCrop):
                     yield self.transform(images, labels)
                 else:
@@ -472,9 +489,14 @@ class Loader:
         """True once the server sent the end of the stream."""
         return self._finished
 
+    @property
+    def buffers_allocated(self) -> int:
+        """Batch buffers the prefetch has allocated (its depth plus the batches you hold)."""
+        return int(self._prefetch.buffers_allocated)
+
     def close(self) -> None:
-        """Detaches from the ring."""
-        self.reader.close()
+        """Stops the prefetch and detaches from the ring; arrays already handed out stay valid."""
+        self._prefetch.close()
 
     def __enter__(self) -> "Loader":
         return self

@@ -56,3 +56,25 @@ def augment_image(
     epoch: int,
     position: int,
 ) -> bytes: ...
+
+class Lease: ...
+
+class Prefetcher:
+    def __init__(
+        self,
+        instance: str,
+        ring: str,
+        batch_size: int,
+        depth: int = 2,
+        aug: Optional[Tuple[int, int, float, float, float, float, float]] = None,
+        seed: int = 0,
+        mean: Optional[List[float]] = None,
+        std: Optional[List[float]] = None,
+        threads: Optional[int] = None,
+        pad_to: Optional[int] = None,
+        open_timeout: float = 10.0,
+    ) -> None: ...
+    def next(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]: ...
+    @property
+    def buffers_allocated(self) -> int: ...
+    def close(self) -> None: ...
