@@ -8,12 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
-echo "== tools for the observability tests (Debian: chromium, prometheus with promtool)"
-if ! command -v chromium >/dev/null || ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+echo "== tools: nasm (libjpeg-turbo's SIMD, built by the mozjpeg crate), and for the observability tests chromium, prometheus with promtool (Debian)"
+if ! command -v nasm >/dev/null || ! command -v chromium >/dev/null || ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium prometheus >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nasm chromium prometheus >/dev/null
 fi
+# The decode tests fetch real photos from the scikit-image and scikit-learn wheels with pip
+# (into the build's temporary folder) and compare against Pillow when it is installed.
+python3 -m pip --version >/dev/null
 # The tests that need them fail (instead of skipping) when they are missing.
 export JOADER_REQUIRE_TOOLS=1
 

@@ -3,6 +3,7 @@
 mod bench;
 mod bounded;
 mod common;
+mod decode;
 mod flow;
 mod observability;
 mod openapi;

@@ -13,11 +13,31 @@ use zune_png::error::PngDecodeErrors;
 use super::{Limits, PipelineError};
 
 /// A decoded image, RGB8, rows top to bottom, no padding.
+///
+/// A DCT-scaled decode is smaller than the stored image by an exact factor: pixel `i` of it
+/// covers the stored pixels `[i * scale, (i + 1) * scale)` (the last one fewer when the
+/// stored side is not a multiple of `scale`).
 #[derive(Debug)]
 pub(super) struct Rgb {
     pub data: Vec<u8>,
     pub width: u32,
     pub height: u32,
+    /// The DCT scale denominator: 1 (full size), 2, 4 or 8.
+    pub scale: u32,
+    /// Width and height of the stored image.
+    pub stored: (u32, u32),
+}
+
+impl Rgb {
+    fn full(data: Vec<u8>, width: u32, height: u32) -> Self {
+        Rgb {
+            data,
+            width,
+            height,
+            scale: 1,
+            stored: (width, height),
+        }
+    }
 }
 
 enum Format {
@@ -77,11 +97,37 @@ fn check_pixels(width: usize, height: usize, limits: &Limits) -> Result<(), Pipe
 }
 
 /// Decodes a JPEG or PNG to RGB8.
-pub(super) fn decode_rgb(bytes: &[u8], limits: &Limits) -> Result<Rgb, PipelineError> {
+///
+/// With `resize_shorter`, a JPEG is decoded at the largest DCT scale (1/1, 1/2, 1/4, 1/8)
+/// whose output is still at least as large as the resize's (see [`super::scaled`]); `None`
+/// decodes at full size.
+pub(super) fn decode_rgb(
+    bytes: &[u8],
+    limits: &Limits,
+    resize_shorter: Option<u32>,
+) -> Result<Rgb, PipelineError> {
     match sniff(bytes)? {
-        Format::Jpeg => decode_jpeg(bytes, limits),
+        Format::Jpeg => decode_jpeg(bytes, limits, resize_shorter),
         Format::Png => decode_png(bytes, limits),
     }
+}
+
+/// Width and height from the header alone.
+pub(super) fn dimensions(bytes: &[u8]) -> Result<(u32, u32), PipelineError> {
+    let (w, h) = match sniff(bytes)? {
+        Format::Jpeg => {
+            let mut dec = JpegDecoder::new_with_options(ZCursor::new(bytes), decoder_options());
+            dec.decode_headers().map_err(jpeg_error)?;
+            dec.dimensions()
+        }
+        Format::Png => {
+            let mut dec = PngDecoder::new_with_options(ZCursor::new(bytes), decoder_options());
+            dec.decode_headers().map_err(png_error)?;
+            dec.dimensions()
+        }
+    }
+    .ok_or_else(|| PipelineError::Corrupt("no image header".into()))?;
+    Ok((w as u32, h as u32))
 }
 
 fn jpeg_error(e: DecodeErrors) -> PipelineError {
@@ -93,7 +139,14 @@ fn jpeg_error(e: DecodeErrors) -> PipelineError {
     }
 }
 
-fn decode_jpeg(bytes: &[u8], limits: &Limits) -> Result<Rgb, PipelineError> {
+/// zune-jpeg (strict) reads the header and decodes full-size images, where it is the fastest
+/// decoder we measured; libjpeg-turbo (through `mozjpeg`) decodes the DCT-scaled ones, which
+/// zune-jpeg cannot. CMYK and YCCK images are always decoded at full size by zune-jpeg.
+fn decode_jpeg(
+    bytes: &[u8],
+    limits: &Limits,
+    resize_shorter: Option<u32>,
+) -> Result<Rgb, PipelineError> {
     let options = decoder_options().jpeg_set_out_colorspace(ColorSpace::RGB);
     let mut dec = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
     dec.decode_headers().map_err(jpeg_error)?;
@@ -101,6 +154,20 @@ fn decode_jpeg(bytes: &[u8], limits: &Limits) -> Result<Rgb, PipelineError> {
         .dimensions()
         .ok_or_else(|| PipelineError::Corrupt("jpeg: no frame header".into()))?;
     check_pixels(w, h, limits)?;
+    let scalable = matches!(
+        dec.input_colorspace(),
+        Some(ColorSpace::YCbCr | ColorSpace::RGB | ColorSpace::Luma)
+    );
+    if let Some(target) = resize_shorter
+        && scalable
+    {
+        let (w, h) = (w as u32, h as u32);
+        let (nw, nh) = super::resize::resized_size(w, h, target);
+        let scale = super::scaled::dct_scale(w, h, nw, nh);
+        if scale > 1 {
+            return super::scaled::decode(bytes, (w, h), scale);
+        }
+    }
     let size = dec
         .output_buffer_size()
         .ok_or_else(|| PipelineError::Corrupt("jpeg: size overflows".into()))?;
@@ -111,11 +178,7 @@ fn decode_jpeg(bytes: &[u8], limits: &Limits) -> Result<Rgb, PipelineError> {
     }
     let mut data = vec![0u8; size];
     dec.decode_into(&mut data).map_err(jpeg_error)?;
-    Ok(Rgb {
-        data,
-        width: w as u32,
-        height: h as u32,
-    })
+    Ok(Rgb::full(data, w as u32, h as u32))
 }
 
 fn png_error(e: PngDecodeErrors) -> PipelineError {
@@ -157,11 +220,7 @@ fn decode_png(bytes: &[u8], limits: &Limits) -> Result<Rgb, PipelineError> {
     if data.len() < n * 3 {
         return Err(PipelineError::Corrupt("png: short pixel data".into()));
     }
-    Ok(Rgb {
-        data,
-        width: w as u32,
-        height: h as u32,
-    })
+    Ok(Rgb::full(data, w as u32, h as u32))
 }
 
 /// Converts `n` pixels of `channels` bytes each into RGB8 (drops alpha, replicates gray).

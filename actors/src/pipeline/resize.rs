@@ -21,15 +21,19 @@ pub(super) fn resized_size(width: u32, height: u32, target: u32) -> (u32, u32) {
 }
 
 /// Resizes (if `resize_shorter`) then center-crops (if `center_crop`, `[height, width]`).
+///
+/// Sizes and the crop are those of the stored image (`img.stored`): a DCT-scaled decode gives
+/// the same geometry as a full one, its crop box being the stored one divided by the scale.
 pub(super) fn resize_crop(
     img: Rgb,
     resize_shorter: Option<u32>,
     center_crop: Option<[u32; 2]>,
     limits: &Limits,
 ) -> Result<Rgb, PipelineError> {
+    let (sw, sh) = img.stored;
     let (rw, rh) = match resize_shorter {
-        Some(t) => resized_size(img.width, img.height, t),
-        None => (img.width, img.height),
+        Some(t) => resized_size(sw, sh, t),
+        None => (sw, sh),
     };
     let (cw, ch) = match center_crop {
         Some([h, w]) => (w, h),
@@ -50,7 +54,7 @@ pub(super) fn resize_crop(
             max_pixels: limits.max_pixels,
         });
     }
-    if (rw, rh) == (img.width, img.height) {
+    if (rw, rh) == (img.width, img.height) && img.scale == 1 {
         if (cw, ch) == (rw, rh) {
             return Ok(img);
         }
@@ -60,8 +64,8 @@ pub(super) fn resize_crop(
     // The crop, in resized pixels, at an integer offset; mapped back into source coordinates
     // (fractional) so that only the kept pixels are computed.
     let (off_x, off_y) = ((rw - cw) / 2, (rh - ch) / 2);
-    let sx = f64::from(img.width) / f64::from(rw);
-    let sy = f64::from(img.height) / f64::from(rh);
+    let sx = f64::from(sw) / f64::from(rw) / f64::from(img.scale);
+    let sy = f64::from(sh) / f64::from(rh) / f64::from(img.scale);
     let options = ResizeOptions::new()
         .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
         .crop(
@@ -80,6 +84,8 @@ pub(super) fn resize_crop(
         data: dst.into_vec(),
         width: cw,
         height: ch,
+        scale: 1,
+        stored: (cw, ch),
     })
 }
 
@@ -96,5 +102,7 @@ fn crop_copy(img: &Rgb, cw: u32, ch: u32) -> Rgb {
         data,
         width: cw,
         height: ch,
+        scale: 1,
+        stored: (cw, ch),
     }
 }

@@ -1,4 +1,5 @@
-//! Tests of the shared pipeline on generated JPEGs and PNGs.
+//! Tests of the shared pipeline on generated JPEGs and PNGs (the comparison of the DCT-scaled
+//! path with the full one on real photos is in the integration tests, `tests/it/decode.rs`).
 
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 use zune_core::bit_depth::BitDepth;
@@ -432,26 +433,6 @@ fn serde_form() {
 }
 
 #[test]
-fn bench_decode_counts_images_and_pixels() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut paths = Vec::new();
-    for i in 0..3 {
-        let p = dir.path().join(format!("{i}.jpg"));
-        std::fs::write(&p, jpeg_rgb(50 + i, 40)).unwrap();
-        paths.push(p);
-    }
-    let junk = dir.path().join("junk.jpg");
-    std::fs::write(&junk, b"junk").unwrap();
-    paths.push(junk);
-    paths.push(dir.path().join("missing.jpg"));
-    let (rate, pixels) = bench_decode(&paths, &decode(Some(32), Some([30, 30])));
-    assert!(rate > 0.0);
-    assert_eq!(pixels, (50 + 51 + 52) * 40);
-    let (rate, pixels) = bench_decode(&paths[3..], &decode(None, None));
-    assert_eq!((rate, pixels), (0.0, 0));
-}
-
-#[test]
 fn progressive_jpeg_and_16_bit_png_decode() {
     let (w, h) = (72, 40);
     let src = pattern(w, h, 3);
@@ -479,4 +460,183 @@ fn progressive_jpeg_and_16_bit_png_decode() {
     PngEncoder::new(&wide, options).encode(&mut file).unwrap();
     let (data, _, _) = hwc(&decode(None, None), &file);
     assert_eq!(data, src);
+}
+
+/// A picture with detail at every scale (so that a wrong scale or offset shows): smooth
+/// gradients plus rings and a fine checker.
+fn detailed(width: u32, height: u32, channels: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(width as usize * height as usize * channels);
+    let (cx, cy) = (f64::from(width) / 2.0, f64::from(height) / 2.0);
+    for y in 0..height {
+        for x in 0..width {
+            let d = ((f64::from(x) - cx).powi(2) + (f64::from(y) - cy).powi(2)).sqrt();
+            let ring = ((d / 40.0).sin() * 60.0 + 128.0) as u8;
+            let r = (x * 200 / width.max(1)) as u8 + ring / 8;
+            let g = ring;
+            let b = ((x / 64 + y / 64) % 2 * 100 + 50) as u8;
+            let px = [r, g, b, 255 - g];
+            out.extend_from_slice(&px[..channels.min(4)]);
+        }
+    }
+    out
+}
+
+const R256_C224: Pipeline = Pipeline::Decode {
+    resize_shorter: Some(256),
+    center_crop: Some([224, 224]),
+};
+
+fn scaled_and_full(p: &Pipeline, bytes: &[u8]) -> (Output, Output) {
+    let limits = Limits::default();
+    (
+        run(p, bytes, &limits).unwrap(),
+        run_full_decode(p, bytes, &limits).unwrap(),
+    )
+}
+
+fn pixels(o: &Output) -> (&[u8], u32, u32) {
+    match o {
+        Output::Hwc {
+            data,
+            height,
+            width,
+            ..
+        } => (data, *height, *width),
+        Output::Raw(_) => panic!("raw output"),
+    }
+}
+
+#[test]
+fn dct_scaled_decode_matches_the_full_path() {
+    // 1/2, 1/4 (1600 / 8 < 256) and 1/8, landscape and portrait, sides not multiples of 8.
+    for (w, h, crop) in [
+        (1000u32, 750u32, Some([224u32, 224u32])),
+        (2100, 1601, Some([224, 224])),
+        (3001, 4003, None),
+        (2050, 3000, Some([256, 200])),
+    ] {
+        let bytes = jpeg(&detailed(w, h, 3), w, h, ColorType::Rgb, 90);
+        let p = decode(Some(256), crop);
+        let (scaled, full) = scaled_and_full(&p, &bytes);
+        let (a, ah, aw) = pixels(&scaled);
+        let (b, bh, bw) = pixels(&full);
+        assert_eq!((ah, aw), (bh, bw), "{w}x{h}");
+        let mad = mean_abs_diff(a, b);
+        assert!(mad <= 2.0, "{w}x{h}: mean abs difference {mad}");
+        // Not trivially equal: the scaled path really ran (libjpeg's IDCT differs).
+        assert_ne!(a, b, "{w}x{h}: the scaled path gave the full path's bytes");
+    }
+}
+
+#[test]
+fn small_images_and_upscales_use_the_full_path() {
+    // 500x375 to 256: no DCT scale covers it, so both paths are the same decoder.
+    let bytes = jpeg(&detailed(500, 375, 3), 500, 375, ColorType::Rgb, 90);
+    let (scaled, full) = scaled_and_full(&R256_C224, &bytes);
+    assert_eq!(scaled, full);
+    let (scaled, full) = scaled_and_full(&decode(Some(600), None), &bytes);
+    assert_eq!(scaled, full);
+}
+
+#[test]
+fn grayscale_and_progressive_jpegs_scale() {
+    let (w, h) = (1200, 900);
+    let gray = jpeg(&detailed(w, h, 1), w, h, ColorType::Luma, 90);
+    let (scaled, full) = scaled_and_full(&R256_C224, &gray);
+    let (a, _, _) = pixels(&scaled);
+    assert!(a.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]));
+    assert!(mean_abs_diff(a, pixels(&full).0) <= 2.0);
+
+    let mut prog = Vec::new();
+    let mut enc = Encoder::new(&mut prog, 90);
+    enc.set_progressive(true);
+    enc.encode(&detailed(w, h, 3), w as u16, h as u16, ColorType::Rgb)
+        .unwrap();
+    let (scaled, full) = scaled_and_full(&R256_C224, &prog);
+    let mad = mean_abs_diff(pixels(&scaled).0, pixels(&full).0);
+    assert!(mad <= 2.0, "progressive: {mad}");
+    let err = run(&R256_C224, &prog[..prog.len() * 2 / 3], &Limits::default()).unwrap_err();
+    assert_eq!(err.code(), "corrupt_image", "{err}");
+}
+
+#[test]
+fn cmyk_and_ycck_jpegs_are_decoded_at_full_size_then_shrunk() {
+    let (w, h) = (800, 600);
+    let cmyk = detailed(w, h, 4);
+    for color in [ColorType::Cmyk, ColorType::CmykAsYcck] {
+        let bytes = jpeg(&cmyk, w, h, color, 95);
+        let (scaled, full) = scaled_and_full(&R256_C224, &bytes);
+        assert_eq!(scaled, full, "{color:?}");
+        let (a, ah, aw) = pixels(&scaled);
+        assert_eq!((ah, aw), (224, 224));
+        // Not a flat fill: the picture's detail survives.
+        assert!(
+            a.iter().max().unwrap() - a.iter().min().unwrap() > 60,
+            "{color:?}"
+        );
+    }
+}
+
+#[test]
+fn truncated_jpegs_are_corrupt_on_the_scaled_path_too() {
+    let (w, h) = (1600, 1200);
+    let img = jpeg(&detailed(w, h, 3), w, h, ColorType::Rgb, 90);
+    for keep in [img.len() / 3, img.len() - 2, img.len() - 200] {
+        let err = run(&R256_C224, &img[..keep], &Limits::default()).unwrap_err();
+        assert_eq!(err.code(), "corrupt_image", "{keep} bytes: {err}");
+    }
+    // Bytes after the end marker are ignored, as cameras append data there.
+    let mut tail = img.clone();
+    tail.extend_from_slice(b"trailing junk");
+    assert_eq!(
+        run(&R256_C224, &tail, &Limits::default()),
+        run(&R256_C224, &img, &Limits::default())
+    );
+}
+
+/// An EXIF APP1 payload holding one IFD0 entry: orientation (tag 0x0112) = `value`.
+fn exif_orientation(value: u16) -> Vec<u8> {
+    let mut e = b"Exif\0\0II*\0".to_vec();
+    e.extend_from_slice(&8u32.to_le_bytes()); // IFD0 offset
+    e.extend_from_slice(&1u16.to_le_bytes()); // one entry
+    e.extend_from_slice(&0x0112u16.to_le_bytes());
+    e.extend_from_slice(&3u16.to_le_bytes()); // SHORT
+    e.extend_from_slice(&1u32.to_le_bytes());
+    e.extend_from_slice(&u32::from(value).to_le_bytes());
+    e.extend_from_slice(&0u32.to_le_bytes()); // no next IFD
+    e
+}
+
+#[test]
+fn exif_orientation_is_not_applied() {
+    // Orientation 6 asks viewers to rotate by 90 degrees; pixels still come in stored order,
+    // as torchvision's decode_jpeg gives them by default.
+    for (w, h) in [(300u32, 200u32), (1200, 800)] {
+        let src = detailed(w, h, 3);
+        let mut tagged = Vec::new();
+        let mut enc = Encoder::new(&mut tagged, 90);
+        enc.set_sampling_factor(SamplingFactor::F_2_2);
+        enc.add_app_segment(1, exif_orientation(6)).unwrap();
+        enc.encode(&src, w as u16, h as u16, ColorType::Rgb)
+            .unwrap();
+        let plain = jpeg(&src, w, h, ColorType::Rgb, 90);
+        assert_ne!(tagged, plain);
+        for p in [decode(None, None), R256_C224] {
+            assert_eq!(
+                run(&p, &tagged, &Limits::default()).unwrap(),
+                run(&p, &plain, &Limits::default()).unwrap(),
+                "{w}x{h} {p:?}"
+            );
+        }
+        let (_, height, width) = hwc(&decode(None, None), &tagged);
+        assert_eq!((width, height), (w, h));
+    }
+}
+
+#[test]
+fn dimensions_come_from_the_header() {
+    assert_eq!(dimensions(&jpeg_rgb(64, 48)).unwrap(), (64, 48));
+    let p = png(&pattern(5, 7, 3), 5, 7, ColorSpace::RGB);
+    assert_eq!(dimensions(&p).unwrap(), (5, 7));
+    assert_eq!(dimensions(b"nope").unwrap_err().code(), "not_an_image");
 }

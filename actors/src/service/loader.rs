@@ -1,5 +1,9 @@
 //! The Loader: reads elements from storage and runs the shared pipelines on a bounded pool of
 //! worker threads, never on an actix arbiter thread.
+//!
+//! The workers run at a lower CPU priority than the rest of the server ([`DECODE_NICE`] above
+//! the process's nice value), so that when decoding saturates the cores the sampler, the cache
+//! and the HTTP workers still get the CPU at once: control never waits behind a decode.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -11,6 +15,25 @@ use crossbeam_channel::{Sender, unbounded};
 
 use super::messages::{Load, Loaded};
 use super::stats::CacheStats;
+
+/// How much nicer (lower priority) than the process the decode workers run, on Linux (one
+/// nice step is about 1.25× less CPU share under contention; 5 steps ≈ 3×).
+pub const DECODE_NICE: i32 = 5;
+
+/// Lowers the calling thread's priority by [`DECODE_NICE`]. On Linux `setpriority` on a thread
+/// id changes that thread alone; elsewhere it would change the whole process, so it is not done.
+fn lower_own_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::process::{getpriority_process, setpriority_process};
+        let tid = rustix::thread::gettid();
+        let result = getpriority_process(Some(tid))
+            .and_then(|nice| setpriority_process(Some(tid), (nice + DECODE_NICE).min(19)));
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "could not lower the priority of a decode thread");
+        }
+    }
+}
 
 /// See the module docs. The queue is unbounded but its length is bounded by the jobs' credit:
 /// a job never has more outstanding deliveries than its rings hold.
@@ -32,6 +55,7 @@ impl Loader {
                 std::thread::Builder::new()
                     .name(format!("joader-loader-{i}"))
                     .spawn(move || {
+                        lower_own_priority();
                         while let Ok(load) = rx.recv() {
                             stats.loader_queue.fetch_sub(1, Relaxed);
                             let loaded = run_load(&load, &stats);
@@ -159,6 +183,56 @@ mod tests {
         fn handle(&mut self, msg: Loaded, _: &mut Context<Self>) {
             self.0.lock().unwrap().push(msg);
         }
+    }
+
+    /// The nice value of each thread of this process whose name starts with `prefix`, from
+    /// `/proc/self/task/<tid>/stat` (field 19).
+    fn nice_of_threads(prefix: &str) -> Vec<i32> {
+        let mut out = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap() {
+            let dir = task.unwrap().path();
+            let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+                continue;
+            };
+            if !comm.starts_with(prefix) {
+                continue;
+            }
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+            let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+            // Fields from the third (state) on; nice is the 19th field.
+            out.push(after_name.split(' ').nth(16).unwrap().parse().unwrap());
+        }
+        out
+    }
+
+    #[cfg(target_os = "linux")]
+    #[actix::test]
+    async fn decode_threads_run_below_the_server_priority() {
+        let capture = Capture(Arc::new(Mutex::new(Vec::new()))).start();
+        let stats = Arc::new(CacheStats::default());
+        let own = rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap();
+        let _loader = Loader::new(3, capture.recipient(), stats).start();
+        // Each worker lowers its priority when it starts: wait for that state.
+        let want = (own + DECODE_NICE).min(19);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            // Loader threads of other tests in this binary have the same nice value.
+            let nice = nice_of_threads("joader-loader-");
+            if nice.len() >= 3 && nice.iter().all(|n| *n == want) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "decode threads' nice values {nice:?}, expected {want} (process: {own})"
+            );
+            actix::clock::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(want > own || own == 19);
+        // The rest of the process is untouched.
+        assert_eq!(
+            rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap(),
+            own
+        );
     }
 
     #[actix::test]

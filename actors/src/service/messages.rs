@@ -138,6 +138,9 @@ pub struct AddJob {
     /// Deliveries the job may have outstanding from the start. Jobs the Cache serves start at
     /// 0: the Cache grants their rings' capacity when every rank's client has attached.
     pub credit: u32,
+    /// Deliveries the job may be sampled beyond its credit when it keeps pace and joins
+    /// another job's pass (one batch per rank): see `sampler::pace`.
+    pub lookahead: u32,
     pub stats: Arc<JobStats>,
 }
 

@@ -142,6 +142,7 @@ impl World {
                 epochs: Some(epochs),
                 sampler: SamplerKind::Dsa,
                 credit: 0,
+                lookahead: BATCH,
                 stats: stats.clone(),
             })
             .await

@@ -3,5 +3,6 @@
 
 pub mod decode;
 pub mod e2e;
+pub mod photos;
 pub mod sampler;
 pub mod scale;

@@ -437,6 +437,7 @@ pub async fn register_job<T>(
             sampler: req.sampler.unwrap_or(SamplerKind::Dsa),
             // The Cache grants the rings' capacity when every rank's client has attached.
             credit: 0,
+            lookahead: req.batch_size * world,
             stats: stats.clone(),
         })
         .await

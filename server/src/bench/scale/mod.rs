@@ -11,7 +11,9 @@
 //! 3. On a generated dataset of 500×375 JPEGs with the decode pipeline (resize 256, center
 //!    crop 224) and batches of 32: one fast job alone, then the mix (fast, 1/10-speed, paused
 //!    mid-epoch, never attached) on a server whose cache holds the paused jobs' rings plus two
-//!    batches per attached job. Each fast job's rate is compared with the rate alone.
+//!    batches per attached job, then the fast job alone again. Each fast job's rate is compared
+//!    with the mean of the two rates alone (measured before and after, so that a change in the
+//!    machine's load during the run shows as a difference between the two).
 
 mod procs;
 
@@ -84,6 +86,7 @@ struct StateFigures {
 struct MixFigures {
     cache_bytes: u64,
     alone: f64,
+    alone_before_after: (f64, f64),
     alone_hits: f64,
     fast: Vec<f64>,
     fast_hits: Vec<f64>,
@@ -94,6 +97,9 @@ struct MixFigures {
     slow_target: f64,
     reloads: u64,
     evictions_needed: u64,
+    /// Deliveries (cache requests) and decodes during the mix.
+    deliveries: u64,
+    decodes: u64,
 }
 
 pub fn run(mut args: ScaleArgs) -> Result<()> {
@@ -230,8 +236,8 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         .prefix("joader-bench-scale-consumers")
         .tempdir()?;
 
-    eprintln!("one fast job alone…");
-    let (alone, alone_hits) = {
+    let run_alone = || -> Result<(f64, f64)> {
+        eprintln!("one fast job alone…");
         let server = mix_server("alone", &images, cache_bytes)?;
         let mut consumers = Consumers::default();
         consumers.start(
@@ -241,8 +247,9 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
             out.path(),
         )?;
         let rate = rate(&consumers.finish("alone")?)?;
-        (rate, job_field(&server.client(), "alone", "hit_ratio")?)
+        Ok((rate, job_field(&server.client(), "alone", "hit_ratio")?))
     };
+    let (alone, alone_hits) = run_alone()?;
 
     eprintln!("the mix: {fast} fast, {slow} slow, {paused} paused, {never} never attached…");
     let server = mix_server("mix", &images, cache_bytes)?;
@@ -295,7 +302,7 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
     }
     let mut fast_rates = Vec::new();
     for name in &fast_names {
-        fast_rates.push(rate(&consumers.finish(name)?)? / alone.max(1e-9));
+        fast_rates.push(rate(&consumers.finish(name)?)?);
     }
     let secs = start.elapsed().as_secs_f64();
     let stats1 = c.ok("GET", "/v1/stats", None)?;
@@ -318,9 +325,17 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         };
         Ok::<u64, anyhow::Error>(get(&stats1)?.saturating_sub(get(&stats0)?))
     };
+    drop(consumers);
+    drop(server);
+    let (after, _) = run_alone()?;
+    let mean = (alone + after) / 2.0;
+    for r in &mut fast_rates {
+        *r /= mean.max(1e-9);
+    }
     Ok(MixFigures {
         cache_bytes,
-        alone,
+        alone: mean,
+        alone_before_after: (alone, after),
         alone_hits,
         fast: fast_rates,
         fast_hits,
@@ -330,6 +345,8 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         slow_target: 1e6 / sample_us.max(1) as f64,
         reloads: delta("reloads")?,
         evictions_needed: delta("evictions_needed")?,
+        deliveries: delta("requests")?,
+        decodes: delta("decodes")?,
     })
 }
 
@@ -388,8 +405,8 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
         m.cache_bytes
     );
     println!(
-        "| mix: a fast job alone | {:.0} samples/s (hit ratio {:.2}) | |",
-        m.alone, m.alone_hits
+        "| mix: a fast job alone | {:.0} samples/s (before the mix {:.0}, after {:.0}; hit ratio {:.2}) | |",
+        m.alone, m.alone_before_after.0, m.alone_before_after.1, m.alone_hits
     );
     println!(
         "| mix: fast jobs' rate / rate alone | {} (min {:.2}) | >= 0.9 |",
@@ -415,6 +432,12 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
         m.reloads, m.evictions_needed
     );
     println!(
+        "| mix: decodes / deliveries | {} / {} = {:.3} (1: no sharing) | |",
+        m.decodes,
+        m.deliveries,
+        m.decodes as f64 / m.deliveries.max(1) as f64,
+    );
+    println!(
         "{}",
         json!({
             "bench": "scale",
@@ -429,6 +452,7 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
             "idle_cpu_percent": s.idle_cpu_percent,
             "cache_bytes": m.cache_bytes,
             "alone_samples_per_s": m.alone,
+            "alone_before_after_samples_per_s": [m.alone_before_after.0, m.alone_before_after.1],
             "alone_hit_ratio": m.alone_hits,
             "fast_hit_ratio": m.fast_hits,
             "fast_fraction_of_alone": m.fast,
@@ -437,6 +461,8 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
             "slow_samples_per_s": m.slow,
             "reloads": m.reloads,
             "evictions_needed": m.evictions_needed,
+            "mix_deliveries": m.deliveries,
+            "mix_decodes": m.decodes,
         })
     );
 }

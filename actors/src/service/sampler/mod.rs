@@ -5,22 +5,25 @@
 //! dropped.
 //!
 //! Rounds are sampled in passes, a short batching window (the tick) after an event that can
-//! let a job move (credit returned, a job added): jobs that consume at the same pace gain
-//! credit within the same window and are therefore sampled together, which is what lets DSA
-//! make them share elements. With no job able to move, no pass is scheduled: an idle sampler
-//! costs nothing.
+//! let a job move (credit returned, a job added). A pass also samples, up to one batch beyond
+//! their credit (their lookahead), the DSA jobs that keep pace (slower ones on a grid sized by
+//! their pace), so that jobs that read together are sampled together and share their loads
+//! (see [`pace`]). With no job able to
+//! move, no pass is scheduled: an idle sampler costs nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use super::messages::{
+mod pace;
+
+use crate::service::messages::{
     AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, EndAt, JobId, JobSignal, Pass, RemoveJob,
 };
-use super::stats::{CacheStats, JobStats};
+use crate::service::stats::{CacheStats, JobStats};
 use joader_core::sampling::{
     DependentSamplingTree, IndependentSampler, JobEvent, JobSpec, Round, Sampler, SamplerError,
     SamplerKind,
@@ -33,6 +36,11 @@ struct JobEntry {
     kind: SamplerKind,
     credit: i64,
     stats: Arc<JobStats>,
+    /// Deliveries the job may be sampled beyond its credit when it joins a pass.
+    lookahead: u32,
+    pace: pace::Pace,
+    /// Joins the pass under way within its lookahead (see [`pace`]).
+    joins: bool,
 }
 
 /// See the module docs.
@@ -47,6 +55,8 @@ pub struct SamplerActor {
     round: Round,
     /// A pass is scheduled (one batching window at a time).
     scheduled: bool,
+    /// The origin of the grid on which jobs join passes (see [`pace`]).
+    started: Instant,
 }
 
 impl SamplerActor {
@@ -66,6 +76,7 @@ impl SamplerActor {
             stats,
             round: Round::default(),
             scheduled: false,
+            started: Instant::now(),
         }
     }
 
@@ -83,8 +94,22 @@ impl SamplerActor {
         });
     }
 
-    /// Samples rounds while some job has credit, and sends them downstream in one message.
+    /// Samples rounds while some job has credit, and sends them downstream in one message. The
+    /// DSA jobs that keep pace join the rounds within their lookahead (see [`pace`]).
     fn pass(&mut self) {
+        let now = Instant::now();
+        let lead = self
+            .jobs
+            .values()
+            .filter(|j| j.kind == SamplerKind::Dsa && j.credit > 0)
+            .filter_map(|j| j.pace.period(now))
+            .min();
+        for j in self.jobs.values_mut() {
+            j.joins = j.kind == SamplerKind::Dsa
+                && j.credit <= 0
+                && j.credit > -i64::from(j.lookahead)
+                && j.pace.join(self.started, now, lead);
+        }
         let mut out = Deliver {
             dataset: self.dataset,
             groups: Vec::new(),
@@ -104,6 +129,17 @@ impl SamplerActor {
                 if active.is_empty() {
                     continue;
                 }
+                active.extend(
+                    self.jobs
+                        .iter()
+                        .filter(|(_, j)| {
+                            j.kind == kind
+                                && j.joins
+                                && j.credit <= 0
+                                && j.credit > -i64::from(j.lookahead)
+                        })
+                        .map(|(k, _)| *k),
+                );
                 any = true;
                 active.sort_unstable();
                 let sampler: &mut dyn Sampler = match kind {
@@ -201,6 +237,9 @@ impl Handler<AddJob> for SamplerActor {
                 kind: msg.sampler,
                 credit: i64::from(msg.credit),
                 stats: msg.stats,
+                lookahead: msg.lookahead,
+                pace: pace::Pace::default(),
+                joins: false,
             },
         );
         self.wake(ctx);
@@ -233,7 +272,12 @@ impl Handler<JobSignal> for SamplerActor {
         match msg {
             JobSignal::Credit { job, n } => {
                 if let Some(j) = self.jobs.get_mut(&job) {
+                    let now = Instant::now();
+                    j.pace.returned(now);
                     j.credit += i64::from(n);
+                    if j.credit > -i64::from(j.lookahead) {
+                        j.pace.eligible(now);
+                    }
                 }
                 self.wake(ctx);
             }
@@ -287,6 +331,7 @@ mod tests {
             epochs,
             sampler: kind,
             credit,
+            lookahead: 0,
             stats: Arc::new(JobStats::default()),
         }
     }

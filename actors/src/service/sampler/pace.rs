@@ -1,0 +1,166 @@
+//! Whether a job keeps pace: the jobs that may join another job's pass ahead of their credit.
+//!
+//! DSA correlates the picks of the jobs sampled in the same round only. A job's credit comes
+//! back when its client acknowledges a batch, and when loads are the bottleneck that moment is
+//! set by when the job's own last batch finished loading: jobs that were once sampled apart
+//! return their credit apart, and would stay apart forever, each paying for loads of its own.
+//! So a pass also samples, for up to one batch beyond their credit (their *lookahead*), the
+//! DSA jobs that keep pace. Sampled together, they share the loads, receive their batches
+//! together and return their credit together; a slow job's next batch is picked in a pass of
+//! the fast ones instead of in one of its own.
+//!
+//! A job becomes *eligible* to join when its credit comes back within its lookahead. A job at
+//! about the pace of the jobs that have credit in the pass (its period at most twice the
+//! shortest of theirs) joins at once. A slower job joins on a common grid instead: at the first
+//! pass after the end of the slot of `2^k` milliseconds (counted from the Sampler's start, the
+//! largest power of two not above its period) in which it became eligible. So slow jobs whose
+//! acknowledgements fall in the same slot join the same pass and share among themselves too,
+//! and grids of different sizes are nested, so jobs of neighbouring paces still meet on the
+//! coarser one. A slow job waits at most one period to join, while its ring holds two batches.
+//!
+//! A job keeps pace when its client is reading: it has returned credit at least twice (so it
+//! has a period, the smoothed interval between returns) and its last return is less than two
+//! periods old. A job whose reader never attached, or paused (an evaluation pass, a SIGSTOP),
+//! does not, and is sampled for its credit only. What a job is sampled ahead waits in the
+//! Cache's queue for room in its ring; those elements are loaded with the others, and are
+//! evictable (and reloaded) when memory is short, like everything queued and not yet pushed.
+
+use std::time::{Duration, Instant};
+
+/// Weight of the newest interval in the smoothed period.
+const ALPHA: f64 = 0.25;
+
+/// A job's credit timing, as the Sampler sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Pace {
+    /// When credit last came back.
+    last_return: Option<Instant>,
+    /// The smoothed interval between returns.
+    period: Option<Duration>,
+    /// Since when the job may join a pass (its credit is back within its lookahead).
+    eligible_since: Option<Instant>,
+}
+
+impl Pace {
+    /// Credit came back at `now`.
+    pub fn returned(&mut self, now: Instant) {
+        if let Some(last) = self.last_return {
+            let gap = now.saturating_duration_since(last);
+            self.period = Some(match self.period {
+                None => gap,
+                Some(p) => p.mul_f64(1.0 - ALPHA) + gap.mul_f64(ALPHA),
+            });
+        }
+        self.last_return = Some(now);
+    }
+
+    /// See the module docs.
+    pub fn keeps_pace(&self, now: Instant) -> bool {
+        match (self.last_return, self.period) {
+            (Some(last), Some(period)) => now <= last + 2 * period,
+            _ => false,
+        }
+    }
+
+    /// Its credit came back within its lookahead (at `now`): it may join a pass.
+    pub fn eligible(&mut self, now: Instant) {
+        self.eligible_since.get_or_insert(now);
+    }
+
+    /// Whether the job joins a pass at `now`, `lead` being the shortest period of the jobs
+    /// with credit in the pass and `start` the grid's origin; if it does, it is no longer
+    /// eligible. See the module docs.
+    pub fn join(&mut self, start: Instant, now: Instant, lead: Option<Duration>) -> bool {
+        let Some(since) = self.eligible_since else {
+            return false;
+        };
+        let Some(period) = self.period.filter(|_| self.keeps_pace(now)) else {
+            return false;
+        };
+        let at_once = lead.is_some_and(|lead| period <= 2 * lead);
+        if !at_once {
+            let ms = |t: Instant| t.saturating_duration_since(start).as_millis() as u64;
+            let size = 1u64 << (63 - (period.as_millis() as u64).max(1).leading_zeros());
+            if ms(now) / size <= ms(since) / size {
+                return false;
+            }
+        }
+        self.eligible_since = None;
+        true
+    }
+
+    /// The smoothed period, once the job keeps pace.
+    pub fn period(&self, now: Instant) -> Option<Duration> {
+        self.period.filter(|_| self.keeps_pace(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_job_keeps_pace_while_it_returns_credit() {
+        let t0 = Instant::now();
+        let mut p = Pace::default();
+        assert!(!p.keeps_pace(t0), "never returned credit (never attached)");
+        p.returned(t0);
+        assert!(!p.keeps_pace(t0 + ms(10)), "one return gives no period");
+        p.returned(t0 + ms(100));
+        assert_eq!(p.period, Some(ms(100)));
+        assert!(p.keeps_pace(t0 + ms(250)));
+        assert!(p.keeps_pace(t0 + ms(300)));
+        assert!(
+            !p.keeps_pace(t0 + ms(301)),
+            "overdue by more than a period: paused"
+        );
+        // The period follows the reader's pace, smoothed.
+        p.returned(t0 + ms(300));
+        assert_eq!(p.period, Some(ms(125)));
+        assert!(p.keeps_pace(t0 + ms(550)) && !p.keeps_pace(t0 + ms(551)));
+    }
+
+    #[test]
+    fn slow_jobs_join_on_their_grid_and_same_pace_jobs_at_once() {
+        let t0 = Instant::now();
+        let paced = |period: u64, last: u64| {
+            let mut p = Pace::default();
+            p.returned(t0 + ms(last - period));
+            p.returned(t0 + ms(last));
+            p.eligible(t0 + ms(last));
+            p
+        };
+        let fast = Some(ms(100));
+        // Period 600 ms (slots of 512 ms), eligible at 1100 ms (slot 2): joins from 1536 ms.
+        let mut a = paced(600, 1100);
+        assert!(
+            !a.join(t0, t0 + ms(1200), fast),
+            "waits for the end of its slot"
+        );
+        assert!(!a.join(t0, t0 + ms(1535), fast));
+        // Another slow job, eligible in the same slot, joins the same pass.
+        let mut b = paced(520, 1400);
+        assert!(a.join(t0, t0 + ms(1536), fast) && b.join(t0, t0 + ms(1536), fast));
+        assert!(
+            !a.join(t0, t0 + ms(1600), fast),
+            "joined: no longer eligible"
+        );
+        // Jobs at the pass's pace join at once.
+        let mut c = paced(150, 1000);
+        assert!(c.join(t0, t0 + ms(1001), fast));
+        // So does a slow job in a pass of slow jobs.
+        let mut d = paced(600, 1100);
+        assert!(d.join(t0, t0 + ms(1101), Some(ms(500))));
+        // A paused job, or one never eligible, joins nothing.
+        let mut e = paced(100, 1000);
+        assert!(!e.join(t0, t0 + ms(1201), fast));
+        let mut f = Pace::default();
+        f.returned(t0);
+        f.returned(t0 + ms(100));
+        assert!(!f.join(t0, t0 + ms(150), fast));
+    }
+}
