@@ -14,7 +14,8 @@
 //!   free buffer the thread allocates one, so a consumer that keeps every batch never blocks
 //!   it; at most `depth` batches are prepared ahead of the consumer.
 //! - **Even shares** (`pad_to`): a rank of a multi-rank job whose share of an epoch is one
-//!   element short of `pad_to` receives the epoch's first element of its share once more at the
+//!   element short of `pad_to` (`first_pad_to` for the first epoch on the ring, when a job is
+//!   resumed in the middle of it) receives the epoch's first element of its share once more at the
 //!   end, as `DistributedSampler` pads, so that every rank runs the same number of steps.
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -50,6 +51,9 @@ pub struct PrefetchConfig {
     pub threads: usize,
     /// Records every epoch must have on this ring; one short is padded (see the module docs).
     pub pad_to: Option<u64>,
+    /// What `pad_to` is for the first epoch on this ring when it differs: a job resumed in
+    /// the middle of an epoch has a shorter share of it.
+    pub first_pad_to: Option<u64>,
 }
 
 /// A batch buffer: images in the output's element type, and labels.
@@ -125,6 +129,7 @@ impl Prefetcher {
             allocated: allocated.clone(),
             epoch: EpochShare::default(),
             pending_pad: None,
+            epochs_ended: 0,
         };
         let thread = std::thread::Builder::new()
             .name("joader-prefetch".into())
@@ -232,9 +237,20 @@ struct Worker {
     epoch: EpochShare,
     /// The end of an epoch whose padding did not fit in the batch that reached it.
     pending_pad: Option<EpochEnd>,
+    /// Epochs ended on this ring so far.
+    epochs_ended: u64,
 }
 
 impl Worker {
+    /// The records the current epoch must have on this ring, if it is padded.
+    fn pad_to(&self) -> Option<u64> {
+        if self.epochs_ended == 0 {
+            self.config.first_pad_to.or(self.config.pad_to)
+        } else {
+            self.config.pad_to
+        }
+    }
+
     fn run(&mut self) {
         loop {
             let r = self.assemble();
@@ -282,6 +298,7 @@ impl Worker {
             self.pad(&mut buf, &mut out, &mut item_shape);
             out.end_of_epoch = Some(end);
             self.epoch = EpochShare::default();
+            self.epochs_ended += 1;
         }
         while out.len < bs && out.end_of_epoch.is_none() && !out.end_of_stream {
             if self.stop.load(Ordering::Relaxed) {
@@ -335,7 +352,7 @@ impl Worker {
                     self.reader.release(b.start);
                     return Err(e);
                 }
-                if self.config.pad_to.is_some() && self.epoch.first.is_none() {
+                if self.pad_to().is_some() && self.epoch.first.is_none() {
                     self.keep_first(&buf, out.len, shape, &b.items[0]);
                 }
                 for m in &b.items {
@@ -352,8 +369,7 @@ impl Worker {
             out.end_of_stream = b.end_of_stream;
             if let Some(end) = b.end_of_epoch {
                 let short = self
-                    .config
-                    .pad_to
+                    .pad_to()
                     .is_some_and(|p| self.epoch.records < p && self.epoch.first.is_some());
                 if short && out.len >= bs {
                     // The batch is full: the padding and the end go into a batch of their own.
@@ -365,6 +381,7 @@ impl Worker {
                 }
                 out.end_of_epoch = Some(end);
                 self.epoch = EpochShare::default();
+                self.epochs_ended += 1;
             }
         }
         let [h, w, c] = item_shape;

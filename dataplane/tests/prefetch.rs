@@ -21,6 +21,7 @@ fn config(batch_size: usize) -> PrefetchConfig {
         output: Output::U8Nhwc,
         threads: 2,
         pad_to: None,
+        first_pad_to: None,
     }
 }
 
@@ -187,4 +188,36 @@ fn a_timeout_is_an_error_and_dropping_stops_the_thread() {
     let e = p.next(Some(Duration::from_millis(50))).unwrap_err();
     assert_eq!(e.code(), "timeout");
     drop(p);
+}
+
+#[test]
+fn a_resumed_first_epoch_is_padded_to_its_own_share() {
+    // A rank of a job resumed mid-epoch: 2 records of the rest of epoch 3 (ranks hold 3 of it),
+    // then a whole epoch 4 of 3 records (ranks hold 4).
+    let w = writer("pfresume", 32, 1 << 20);
+    let mut ring = w.create_ring("job-r1", 32).unwrap();
+    let slots: Vec<_> = (0..5).map(|i| write_image(&w, i, 6, 8)).collect();
+    for (pos, s) in slots[..2].iter().enumerate() {
+        ring.push_data(*s, 3, 7 + pos as u64).unwrap();
+    }
+    ring.push_end_of_epoch(3, 2).unwrap();
+    for (pos, s) in slots[2..].iter().enumerate() {
+        ring.push_data(*s, 4, pos as u64).unwrap();
+    }
+    ring.push_end_of_epoch(4, 3).unwrap();
+    ring.push_end_of_stream().unwrap();
+    let reader = RawReader::open(w.instance(), "job-r1", LONG).unwrap();
+    let cfg = PrefetchConfig {
+        pad_to: Some(4),
+        first_pad_to: Some(3),
+        ..config(8)
+    };
+    let mut p = Prefetcher::start(reader, cfg).unwrap();
+    let mut epochs = Vec::new();
+    while let Some(b) = p.next(Some(LONG)).unwrap() {
+        if b.len > 0 {
+            epochs.push((b.element_ids.clone(), b.padded));
+        }
+    }
+    assert_eq!(epochs, vec![(vec![0, 1, 0], 1), (vec![2, 3, 4, 2], 1)]);
 }

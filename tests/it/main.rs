@@ -7,5 +7,6 @@ mod decode;
 mod flow;
 mod observability;
 mod openapi;
+mod resume;
 mod server;
 mod simulate;

@@ -23,6 +23,7 @@ imported only when used, so ``import joader`` works without torch.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import urllib.error
@@ -47,6 +48,7 @@ __all__ = [
     "Batch",
     "Loader",
     "register_job",
+    "merge_states",
     "LAYOUT_VERSION",
 ]
 
@@ -268,9 +270,10 @@ class RingReader:
         self.close()
 
 
-def _post_json(url: str, body: Dict[str, Any], timeout: float, token: Optional[str]) -> Dict[str, Any]:
-    data = json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST")
+def _post_json(url: str, body: Optional[Dict[str, Any]], timeout: float, token: Optional[str],
+               method: str = "POST") -> Dict[str, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")
     req.add_header("Accept", "application/json")
     if token:
@@ -318,8 +321,10 @@ def register_job(
     timeout: float = 10.0,
     token: Optional[str] = None,
     sampler: Optional[str] = None,
+    resume: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """``POST {server}/v1/jobs`` (see dataplane/DESIGN.md, "Job registration") and returns the response."""
+    """``POST {server}/v1/jobs`` (see dataplane/DESIGN.md, "Job registration") and returns the response.
+    ``resume`` is ``{"epoch", "consumed"}`` of a `Loader.state_dict()`."""
     body = {
         "name": name,
         "dataset": dataset,
@@ -334,6 +339,8 @@ def register_job(
     }
     if sampler is not None:
         body["sampler"] = sampler
+    if resume is not None:
+        body["resume"] = {"epoch": int(resume["epoch"]), "consumed": str(resume.get("consumed", ""))}
     return _post_json(server.rstrip("/") + "/v1/jobs", body, timeout, token)
 
 
@@ -365,7 +372,17 @@ class Loader:
     ``on_error`` is ``"raise"`` (raise `ElementLoadError` when the server
     reports elements it failed to load) or ``"skip"`` (count them in
     ``failures`` and go on). ``timeout`` (seconds) bounds each wait for a
-    batch (``JoaderError("timeout")``)."""
+    batch (``JoaderError("timeout")``).
+
+    Checkpoints: ``state_dict()`` is ``{"job", "epoch", "consumed", "world_size"}``,
+    the epoch in progress and the ids of it already handed over by iteration
+    (a base64 roaring bitmap; batches merely prefetched do not count), small
+    and self-contained, to save in the training checkpoint. A job built with
+    ``resume=state`` (or given it by ``load_state_dict`` before iterating)
+    receives the rest of that epoch, a uniform random permutation of what
+    remains, then whole epochs; ``epochs`` still counts from epoch 0. With
+    several ranks each rank's state holds its own share: merge them with
+    `merge_states` (``joader.torch.JoaderDataset`` gathers them itself)."""
 
     def __init__(
         self,
@@ -392,6 +409,7 @@ class Loader:
         std: Optional[Sequence[float]] = None,
         pad: bool = True,
         sampler: Optional[str] = None,
+        resume: Optional[Dict[str, Any]] = None,
     ) -> None:
         if not dataset:
             raise ValueError("dataset is required")
@@ -418,8 +436,8 @@ class Loader:
         self.on_error = on_error
         self.timeout = timeout
         self.failures: List[ElementFailure] = []
-        self.info = register_job(
-            server,
+        self._server, self._token, self._request_timeout = server, token, request_timeout
+        self._register = dict(
             name=self.job,
             dataset=dataset,
             batch_size=batch_size,
@@ -433,6 +451,17 @@ class Loader:
             token=token,
             sampler=sampler,
         )
+        self._native_args = (transform, prefetch, threads, mean, std, pad, open_timeout)
+        self._start(resume)
+
+    def _start(self, resume: Optional[Dict[str, Any]]) -> None:
+        """Registers the job (resumed from ``resume``) and starts the prefetch of this rank's ring."""
+        transform, prefetch, threads, mean, std, pad, open_timeout = self._native_args
+        if resume is not None:
+            if int(resume.get("world_size", self.world_size)) != self.world_size:
+                raise ValueError(f"the state was saved with world_size {resume['world_size']}, "
+                                 f"this loader has {self.world_size}")
+        self.info = register_job(self._server, resume=resume, **self._register)  # type: ignore[arg-type]
         mine = [r for r in self.info.get("ranks", []) if r.get("rank") == self.rank]
         if not mine:
             raise ServerError("bad_response", f"registration response has no entry for rank {self.rank}: {self.info}")
@@ -442,13 +471,28 @@ class Loader:
         #: Records every rank receives per epoch (its share, padded), when known.
         self.share: Optional[int] = -(-int(size) // self.world_size) if size is not None else None
         pad_to = self.share if pad and self.world_size > 1 else None
+        #: The epoch in progress and the ids of it handed over so far (see ``state_dict``).
+        self._epoch = 0
+        self._consumed = _native.IdSet()
+        first_pad_to = None
+        if resume is not None:
+            self._epoch = int(resume["epoch"])
+            consumed = resume.get("consumed") or ""
+            self._consumed = _native.IdSet.from_bytes(base64.b64decode(consumed)) if consumed else _native.IdSet()
+            left = int(size) - len(self._consumed) if size is not None else 0
+            if left <= 0:  # the whole epoch was handed over: the server starts the next one
+                self._epoch += 1
+                self._consumed = _native.IdSet()
+            elif pad_to is not None:
+                first_pad_to = -(-left // self.world_size)
         aug = transform._native() if isinstance(transform, RandomResizedCrop) else None
         self._prefetch = _native.Prefetcher(
-            self.instance, self.ring, batch_size, prefetch, aug, seed,
+            self.instance, self.ring, self.batch_size, prefetch, aug, self.seed,
             None if mean is None else [float(m) for m in mean],
             None if std is None else [float(s) for s in std],
-            threads, pad_to, open_timeout,
+            threads, pad_to, open_timeout, first_pad_to,
         )
+        self._handed = False
         self._finished = False
         #: Element ids, epochs and positions of the batch yielded last (int64 arrays); a padded
         #: element appears with its own id and position again.
@@ -473,7 +517,17 @@ class Loader:
                 self._finished = True
             ended = d["end_of_epoch"] is not None or d["end_of_stream"]
             images, labels = d["images"], d["labels"]
+            if len(labels):
+                epoch = int(d["epochs"][0])
+                if epoch != self._epoch:
+                    self._epoch, self._consumed = epoch, _native.IdSet()
+            if ended:
+                self._epoch, self._consumed = self._epoch + 1, _native.IdSet()
             if len(labels) and not (ended and self.drop_last and len(labels) < self.batch_size):
+                self._handed = True
+                if not ended:
+                    # Handed over now: a checkpoint taken while the user holds it counts it.
+                    self._consumed.add(list(d["element_ids"]))
                 self.last_ids = np.asarray(d["element_ids"], dtype=np.int64)
                 self.last_epochs = np.asarray(d["epochs"], dtype=np.int64)
                 self.last_positions = np.asarray(d["positions"], dtype=np.int64)
@@ -483,6 +537,37 @@ class Loader:
                     yield images, labels
             if ended:
                 return
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where this rank is: the epoch in progress and the ids of it handed over (see the
+        class docs). A plain dict of str and int, for ``torch.save`` or JSON."""
+        return {
+            "job": self.job,
+            "epoch": self._epoch,
+            "consumed": base64.b64encode(self._consumed.to_bytes()).decode(),
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any], barrier: Optional[Callable[[], None]] = None) -> None:
+        """Continues from ``state`` (a `state_dict`, merged over the ranks with `merge_states`):
+        before the first batch is taken, the job is registered again, resumed. With several
+        ranks pass ``barrier`` (e.g. ``torch.distributed.barrier``; `joader.torch` does), so
+        that every rank has let go of the job before any registers it again; or build the
+        loader with ``resume=state`` instead."""
+        if self._handed:
+            raise ValueError("load_state_dict must come before the first batch is taken")
+        if self.world_size > 1 and barrier is None:
+            raise ValueError("with several ranks, pass barrier= or build the Loader with resume=state")
+        self._prefetch.close()
+        try:
+            _post_json(f"{self._server.rstrip('/')}/v1/jobs/{self.job}", None, self._request_timeout,
+                       self._token, method="DELETE")
+        except ServerError as e:
+            if e.code != "job_not_found":  # another rank deleted it first
+                raise
+        if barrier is not None:
+            barrier()
+        self._start(state)
 
     @property
     def finished(self) -> bool:
@@ -503,6 +588,21 @@ class Loader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """One state for every rank from the ranks' `Loader.state_dict()` (each holds its own share
+    of the epoch's handed-over ids): the union of their ids. The ranks must be in one epoch."""
+    if not states:
+        raise ValueError("no state to merge")
+    epochs = {int(s["epoch"]) for s in states}
+    if len(epochs) != 1:
+        raise ValueError(f"the ranks' states are in different epochs {sorted(epochs)}")
+    ids = _native.IdSet()
+    for s in states:
+        if s.get("consumed"):
+            ids.update(_native.IdSet.from_bytes(base64.b64decode(s["consumed"])))
+    return {**states[0], "consumed": base64.b64encode(ids.to_bytes()).decode()}
 
 
 def __getattr__(name: str) -> Any:

@@ -8,12 +8,12 @@ are not needed (keep ``num_workers=0``: each reader owns one ring).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import IterableDataset
 
-from . import Loader
+from . import Loader, merge_states
 
 
 # type-arg: IterableDataset is generic; misc: without torch installed (ci.sh when its
@@ -29,7 +29,11 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
     page-locked memory from torch's pinned-memory allocator, as DataLoader's
     ``pin_memory`` does; that allocator keeps a block until the CUDA copies
     from it have completed, so ``x.cuda(non_blocking=True)`` is safe. Without
-    CUDA it warns and changes nothing."""
+    CUDA it warns and changes nothing.
+
+    ``state_dict()`` / ``load_state_dict()`` follow PyTorch's convention (as
+    torchdata's ``StatefulDataLoader``): save the state with the model's, and
+    a restarted run continues with the rest of the epoch it was in."""
 
     def __init__(
         self,
@@ -55,8 +59,29 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
                 x, y = x.pin_memory(), y.pin_memory()
             yield x, y
 
+    def state_dict(self) -> Dict[str, Any]:
+        """The loader's `Loader.state_dict`; under ``torch.distributed`` with several ranks the
+        ranks' states are gathered (a collective: every rank calls it at the same step) and
+        merged, so every rank returns the job's state and any rank's copy resumes all of them."""
+        state = self.loader.state_dict()
+        if self.loader.world_size > 1 and _distributed():
+            states: List[Optional[Dict[str, Any]]] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, state)
+            state = merge_states([s for s in states if s is not None])
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continues the job from ``state`` (call it before iterating; under ``torch.distributed``
+        every rank calls it)."""
+        barrier = torch.distributed.barrier if _distributed() else None
+        self.loader.load_state_dict(state, barrier=barrier)
+
     def close(self) -> None:
         self.loader.close()
+
+
+def _distributed() -> bool:
+    return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
 __all__ = ["JoaderDataset"]
