@@ -461,7 +461,7 @@ class Loader:
             if int(resume.get("world_size", self.world_size)) != self.world_size:
                 raise ValueError(f"the state was saved with world_size {resume['world_size']}, "
                                  f"this loader has {self.world_size}")
-        self.info = register_job(self._server, resume=resume, **self._register)  # type: ignore[arg-type]
+        self.info = register_job(self._server, resume=resume, **self._register)
         mine = [r for r in self.info.get("ranks", []) if r.get("rank") == self.rank]
         if not mine:
             raise ServerError("bad_response", f"registration response has no entry for rank {self.rank}: {self.info}")

@@ -73,8 +73,10 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continues the job from ``state`` (call it before iterating; under ``torch.distributed``
         every rank calls it)."""
-        barrier = torch.distributed.barrier if _distributed() else None
-        self.loader.load_state_dict(state, barrier=barrier)
+        def barrier() -> None:
+            torch.distributed.barrier()
+
+        self.loader.load_state_dict(state, barrier=barrier if _distributed() else None)
 
     def close(self) -> None:
         self.loader.close()
