@@ -691,7 +691,7 @@ fn a_resumed_epoch_is_uniform_beside_another_job() {
     // The first pick of a job resumed with 6 of 10 elements left, beside an active job over
     // the whole dataset, is uniform over the 6.
     let remaining = bitmap([1, 2, 4, 6, 7, 9]);
-    let mut counts = vec![0u64; 10];
+    let mut counts = [0u64; 10];
     let mut round = Round::default();
     for trial in 0..6000u64 {
         let mut s = DependentSamplingTree::new();

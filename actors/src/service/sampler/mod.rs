@@ -42,8 +42,11 @@ struct JobEntry {
     /// Joins the pass under way within its lookahead (see [`pace`]).
     joins: bool,
     /// Where the job's deliveries are recorded, and those of the pass under way.
-    record: Option<(std::sync::mpsc::SyncSender<Vec<[u32; 3]>>, Vec<[u32; 3]>)>,
+    record: Option<(RecordSender, Vec<[u32; 3]>)>,
 }
+
+/// Where a recording job's deliveries `(epoch, position, element)` go (see `AddJob::record`).
+type RecordSender = std::sync::mpsc::SyncSender<Vec<[u32; 3]>>;
 
 /// See the module docs.
 pub struct SamplerActor {
