@@ -5,7 +5,9 @@ concurrent jobs on overlapping subsets (so that DSA's correlated orders are what
 and with a plain DataLoader over the same files: the mean test accuracies over 3 seeds are
 within 1.5 points. Then `torchrun --nproc_per_node 2` (gloo) with `joader.torch.JoaderDataset`:
 the ranks' shares of every epoch are disjoint, equal and together exactly the epoch, padded as
-DistributedSampler pads."""
+DistributedSampler pads. And a torchrun run checkpointed mid-epoch (the ranks' states gathered
+by `JoaderDataset.state_dict`), left without closing, and resumed by a second torchrun run: the
+two parts are exactly one epoch, the resumed shares equal."""
 
 from __future__ import annotations
 
@@ -216,6 +218,58 @@ if dist.get_rank() == 0:
     print(json.dumps(out))
 dist.destroy_process_group()
 """
+
+
+DDP_RESUME_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+import joader.torch as jt
+url, n, phase, ckpt = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo")
+ds = jt.JoaderDataset(server=url, dataset="digits", job="ddp-resume", batch_size=8, epochs=1,
+                      subset={"start": 0, "end": n}, pipeline={"kind": "decode"})
+if phase == "resume":
+    ds.load_state_dict(json.load(open(ckpt))["data"])
+ids, steps = [], 0
+for x, y in ds:
+    ids += ds.loader.last_ids.tolist()
+    steps += 1
+    if phase == "first" and steps == 3:
+        state = ds.state_dict()  # a collective: the ranks' states gathered and merged
+        break
+every = [None] * dist.get_world_size()
+dist.all_gather_object(every, (ids, steps))
+if dist.get_rank() == 0:
+    if phase == "first":
+        json.dump({"data": state, "seen": every}, open(ckpt, "w"))
+    print(json.dumps(every))
+# The first phase leaves without closing: the clients are gone as if preempted.
+os._exit(0) if phase == "first" else dist.destroy_process_group()
+"""
+
+
+def test_torchrun_ranks_resume_the_rest_of_the_epoch_from_a_gathered_state(digits: Dict[str, Any],
+                                                                           tmp_path: Path) -> None:
+    script, ckpt = tmp_path / "ddp_resume.py", tmp_path / "ckpt.json"
+    script.write_text(textwrap.dedent(DDP_RESUME_SCRIPT))
+    n = 101
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    runs = []
+    for phase in ("first", "resume"):
+        p = subprocess.run([*torchrun, str(script), digits["url"], str(n), phase, str(ckpt)], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert p.returncode == 0, p.stderr[-4000:]
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    (a0, _), (a1, _) = runs[0]
+    assert len(a0) == len(a1) == 24, "three batches of 8 per rank before the checkpoint"
+    seen = set(a0) | set(a1)
+    assert len(seen) == 48
+    assert json.loads(ckpt.read_text())["data"]["epoch"] == 0
+    (b0, steps0), (b1, steps1) = runs[1]
+    # 53 remain: shares of 27 and 26, the short one padded to 27 (not to the epoch's 51).
+    assert len(b0) == len(b1) == 27 and steps0 == steps1 == 4
+    assert not set(b0) & set(b1) and not (set(b0) | set(b1)) & seen
+    assert sorted(seen | set(b0) | set(b1)) == list(range(n)), "the two parts are exactly one epoch"
 
 
 def test_torchrun_ranks_get_disjoint_equal_shares(digits: Dict[str, Any], tmp_path: Path) -> None:

@@ -558,6 +558,8 @@ class Loader:
             raise ValueError("load_state_dict must come before the first batch is taken")
         if self.world_size > 1 and barrier is None:
             raise ValueError("with several ranks, pass barrier= or build the Loader with resume=state")
+        if barrier is not None:
+            barrier()  # every rank has registered and opened its ring: none is cut off below
         self._prefetch.close()
         try:
             _post_json(f"{self._server.rstrip('/')}/v1/jobs/{self.job}", None, self._request_timeout,
