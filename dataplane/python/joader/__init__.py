@@ -479,11 +479,11 @@ class Loader:
             self._epoch = int(resume["epoch"])
             consumed = resume.get("consumed") or ""
             self._consumed = _native.IdSet.from_bytes(base64.b64decode(consumed)) if consumed else _native.IdSet()
-            left = int(size) - len(self._consumed) if size is not None else 0
-            if left <= 0:  # the whole epoch was handed over: the server starts the next one
+            left = int(size) - len(self._consumed) if size is not None else None
+            if left is not None and left <= 0:  # the whole epoch was handed over: the server starts the next one
                 self._epoch += 1
                 self._consumed = _native.IdSet()
-            elif pad_to is not None:
+            elif pad_to is not None and left is not None:
                 first_pad_to = -(-left // self.world_size)
         aug = transform._native() if isinstance(transform, RandomResizedCrop) else None
         self._prefetch = _native.Prefetcher(

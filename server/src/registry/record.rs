@@ -17,9 +17,9 @@ use crate::error::{Code, Error, Result};
 
 /// Epochs whose orders are kept per job (older ones are deleted as new ones start).
 pub const EPOCHS_KEPT: u32 = 16;
-/// Passes the channel buffers before the Sampler drops records (a pass holds at most 4096
-/// rounds' deliveries).
-const CHANNEL_PASSES: usize = 1024;
+/// Passes the channel buffers before the Sampler drops records (a pass gives a job at most its
+/// credit plus one batch per rank: a few batches, 12 bytes a delivery).
+const CHANNEL_PASSES: usize = 256;
 
 /// The folder of a job's recorded epochs.
 pub fn dir(data_dir: &Path, job: &str) -> PathBuf {
