@@ -592,8 +592,8 @@ fn augment_image(
 /// Native part of the `joader` package.
 /// A set of element ids (a roaring bitmap): what a `Loader` has handed over of the current
 /// epoch, kept compact (any part of ImageNet's 1.28 M ids takes at most ~160 KiB, 214 KiB in
-/// base64) and serialized in the
-/// portable roaring format that `resume.consumed` of `POST /v1/jobs` carries.
+/// base64) and serialized in the portable roaring format that `resume.consumed` of
+/// `POST /v1/jobs` carries.
 #[pyclass(module = "joader._native")]
 #[derive(Default)]
 struct IdSet(roaring::RoaringBitmap);
