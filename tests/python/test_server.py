@@ -242,3 +242,27 @@ def test_state_dicts_of_ranks_merge_and_resume_every_rank(server: Dict[str, Any]
     assert [len(s) for s in shares] == [8, 8], shares
     assert not set(shares[0]) & set(shares[1])
     assert sorted(set(shares[0]) | set(shares[1])) == sorted(set(range(23)) - set(consumed))
+
+
+def test_a_recorded_epoch_is_traced_and_replayed_by_the_loader(server: Dict[str, Any]) -> None:
+    import joader
+    with joader.Loader(server=server["url"], dataset="imgs", job="traced", batch_size=5, epochs=1,
+                       record=True) as loader:
+        batches = [[int(i) for i in loader.last_ids] for _ in loader]
+    import time
+    deadline = time.monotonic() + 30
+    while True:  # written by the server's recorder thread, a moment after the deliveries
+        try:
+            rec = get(server["url"], "/v1/jobs/traced/record/0")
+            if len(rec["order"]) == N:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the epoch was not recorded within 30 s"
+        time.sleep(0.05)
+    assert rec["ranks"][0] == sum(batches, []), "the record is what the loader received, in order"
+    assert rec["ranks"][0][5:10] == batches[1], "batch k is ranks[r][k*B:(k+1)*B]"
+    with joader.Loader(server=server["url"], dataset="imgs", job="replayed", batch_size=7, epochs=1,
+                       replay={"job": "traced", "epoch": 0}) as again:
+        order = sum(([int(i) for i in again.last_ids] for _ in again), [])
+    assert order == rec["order"]

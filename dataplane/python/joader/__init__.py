@@ -322,9 +322,13 @@ def register_job(
     token: Optional[str] = None,
     sampler: Optional[str] = None,
     resume: Optional[Dict[str, Any]] = None,
+    record: bool = False,
+    replay: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """``POST {server}/v1/jobs`` (see dataplane/DESIGN.md, "Job registration") and returns the response.
-    ``resume`` is ``{"epoch", "consumed"}`` of a `Loader.state_dict()`."""
+    ``resume`` is ``{"epoch", "consumed"}`` of a `Loader.state_dict()`; ``record`` keeps the
+    job's delivery orders (``GET /v1/jobs/{name}/record/{epoch}``); ``replay`` is
+    ``{"job", "epoch"}`` of a recorded epoch to receive again, in its order."""
     body = {
         "name": name,
         "dataset": dataset,
@@ -341,6 +345,10 @@ def register_job(
         body["sampler"] = sampler
     if resume is not None:
         body["resume"] = {"epoch": int(resume["epoch"]), "consumed": str(resume.get("consumed", ""))}
+    if record:
+        body["record"] = True
+    if replay is not None:
+        body["replay"] = {"job": str(replay["job"]), "epoch": int(replay["epoch"])}
     return _post_json(server.rstrip("/") + "/v1/jobs", body, timeout, token)
 
 
@@ -382,7 +390,11 @@ class Loader:
     receives the rest of that epoch, a uniform random permutation of what
     remains, then whole epochs; ``epochs`` still counts from epoch 0. With
     several ranks each rank's state holds its own share: merge them with
-    `merge_states` (``joader.torch.JoaderDataset`` gathers them itself)."""
+    `merge_states` (``joader.torch.JoaderDataset`` gathers them itself).
+    ``record=True`` keeps every epoch's delivery order on the server
+    (``GET /v1/jobs/{job}/record/{epoch}``, per rank) to trace a bad batch;
+    ``replay={"job": name, "epoch": e}`` (without ``subset``) receives exactly
+    a recorded epoch's order, every epoch."""
 
     def __init__(
         self,
@@ -410,6 +422,8 @@ class Loader:
         pad: bool = True,
         sampler: Optional[str] = None,
         resume: Optional[Dict[str, Any]] = None,
+        record: bool = False,
+        replay: Optional[Dict[str, Any]] = None,
     ) -> None:
         if not dataset:
             raise ValueError("dataset is required")
@@ -450,6 +464,8 @@ class Loader:
             timeout=request_timeout,
             token=token,
             sampler=sampler,
+            record=record,
+            replay=replay,
         )
         self._native_args = (transform, prefetch, threads, mean, std, pad, open_timeout)
         self._start(resume)
