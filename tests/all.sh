@@ -2,7 +2,8 @@
 # Runs every test of joader on a fresh machine: installs what the tests need, checks
 # formatting and lints, then runs the Rust tests (unit, property, statistical and the
 # integration binary), schemathesis against the real server's OpenAPI document, the Python
-# package's tests, and the Python client against the real server.
+# package's tests, and the Python client against the real server (training parity and a
+# torchrun job included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -41,5 +42,6 @@ JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" bash tests/schemathesis.sh
 echo "== python package (installs maturin, numpy, pytest, mypy and torch when missing)"
 bash dataplane/python/ci.sh
 
-echo "== python client against the real server"
+echo "== python client against the real server (installs scikit-learn and Pillow for the training-parity test)"
+python3 -c "import sklearn, PIL" 2>/dev/null || python3 -m pip install -q scikit-learn pillow
 JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" python3 -m pytest -q -p no:cacheprovider tests/python

@@ -1,11 +1,17 @@
 //! Per-job augmentation applied by the client after the shared cache:
-//! random resized crop (torchvision's parameter sampling) with bilinear
-//! resampling, and horizontal flip.
+//! random resized crop (torchvision's `RandomResizedCrop` parameters: ten tries,
+//! then the central fallback) resized by `fast_image_resize` (SIMD, antialiased
+//! bilinear convolution), an optional horizontal flip, and the output layouts
+//! (uint8 NHWC, or float32 NCHW normalized by mean/std) written once into the
+//! batch buffer.
 //!
 //! The randomness of an item depends only on the job's seed, the epoch and
 //! the item's position in the epoch ([`item_key`]), never on batch
 //! boundaries or thread scheduling, so a job with a fixed seed augments
 //! reproducibly whenever its order is reproducible.
+
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
 use crate::error::{Error, Result};
 
@@ -83,20 +89,24 @@ impl RandomResizedCrop {
     }
 
     /// Augments one `ih × iw × c` image into `dst` (`height × width × c` bytes).
-    pub fn apply(&self, src: &[u8], ih: u32, iw: u32, c: u32, dst: &mut [u8], key: u64) {
-        let mut rng = SplitMix64::new(key);
-        let (top, left, ch, cw) = self.crop_params(ih, iw, &mut rng);
-        let flip = rng.next_f64() < self.flip;
-        resize_bilinear(
+    pub fn apply(
+        &self,
+        src: &[u8],
+        ih: u32,
+        iw: u32,
+        c: u32,
+        dst: &mut [u8],
+        key: u64,
+    ) -> Result<()> {
+        Augmenter::default().write(
             src,
-            iw as usize,
-            c as usize,
-            (top, left, ch, cw),
-            dst,
-            self.height,
-            self.width,
-            flip,
-        );
+            (ih, iw, c),
+            Some(self),
+            key,
+            &Output::U8Nhwc,
+            ItemOut::U8(dst),
+            false,
+        )
     }
 }
 
@@ -143,55 +153,231 @@ impl SplitMix64 {
     }
 }
 
-/// Source index pairs and 8-bit weights along one axis (half-pixel centres).
-fn axis_taps(start: u32, len: u32, out: u32) -> Vec<(usize, usize, u32)> {
-    let scale = len as f64 / out as f64;
-    (0..out)
-        .map(|o| {
-            let s = ((o as f64 + 0.5) * scale - 0.5).clamp(0.0, (len - 1) as f64);
-            let i0 = s.floor() as u32;
-            let i1 = (i0 + 1).min(len - 1);
-            let f = ((s - i0 as f64) * 256.0).round() as u32;
-            ((start + i0) as usize, (start + i1) as usize, f.min(256))
-        })
-        .collect()
+/// How a batch's images are written into its output buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// `(B, H, W, C)` uint8: the pixels as they are.
+    U8Nhwc,
+    /// `(B, C, H, W)` float32: `(pixel / 255 - mean[c]) / std[c]`, torchvision's `ToTensor`
+    /// followed by `Normalize(mean, std)`.
+    F32Nchw {
+        /// Per-channel mean (of pixels scaled to `[0, 1]`).
+        mean: Vec<f32>,
+        /// Per-channel standard deviation (positive).
+        std: Vec<f32>,
+    },
 }
 
-#[allow(clippy::too_many_arguments)]
-fn resize_bilinear(
-    src: &[u8],
-    iw: usize,
-    c: usize,
-    (top, left, ch, cw): (u32, u32, u32, u32),
-    dst: &mut [u8],
-    oh: u32,
-    ow: u32,
-    flip: bool,
-) {
-    let rows = axis_taps(top, ch, oh);
-    let mut cols = axis_taps(left, cw, ow);
-    if flip {
-        cols.reverse();
+impl Output {
+    /// Checks `mean`/`std` against the images' channel count.
+    pub fn validate(&self, channels: u32) -> Result<()> {
+        match self {
+            Output::U8Nhwc => Ok(()),
+            Output::F32Nchw { mean, std } => {
+                let ok = mean.len() == channels as usize
+                    && std.len() == channels as usize
+                    && mean.iter().all(|m| m.is_finite())
+                    && std.iter().all(|s| s.is_finite() && *s > 0.0);
+                if ok {
+                    Ok(())
+                } else {
+                    Err(Error::InvalidConfig(format!(
+                        "normalization needs one finite mean and one positive std per channel ({channels}), got mean {mean:?} std {std:?}"
+                    )))
+                }
+            }
+        }
     }
-    let stride = iw * c;
-    for (oy, &(y0, y1, fy)) in rows.iter().enumerate() {
-        let r0 = &src[y0 * stride..(y0 + 1) * stride];
-        let r1 = &src[y1 * stride..(y1 + 1) * stride];
-        let out = &mut dst[oy * ow as usize * c..(oy + 1) * ow as usize * c];
-        for (ox, &(x0, x1, fx)) in cols.iter().enumerate() {
+
+    /// Whether the output is float32 (else uint8).
+    pub fn is_float(&self) -> bool {
+        matches!(self, Output::F32Nchw { .. })
+    }
+
+    /// The array shape for a batch of `[B, H, W, C]` images: `[B, C, H, W]` for float32.
+    pub fn array_shape(&self, [b, h, w, c]: [usize; 4]) -> [usize; 4] {
+        match self {
+            Output::U8Nhwc => [b, h, w, c],
+            Output::F32Nchw { .. } => [b, c, h, w],
+        }
+    }
+
+    /// Per-channel lookup tables from a byte to its normalized value.
+    fn luts(&self) -> Vec<[f32; 256]> {
+        match self {
+            Output::U8Nhwc => Vec::new(),
+            Output::F32Nchw { mean, std } => mean
+                .iter()
+                .zip(std)
+                .map(|(m, s)| std::array::from_fn(|v| (v as f32 / 255.0 - m) / s))
+                .collect(),
+        }
+    }
+}
+
+/// Where one image of a batch is written.
+#[derive(Debug)]
+pub enum ItemOut<'a> {
+    /// `H × W × C` bytes.
+    U8(&'a mut [u8]),
+    /// `C × H × W` floats.
+    F32(&'a mut [f32]),
+}
+
+/// One thread's augmentation state: a fast_image_resize `Resizer` and a scratch image,
+/// reused from item to item.
+#[derive(Default)]
+pub struct Augmenter {
+    resizer: Resizer,
+    scratch: Vec<u8>,
+    luts: Option<(Output, Vec<[f32; 256]>)>,
+}
+
+impl std::fmt::Debug for Augmenter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Augmenter").finish_non_exhaustive()
+    }
+}
+
+fn pixel_type(c: u32) -> Result<PixelType> {
+    match c {
+        1 => Ok(PixelType::U8),
+        2 => Ok(PixelType::U8x2),
+        3 => Ok(PixelType::U8x3),
+        4 => Ok(PixelType::U8x4),
+        _ => Err(Error::Collate(format!(
+            "images of {c} channels cannot be resized (1 to 4)"
+        ))),
+    }
+}
+
+fn resize_err(e: impl std::fmt::Display) -> Error {
+    Error::Collate(format!("resize: {e}"))
+}
+
+/// Mirrors every row of an `h × w × c` image in place.
+fn flip_rows(img: &mut [u8], w: usize, c: usize) {
+    for row in img.chunks_exact_mut(w * c) {
+        for x in 0..w / 2 {
+            let (a, b) = (x * c, (w - 1 - x) * c);
             for k in 0..c {
-                let p00 = r0[x0 * c + k] as u32;
-                let p01 = r0[x1 * c + k] as u32;
-                let p10 = r1[x0 * c + k] as u32;
-                let p11 = r1[x1 * c + k] as u32;
-                let top = p00 * (256 - fx) + p01 * fx;
-                let bot = p10 * (256 - fx) + p11 * fx;
-                out[ox * c + k] = ((top * (256 - fy) + bot * fy + (1 << 15)) >> 16) as u8;
+                row.swap(a + k, b + k);
             }
         }
     }
 }
 
+impl Augmenter {
+    /// Writes one `ih × iw × c` u8 image into `dst` in `output`'s layout: through `aug` (the
+    /// crop and flip drawn from `key`, resized by fast_image_resize's convolution with a
+    /// bilinear filter, which widens its support when downscaling, i.e. antialiased) when
+    /// given, else as it is. `dst` must hold exactly the output image.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write(
+        &mut self,
+        src: &[u8],
+        (ih, iw, c): (u32, u32, u32),
+        aug: Option<&RandomResizedCrop>,
+        key: u64,
+        output: &Output,
+        dst: ItemOut<'_>,
+        stream: bool,
+    ) -> Result<()> {
+        let (oh, ow) = aug.map_or((ih, iw), |a| (a.height, a.width));
+        let n = oh as usize * ow as usize * c as usize;
+        let dst_len = match &dst {
+            ItemOut::U8(d) => d.len(),
+            ItemOut::F32(d) => d.len(),
+        };
+        if src.len() != ih as usize * iw as usize * c as usize || dst_len != n {
+            return Err(Error::Collate(format!(
+                "image of {} bytes is not {ih}x{iw}x{c}, or its output of {dst_len} values is not {oh}x{ow}x{c}",
+                src.len()
+            )));
+        }
+        let Some(a) = aug else {
+            return match dst {
+                ItemOut::U8(d) => {
+                    crate::copy::copy(d, src, stream);
+                    Ok(())
+                }
+                ItemOut::F32(d) => self.normalize(src, ow, c, false, output, d),
+            };
+        };
+        let mut rng = SplitMix64::new(key);
+        let (top, left, ch, cw) = a.crop_params(ih, iw, &mut rng);
+        let flip = rng.next_f64() < a.flip;
+        let options = ResizeOptions::new()
+            .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+            .use_alpha(false)
+            .crop(
+                f64::from(left),
+                f64::from(top),
+                f64::from(cw),
+                f64::from(ch),
+            );
+        let pt = pixel_type(c)?;
+        let src_img = ImageRef::new(iw, ih, src, pt).map_err(resize_err)?;
+        match dst {
+            ItemOut::U8(d) => {
+                let mut out = Image::from_slice_u8(ow, oh, d, pt).map_err(resize_err)?;
+                self.resizer
+                    .resize(&src_img, &mut out, &options)
+                    .map_err(resize_err)?;
+                if flip {
+                    flip_rows(d, ow as usize, c as usize);
+                }
+                Ok(())
+            }
+            ItemOut::F32(d) => {
+                let mut scratch = std::mem::take(&mut self.scratch);
+                scratch.resize(n, 0);
+                let mut out = Image::from_slice_u8(ow, oh, &mut scratch, pt).map_err(resize_err)?;
+                self.resizer
+                    .resize(&src_img, &mut out, &options)
+                    .map_err(resize_err)?;
+                let r = self.normalize(&scratch, ow, c, flip, output, d);
+                self.scratch = scratch;
+                r
+            }
+        }
+    }
+
+    /// HWC bytes to normalized CHW floats, mirrored when `flip`.
+    fn normalize(
+        &mut self,
+        src: &[u8],
+        w: u32,
+        c: u32,
+        flip: bool,
+        output: &Output,
+        dst: &mut [f32],
+    ) -> Result<()> {
+        if self.luts.as_ref().is_none_or(|(o, _)| o != output) {
+            output.validate(c)?;
+            self.luts = Some((output.clone(), output.luts()));
+        }
+        let Some((_, luts)) = &self.luts else {
+            return Ok(());
+        };
+        let (w, c) = (w as usize, c as usize);
+        let plane = src.len() / c;
+        for (k, (out, lut)) in dst.chunks_exact_mut(plane).zip(luts).enumerate() {
+            for (orow, srow) in out.chunks_exact_mut(w).zip(src.chunks_exact(w * c)) {
+                if flip {
+                    for (x, o) in orow.iter_mut().enumerate() {
+                        *o = lut[srow[(w - 1 - x) * c + k] as usize];
+                    }
+                } else {
+                    for (x, o) in orow.iter_mut().enumerate() {
+                        *o = lut[srow[x * c + k] as usize];
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,12 +401,17 @@ mod tests {
     }
 
     #[test]
-    fn identity_resize_without_flip_copies() {
+    fn whole_image_crop_copies_and_flip_mirrors() {
         let src: Vec<u8> = (0..(4 * 5 * 3)).map(|i| i as u8).collect();
+        let mut aug = RandomResizedCrop::new(4, 5);
+        aug.scale = (1.0, 1.0);
+        aug.ratio = (5.0 / 4.0, 5.0 / 4.0);
+        aug.flip = 0.0;
         let mut dst = vec![0u8; src.len()];
-        resize_bilinear(&src, 5, 3, (0, 0, 4, 5), &mut dst, 4, 5, false);
+        aug.apply(&src, 4, 5, 3, &mut dst, 9).unwrap();
         assert_eq!(src, dst);
-        resize_bilinear(&src, 5, 3, (0, 0, 4, 5), &mut dst, 4, 5, true);
+        aug.flip = 1.0;
+        aug.apply(&src, 4, 5, 3, &mut dst, 9).unwrap();
         for y in 0..4 {
             for x in 0..5 {
                 for k in 0..3 {
@@ -231,12 +422,110 @@ mod tests {
     }
 
     #[test]
+    fn downscaling_is_antialiased() {
+        // One-pixel black and white columns: point sampling would keep 0s and 255s, a filter
+        // whose support widens with the scale averages them.
+        let (h, w) = (64u32, 64u32);
+        let src: Vec<u8> = (0..h * w * 3)
+            .map(|i| if (i / 3) % 2 == 0 { 0 } else { 255 })
+            .collect();
+        let mut aug = RandomResizedCrop::new(16, 16);
+        aug.scale = (1.0, 1.0);
+        aug.ratio = (1.0, 1.0);
+        let mut dst = vec![0u8; 16 * 16 * 3];
+        aug.apply(&src, h, w, 3, &mut dst, 1).unwrap();
+        assert!(dst.iter().all(|&v| (100..=155).contains(&v)), "{dst:?}");
+    }
+
+    #[test]
+    fn fallback_is_the_central_crop_at_the_nearest_ratio() {
+        // A 10×100 strip: no crop of at least 99% of the area has a ratio within [3/4, 4/3].
+        let mut aug = RandomResizedCrop::new(8, 8);
+        aug.scale = (0.99, 1.0);
+        let mut rng = SplitMix64::new(5);
+        assert_eq!(aug.crop_params(10, 100, &mut rng), (0, 43, 10, 13));
+        assert_eq!(aug.crop_params(100, 10, &mut rng), (43, 0, 13, 10));
+    }
+
+    #[test]
+    fn float_output_is_the_normalized_transposed_bytes() {
+        let src: Vec<u8> = (0..(30 * 40 * 3)).map(|i| (i * 7 % 253) as u8).collect();
+        let aug = RandomResizedCrop::new(12, 10);
+        let out = Output::F32Nchw {
+            mean: vec![0.5, 0.25, 0.0],
+            std: vec![0.5, 2.0, 1.0],
+        };
+        let mut a = Augmenter::default();
+        for key in 0..8 {
+            let mut bytes = vec![0u8; 12 * 10 * 3];
+            let mut floats = vec![0f32; 12 * 10 * 3];
+            let (dims, fmt) = ((30, 40, 3), &Output::U8Nhwc);
+            a.write(
+                &src,
+                dims,
+                Some(&aug),
+                key,
+                fmt,
+                ItemOut::U8(&mut bytes),
+                false,
+            )
+            .unwrap();
+            a.write(
+                &src,
+                dims,
+                Some(&aug),
+                key,
+                &out,
+                ItemOut::F32(&mut floats),
+                false,
+            )
+            .unwrap();
+            let Output::F32Nchw { mean, std } = &out else {
+                unreachable!()
+            };
+            for k in 0..3 {
+                for p in 0..120 {
+                    let want = (bytes[p * 3 + k] as f32 / 255.0 - mean[k]) / std[k];
+                    assert!((floats[k * 120 + p] - want).abs() < 1e-6);
+                }
+            }
+        }
+        // Without augmentation: the image itself, normalized.
+        let mut floats = vec![0f32; 30 * 40 * 3];
+        a.write(
+            &src,
+            (30, 40, 3),
+            None,
+            0,
+            &out,
+            ItemOut::F32(&mut floats),
+            false,
+        )
+        .unwrap();
+        assert!((floats[1] - ((src[3] as f32 / 255.0 - 0.5) / 0.5)).abs() < 1e-6);
+        let bad = Output::F32Nchw {
+            mean: vec![0.5],
+            std: vec![0.5],
+        };
+        let err = a.write(
+            &src,
+            (30, 40, 3),
+            None,
+            0,
+            &bad,
+            ItemOut::F32(&mut floats),
+            false,
+        );
+        assert_eq!(err.unwrap_err().code(), "invalid_config");
+    }
+
+    #[test]
     fn constant_image_stays_constant() {
         let src = vec![77u8; 30 * 20 * 3];
         let aug = RandomResizedCrop::new(13, 17);
         let mut dst = vec![0u8; 13 * 17 * 3];
         for key in 0..20 {
-            aug.apply(&src, 30, 20, 3, &mut dst, key);
+            aug.apply(&src, 30, 20, 3, &mut dst, key).unwrap();
             assert!(dst.iter().all(|&v| v == 77));
         }
     }

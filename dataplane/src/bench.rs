@@ -10,10 +10,14 @@
 //!    random-ish intervals while the consumer sleeps in the futex; the
 //!    latency is from just before the push to the consumer's return from
 //!    `next_batch`. Target p99: at most 200 µs.
+//! 3. Client augmentation: one thread's CPU time per image for RandomResizedCrop(224) + flip from a
+//!    341×256 image (what the training recipe caches), to uint8 NHWC and to normalized
+//!    float32 NCHW. Target: at most 0.15 ms.
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::augment::{Augmenter, ItemOut, Output, RandomResizedCrop};
 use crate::error::Result;
 use crate::layout::Format;
 use crate::reader::Reader;
@@ -71,6 +75,9 @@ pub struct BenchReport {
     pub latency_p99: Duration,
     /// Worst push-to-wake latency.
     pub latency_max: Duration,
+    /// One thread's CPU time per image for RandomResizedCrop(224) + flip from a 341×256 image
+    /// (a cached 256-shorter image) into uint8 NHWC, and into normalized float32 NCHW.
+    pub augment_per_image: (Duration, Duration),
 }
 
 impl BenchReport {
@@ -117,11 +124,54 @@ impl fmt::Display for BenchReport {
             self.latency_p50.as_micros(),
             self.latency_p99.as_micros(),
             self.latency_max.as_micros()
+        )?;
+        write!(
+            f,
+            "\n  RandomResizedCrop(224) + flip from 341x256, one thread's CPU: {:.3} ms/image to uint8 NHWC, \
+             {:.3} ms/image to normalized float32 NCHW (target <= 0.15 ms)",
+            self.augment_per_image.0.as_secs_f64() * 1e3,
+            self.augment_per_image.1.as_secs_f64() * 1e3
         )
     }
 }
 
+/// This thread's CPU time (what the augmentation costs, whatever else shares the cores).
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Median CPU time per image of `rounds` rounds of RandomResizedCrop(224) + flip over 64 images.
+fn augment_bench(rounds: usize, output: &Output) -> Result<Duration> {
+    let (h, w) = (256u32, 341u32);
+    let src: Vec<u8> = (0..(h * w * 3) as usize)
+        .map(|i| ((i * 7) ^ (i >> 9)) as u8)
+        .collect();
+    let aug = RandomResizedCrop::new(224, 224);
+    let mut a = Augmenter::default();
+    let mut u8s = vec![0u8; 224 * 224 * 3];
+    let mut f32s = vec![0f32; 224 * 224 * 3];
+    let mut times = Vec::new();
+    for r in 0..rounds.max(1) {
+        let t = thread_cpu();
+        for k in 0..64u64 {
+            let key = crate::augment::item_key(1, r as u64, k);
+            let dst = if output.is_float() {
+                ItemOut::F32(&mut f32s)
+            } else {
+                ItemOut::U8(&mut u8s)
+            };
+            a.write(&src, (h, w, 3), Some(&aug), key, output, dst, false)?;
+        }
+        times.push(thread_cpu().saturating_sub(t) / 64);
+    }
+    Ok(median(times))
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
     v.sort();
     v[v.len() / 2]
 }
@@ -213,6 +263,16 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         latency_p50: p50,
         latency_p99: p99,
         latency_max: max,
+        augment_per_image: (
+            augment_bench(opts.iterations, &Output::U8Nhwc)?,
+            augment_bench(
+                opts.iterations,
+                &Output::F32Nchw {
+                    mean: vec![0.485, 0.456, 0.406],
+                    std: vec![0.229, 0.224, 0.225],
+                },
+            )?,
+        ),
     })
 }
 

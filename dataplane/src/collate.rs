@@ -1,7 +1,7 @@
 //! Copying a batch of images out of shared memory into one contiguous
 //! `(B, H, W, C)` array, optionally through the per-job augmentation.
 
-use crate::augment::RandomResizedCrop;
+use crate::augment::{Augmenter, ItemOut, Output, RandomResizedCrop};
 use crate::error::{Error, Result};
 use crate::layout::Format;
 use crate::reader::ItemMeta;
@@ -127,43 +127,163 @@ pub fn collate_augmented_into(
     images: &mut [u8],
     labels: &mut [i64],
 ) -> Result<[usize; 4]> {
+    let threads = default_threads();
+    let mut augmenters: Vec<Augmenter> = (0..threads).map(|_| Augmenter::default()).collect();
+    write_batch(
+        items,
+        Some(aug),
+        seed,
+        &Output::U8Nhwc,
+        BatchOut::U8(images),
+        labels,
+        &mut augmenters,
+    )
+}
+
+/// Threads a batch is augmented on by default: the cores, at most 8.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8)
+}
+
+/// The buffer a whole batch is written into (at least `B·H·W·C` values).
+#[derive(Debug)]
+pub enum BatchOut<'a> {
+    /// For [`Output::U8Nhwc`].
+    U8(&'a mut [u8]),
+    /// For [`Output::F32Nchw`].
+    F32(&'a mut [f32]),
+}
+
+/// Writes `items` into `images` in `output`'s layout, each through `aug` when given
+/// (randomness from `seed`, the item's epoch and position, so batch boundaries and threads
+/// change nothing), and their labels into `labels`; returns the `[B, H, W, C]` shape. The
+/// items are split between `augmenters.len()` threads (one per augmenter; one runs inline).
+pub fn write_batch(
+    items: &[(ItemMeta, &[u8])],
+    aug: Option<&RandomResizedCrop>,
+    seed: u64,
+    output: &Output,
+    images: BatchOut<'_>,
+    labels: &mut [i64],
+    augmenters: &mut [Augmenter],
+) -> Result<[usize; 4]> {
     let metas: Vec<ItemMeta> = items.iter().map(|i| i.0).collect();
-    let shape = augmented_shape(&metas, aug)?;
+    let shape = match aug {
+        Some(a) => {
+            a.validate()?;
+            augmented_shape(&metas, a)?
+        }
+        None => batch_shape(&metas)?,
+    };
     if items.is_empty() {
         return Ok(shape);
     }
-    let per = check_out(shape, images, labels)?;
-    aug.validate()?;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8)
-        .min(items.len());
-    let chunk = items.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (ci, out) in images[..per * items.len()]
-            .chunks_mut(per * chunk)
-            .enumerate()
-        {
-            let mine = &items[ci * chunk..(ci * chunk + chunk).min(items.len())];
-            s.spawn(move || {
-                for ((meta, data), dst) in mine.iter().zip(out.chunks_mut(per)) {
-                    if let Format::HwcU8 {
-                        height,
-                        width,
-                        channels,
-                    } = meta.format
-                    {
-                        let key = crate::augment::item_key(seed, meta.epoch, meta.position);
-                        aug.apply(data, height, width, channels, dst, key);
-                    }
-                }
-            });
-        }
-    });
+    output.validate(shape[3] as u32)?;
+    let per = shape[1] * shape[2] * shape[3];
+    let have = match &images {
+        BatchOut::U8(d) => d.len(),
+        BatchOut::F32(d) => d.len(),
+    };
+    if have < per * items.len() || labels.len() < items.len() {
+        return Err(Error::Collate(format!(
+            "output too small: need {} image values and {} labels, got {have} and {}",
+            per * items.len(),
+            items.len(),
+            labels.len()
+        )));
+    }
+    if output.is_float() != matches!(images, BatchOut::F32(_)) {
+        return Err(Error::Collate(format!(
+            "the output buffer's type does not match the output layout {output:?}"
+        )));
+    }
+    let stream = per * items.len() >= crate::copy::STREAM_THRESHOLD;
+    let one = |a: &mut Augmenter, (meta, data): &(ItemMeta, &[u8]), dst: ItemOut<'_>| {
+        let Format::HwcU8 {
+            height,
+            width,
+            channels,
+        } = meta.format
+        else {
+            return Err(Error::Collate(format!(
+                "element {} is raw bytes; only HWC u8 images can be collated",
+                meta.element_id
+            )));
+        };
+        let key = crate::augment::item_key(seed, meta.epoch, meta.position);
+        a.write(
+            data,
+            (height, width, channels),
+            aug,
+            key,
+            output,
+            dst,
+            stream,
+        )
+    };
+    match images {
+        BatchOut::U8(d) => split(
+            items,
+            &mut d[..per * items.len()],
+            per,
+            augmenters,
+            |a, it, d| one(a, it, ItemOut::U8(d)),
+        )?,
+        BatchOut::F32(d) => split(
+            items,
+            &mut d[..per * items.len()],
+            per,
+            augmenters,
+            |a, it, d| one(a, it, ItemOut::F32(d)),
+        )?,
+    }
     for (k, (meta, _)) in items.iter().enumerate() {
         labels[k] = meta.label;
     }
     Ok(shape)
+}
+
+/// Runs `f` on every item and its `per` values of `out`, the items split into contiguous
+/// chunks, one per augmenter, on scoped threads (the first chunk on this thread).
+fn split<T: Send>(
+    items: &[(ItemMeta, &[u8])],
+    out: &mut [T],
+    per: usize,
+    augmenters: &mut [Augmenter],
+    f: impl Fn(&mut Augmenter, &(ItemMeta, &[u8]), &mut [T]) -> Result<()> + Sync,
+) -> Result<()> {
+    let threads = augmenters.len().clamp(1, items.len());
+    let chunk = items.len().div_ceil(threads);
+    let work = |a: &mut Augmenter, mine: &[(ItemMeta, &[u8])], out: &mut [T]| {
+        mine.iter()
+            .zip(out.chunks_mut(per))
+            .try_for_each(|(it, d)| f(a, it, d))
+    };
+    if threads == 1 || augmenters.is_empty() {
+        let mut fresh = Augmenter::default();
+        let a = augmenters.first_mut().unwrap_or(&mut fresh);
+        return work(a, items, out);
+    }
+    std::thread::scope(|s| {
+        let mut parts = items
+            .chunks(chunk)
+            .zip(out.chunks_mut(per * chunk))
+            .zip(augmenters.iter_mut());
+        let first = parts.next();
+        let handles: Vec<_> = parts
+            .map(|((mine, o), a)| s.spawn(|| work(a, mine, o)))
+            .collect();
+        let mut result = first.map_or(Ok(()), |((mine, o), a)| work(a, mine, o));
+        for h in handles {
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err(Error::Collate("an augmentation thread panicked".into())));
+            result = result.and(r);
+        }
+        result
+    })
 }
 
 #[cfg(test)]

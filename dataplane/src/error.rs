@@ -191,6 +191,9 @@ pub enum Error {
     /// The peer broke the protocol (e.g. acknowledged records it never got).
     #[error("protocol violation: {0}")]
     Protocol(String),
+    /// No batch arrived within the consumer's timeout.
+    #[error("no data from the server within {0:?}")]
+    Timeout(std::time::Duration),
     /// Items of a batch cannot be collated together.
     #[error("cannot collate: {0}")]
     Collate(String),
@@ -233,6 +236,7 @@ impl Error {
             Error::ServerGone { .. } => "server_gone",
             Error::RingClosed { .. } => "ring_closed",
             Error::Protocol(_) => "protocol_violation",
+            Error::Timeout(_) => "timeout",
             Error::Collate(_) => "collate",
             Error::Io { .. } => "io",
         }

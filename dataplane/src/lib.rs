@@ -31,6 +31,7 @@ mod futex;
 mod fuzz;
 mod layout;
 pub mod names;
+pub mod prefetch;
 mod reader;
 mod ring;
 mod segment;

@@ -48,6 +48,12 @@ codes! {
     InvalidRequest = ("invalid_request", 400,
         "the request is malformed or a parameter is out of range; the message names it"),
     EmptySubset = ("empty_subset", 400, "the job's subset selects no element of the dataset"),
+    InvalidResume = ("invalid_resume", 400,
+        "the job's `resume` state does not fit it: `consumed` is not a base64 serialized roaring \
+         bitmap, holds ids outside the job's subset, or the epoch is past the job's epochs"),
+    InvalidReplay = ("invalid_replay", 400,
+        "the job's `replay` cannot be followed: the recorded epoch is missing or incomplete, \
+         its ids are not in the dataset any more, or `subset`/`resume` is also given"),
     Unauthorized = ("unauthorized", 401,
         "the server requires a bearer token (`--token`) and the request has none or another"),
     PathNotAllowed = ("path_not_allowed", 403,
@@ -60,6 +66,9 @@ codes! {
          there"),
     DatasetNotFound = ("dataset_not_found", 404, "no dataset has this name"),
     JobNotFound = ("job_not_found", 404, "no job has this name"),
+    RecordNotFound = ("record_not_found", 404,
+        "no complete record of this job's epoch: the job did not set `record`, has not reached \
+         the epoch, the epoch is older than the last 16 kept, or the recorder lagged"),
     NotFound = ("not_found", 404, "no route or dashboard file has this path"),
     MethodNotAllowed = ("method_not_allowed", 405,
         "the path exists but not with this method: the `Allow` header lists the methods it has"),

@@ -7,6 +7,7 @@ mod decode;
 mod flow;
 mod observability;
 mod openapi;
+mod resume;
 mod s3;
 mod server;
 mod simulate;

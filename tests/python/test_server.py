@@ -153,3 +153,116 @@ def test_errors_carry_the_server_code(server: Dict[str, Any]) -> None:
     with pytest.raises(joader.ServerError) as e:
         joader.Loader(server=server["url"], dataset="imgs", batch_size=2, subset=[])
     assert e.value.code == "empty_subset"
+
+
+def test_a_killed_run_resumes_from_its_state_dict(server: Dict[str, Any], tmp_path: Path) -> None:
+    """Checkpoint mid-epoch, SIGKILL the client (preemption), restart from the saved state with
+    the torch adapter's load_state_dict: the two parts are exactly one epoch, no duplicate."""
+    pytest.importorskip("torch", reason="torch is not installed (tests/all.sh installs it)")
+    ckpt = tmp_path / "ckpt.json"
+    common = f'server={server["url"]!r}, dataset="imgs", job="preempted", batch_size=4, epochs=2, seed=11'
+    first = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import json, os, sys, time, joader
+        loader = joader.Loader({common}, prefetch=3)
+        it = iter(loader)
+        seen = []
+        for _ in range(3):
+            next(it)
+            seen += [int(i) for i in loader.last_ids]
+        # The prefetch holds later batches too: only the three handed over count.
+        with open({str(ckpt)!r} + ".tmp", "w") as f:
+            json.dump({{"data": loader.state_dict(), "seen": seen}}, f)
+        os.rename({str(ckpt)!r} + ".tmp", {str(ckpt)!r})
+        time.sleep(3600)
+    """)], stderr=subprocess.PIPE, text=True)
+    import time
+    deadline = time.monotonic() + 60
+    while not ckpt.exists():
+        assert first.poll() is None, first.communicate()[1]
+        assert time.monotonic() < deadline, "no checkpoint within 60 s"
+        time.sleep(0.05)
+    first.kill()
+    first.wait()
+    saved = json.loads(ckpt.read_text())
+    seen = saved["seen"]
+    assert len(seen) == 12 and len(set(seen)) == 12
+    assert saved["data"]["epoch"] == 0
+    second = run_python(f"""
+        import json, torch, joader, joader.torch as jt
+        state = json.load(open({str(ckpt)!r}))["data"]
+        ds = jt.JoaderDataset(None, {common})
+        ds.load_state_dict(state)
+        rest = []
+        for x, y in torch.utils.data.DataLoader(ds, batch_size=None):
+            rest.append([int(i) for i in ds.loader.last_ids])
+        epoch1 = []
+        for x, y in torch.utils.data.DataLoader(ds, batch_size=None):
+            epoch1 += [int(i) for i in ds.loader.last_ids]
+        after = ds.state_dict()
+        print(json.dumps({{"rest": sum(rest, []), "epoch1": epoch1, "after": after["epoch"]}}))
+    """)
+    r = result(second)
+    rest = r["rest"]
+    assert len(rest) == len(set(rest)) == N - 12, rest
+    assert not set(rest) & set(seen), "nothing handed over before the kill comes again"
+    assert sorted(rest + seen) == list(range(N)), "both parts are exactly one epoch"
+    assert sorted(r["epoch1"]) == list(range(N)), "the next epoch is whole"
+    assert r["after"] == 2
+
+
+def test_state_dicts_of_ranks_merge_and_resume_every_rank(server: Dict[str, Any]) -> None:
+    """Two ranks (no torch.distributed: the states are merged by hand) resumed with
+    resume=state: their shares of the rest are disjoint, even (the short one padded once, to
+    the resumed epoch's share) and together exactly the rest."""
+    import base64
+    import joader
+    job = f'server={server["url"]!r}, dataset="imgs", batch_size=4, epochs=1, subset=range(23), world_size=2'
+    first = [run_python(f"""
+        import json, joader
+        loader = joader.Loader({job}, job="ddp-ck", rank={r})
+        next(iter(loader))
+        print(json.dumps(loader.state_dict()))
+        loader.close()
+    """) for r in range(2)]
+    states = [result(p) for p in first]
+    merged = joader.merge_states(states)
+    consumed = joader._native.IdSet.from_bytes(base64.b64decode(merged["consumed"])).to_list()
+    assert len(consumed) == 8 and merged["epoch"] == 0
+    second = [run_python(f"""
+        import json, joader
+        state = json.loads({json.dumps(json.dumps(merged))})
+        loader = joader.Loader({job}, job="ddp-ck2", rank={r}, resume=state)
+        ids = []
+        for x, y in loader:
+            ids += [int(i) for i in loader.last_ids]
+        print(json.dumps(ids))
+    """) for r in range(2)]
+    shares = [result(p) for p in second]
+    # 15 remain: 8 and 7, the 7 padded to 8 (not to the whole epoch's share of 12).
+    assert [len(s) for s in shares] == [8, 8], shares
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(set(shares[0]) | set(shares[1])) == sorted(set(range(23)) - set(consumed))
+
+
+def test_a_recorded_epoch_is_traced_and_replayed_by_the_loader(server: Dict[str, Any]) -> None:
+    import joader
+    with joader.Loader(server=server["url"], dataset="imgs", job="traced", batch_size=5, epochs=1,
+                       record=True) as loader:
+        batches = [[int(i) for i in loader.last_ids] for _ in loader]
+    import time
+    deadline = time.monotonic() + 30
+    while True:  # written by the server's recorder thread, a moment after the deliveries
+        try:
+            rec = get(server["url"], "/v1/jobs/traced/record/0")
+            if len(rec["order"]) == N:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the epoch was not recorded within 30 s"
+        time.sleep(0.05)
+    assert rec["ranks"][0] == sum(batches, []), "the record is what the loader received, in order"
+    assert rec["ranks"][0][5:10] == batches[1], "batch k is ranks[r][k*B:(k+1)*B]"
+    with joader.Loader(server=server["url"], dataset="imgs", job="replayed", batch_size=7, epochs=1,
+                       replay={"job": "traced", "epoch": 0}) as again:
+        order = sum(([int(i) for i in again.last_ids] for _ in again), [])
+    assert order == rec["order"]

@@ -158,6 +158,16 @@ pub struct AddJob {
     /// another job's pass (one batch per rank): see `sampler::pace`.
     pub lookahead: u32,
     pub stats: Arc<JobStats>,
+    /// Resume the job in the middle of an epoch: `(epoch, remaining set)` (see
+    /// `Sampler::resume_job`); `None` starts at epoch 0 with the whole subset.
+    pub resume: Option<(u32, Arc<RoaringBitmap>)>,
+    /// Replay: the job receives exactly this order (a permutation of `subset`) every epoch,
+    /// sampled on its own (`IndependentSampler::add_replay_job`); `sampler` is then ignored.
+    pub replay: Option<Arc<[u32]>>,
+    /// Record: every delivery `(epoch, position, element)` of the job, in sampled order, is
+    /// sent here after each pass (dropped, and counted in `JobStats::record_dropped`, when
+    /// the recorder lags this channel's bound).
+    pub record: Option<std::sync::mpsc::SyncSender<Vec<[u32; 3]>>>,
 }
 
 /// Control → Sampler: forget a job.
@@ -216,6 +226,9 @@ pub struct OpenJob {
     pub batch: u32,
     pub stats: Arc<JobStats>,
     pub sampler: Recipient<JobSignal>,
+    /// A job resumed mid-epoch: what remains of its first epoch (its first delivery does
+    /// not have position 0, and only these elements are needed once more by it).
+    pub resume: Option<Arc<RoaringBitmap>>,
 }
 
 /// Control → Cache: drop a job's rings and release what it held.

@@ -45,6 +45,8 @@ pub struct JobStats {
     /// nothing of the job is left in shared memory. `Finished` alone only says that the end
     /// of the stream was pushed; a rank may not even have attached yet.
     pub closed: AtomicBool,
+    /// Deliveries a recording job (`AddJob::record`) could not record: the recorder lagged.
+    pub record_dropped: AtomicU64,
 }
 
 impl Default for JobStats {
@@ -61,6 +63,7 @@ impl Default for JobStats {
             stall_us: AtomicU64::new(0),
             state: Mutex::new(JobState::Waiting),
             closed: AtomicBool::new(false),
+            record_dropped: AtomicU64::new(0),
         }
     }
 }

@@ -144,6 +144,9 @@ impl World {
                 credit: 0,
                 lookahead: BATCH,
                 stats: stats.clone(),
+                resume: None,
+                replay: None,
+                record: None,
             })
             .await
             .unwrap()
@@ -176,6 +179,7 @@ async fn open(
             batch: BATCH,
             stats: stats.clone(),
             sampler: w.sampler.clone().recipient(),
+            resume: None,
         })
         .await
         .unwrap()

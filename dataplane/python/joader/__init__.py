@@ -10,7 +10,9 @@ Low level::
 High level::
 
     loader = joader.Loader(server="http://127.0.0.1:7480", dataset="imagenet", job="resnet",
-                           batch_size=256, transform=joader.RandomResizedCrop(224))
+                           batch_size=256, transform=joader.RandomResizedCrop(224),
+                           pipeline={"kind": "decode", "resize_shorter": 256},
+                           mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     for epoch in range(3):
         for images, labels in loader:      # one epoch per iteration
             ...
@@ -21,6 +23,7 @@ imported only when used, so ``import joader`` works without torch.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import urllib.error
@@ -45,6 +48,7 @@ __all__ = [
     "Batch",
     "Loader",
     "register_job",
+    "merge_states",
     "LAYOUT_VERSION",
 ]
 
@@ -90,9 +94,10 @@ class ElementLoadError(JoaderError):
 @dataclass(frozen=True)
 class RandomResizedCrop:
     """Per-job augmentation applied in Rust after the shared cache: a random crop
-    (area fraction in ``scale``, aspect ratio in ``ratio``, as torchvision's
-    RandomResizedCrop) resized bilinearly to ``size``, then a horizontal flip
-    with probability ``flip``. The randomness of an element depends only on the
+    (area fraction in ``scale``, aspect ratio in ``ratio``, ten tries then the
+    central fallback, as torchvision's RandomResizedCrop) resized to ``size`` by
+    fast_image_resize (bilinear, antialiased when downscaling), then a
+    horizontal flip with probability ``flip``. The randomness of an element depends only on the
     job's seed, the epoch and the element's position in the epoch."""
 
     size: Union[int, Tuple[int, int]]
@@ -265,9 +270,10 @@ class RingReader:
         self.close()
 
 
-def _post_json(url: str, body: Dict[str, Any], timeout: float, token: Optional[str]) -> Dict[str, Any]:
-    data = json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST")
+def _post_json(url: str, body: Optional[Dict[str, Any]], timeout: float, token: Optional[str],
+               method: str = "POST") -> Dict[str, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")
     req.add_header("Accept", "application/json")
     if token:
@@ -314,8 +320,15 @@ def register_job(
     pipeline: Optional[Dict[str, Any]] = None,
     timeout: float = 10.0,
     token: Optional[str] = None,
+    sampler: Optional[str] = None,
+    resume: Optional[Dict[str, Any]] = None,
+    record: bool = False,
+    replay: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """``POST {server}/v1/jobs`` (see dataplane/DESIGN.md, "Job registration") and returns the response."""
+    """``POST {server}/v1/jobs`` (see dataplane/DESIGN.md, "Job registration") and returns the response.
+    ``resume`` is ``{"epoch", "consumed"}`` of a `Loader.state_dict()`; ``record`` keeps the
+    job's delivery orders (``GET /v1/jobs/{name}/record/{epoch}``); ``replay`` is
+    ``{"job", "epoch"}`` of a recorded epoch to receive again, in its order."""
     body = {
         "name": name,
         "dataset": dataset,
@@ -328,6 +341,14 @@ def register_job(
         "pipeline": pipeline,
         "client": {"pid": os.getpid(), "version": __version__, "layout_version": LAYOUT_VERSION},
     }
+    if sampler is not None:
+        body["sampler"] = sampler
+    if resume is not None:
+        body["resume"] = {"epoch": int(resume["epoch"]), "consumed": str(resume.get("consumed", ""))}
+    if record:
+        body["record"] = True
+    if replay is not None:
+        body["replay"] = {"job": str(replay["job"]), "epoch": int(replay["epoch"])}
     return _post_json(server.rstrip("/") + "/v1/jobs", body, timeout, token)
 
 
@@ -335,16 +356,45 @@ class Loader:
     """Registers a job with a joader server and iterates its batches.
 
     Each ``for`` loop over the loader is one epoch and yields
-    ``(images, labels)``: ``(B, H, W, C)`` uint8 and ``(B,)`` int64 NumPy arrays
-    (fresh arrays, safe to keep). ``transform`` is a `RandomResizedCrop`
-    applied in Rust with the job's ``seed``, or any callable
-    ``(images, labels) -> anything`` applied to each collated batch.
-    ``server`` defaults to ``$JOADER_SERVER``, else ``http://127.0.0.1:7480``.
-    ``rank`` / ``world_size`` default to the ``RANK`` / ``WORLD_SIZE``
-    environment variables (as set by torchrun), else 0 / 1.
+    ``(images, labels)``: ``(B, H, W, C)`` uint8 (or, with ``mean`` and ``std``,
+    ``(B, C, H, W)`` float32 normalized as torchvision's ``Normalize``) and
+    ``(B,)`` int64 NumPy arrays, safe to keep.
+
+    A native thread prefetches: it reads the ring, collates and augments
+    ``prefetch`` batches ahead (on ``threads`` threads, default the cores) into
+    pooled buffers with the GIL released, and acknowledges each batch once it
+    is copied out of shared memory; iterating only hands over a ready batch.
+    The images array is a view of a pooled buffer that is rewritten only after
+    every Python object referring to it (the array, its views, a tensor made by
+    ``torch.from_numpy``) is gone, so nothing changes under the user.
+
+    ``transform`` is a `RandomResizedCrop` applied in Rust with the job's
+    ``seed`` (an element's crop and flip depend only on the seed, its epoch and
+    its position), or any callable ``(images, labels) -> anything`` applied to
+    each batch. ``server`` defaults to ``$JOADER_SERVER``, else
+    ``http://127.0.0.1:7480``. ``rank`` / ``world_size`` default to the
+    ``RANK`` / ``WORLD_SIZE`` environment variables (as set by torchrun), else
+    0 / 1; with several ranks each receives a disjoint share of every epoch,
+    and a share one element short of the others is padded with its first
+    element (``pad``, default on), as ``DistributedSampler`` pads.
     ``on_error`` is ``"raise"`` (raise `ElementLoadError` when the server
     reports elements it failed to load) or ``"skip"`` (count them in
-    ``failures`` and go on)."""
+    ``failures`` and go on). ``timeout`` (seconds) bounds each wait for a
+    batch (``JoaderError("timeout")``).
+
+    Checkpoints: ``state_dict()`` is ``{"job", "epoch", "consumed", "world_size"}``,
+    the epoch in progress and the ids of it already handed over by iteration
+    (a base64 roaring bitmap; batches merely prefetched do not count), small
+    and self-contained, to save in the training checkpoint. A job built with
+    ``resume=state`` (or given it by ``load_state_dict`` before iterating)
+    receives the rest of that epoch, a uniform random permutation of what
+    remains, then whole epochs; ``epochs`` still counts from epoch 0. With
+    several ranks each rank's state holds its own share: merge them with
+    `merge_states` (``joader.torch.JoaderDataset`` gathers them itself).
+    ``record=True`` keeps every epoch's delivery order on the server
+    (``GET /v1/jobs/{job}/record/{epoch}``, per rank) to trace a bad batch;
+    ``replay={"job": name, "epoch": e}`` (without ``subset``) receives exactly
+    a recorded epoch's order, every epoch."""
 
     def __init__(
         self,
@@ -365,12 +415,27 @@ class Loader:
         open_timeout: float = 10.0,
         request_timeout: float = 10.0,
         token: Optional[str] = None,
+        prefetch: int = 2,
+        threads: Optional[int] = None,
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+        pad: bool = True,
+        sampler: Optional[str] = None,
+        resume: Optional[Dict[str, Any]] = None,
+        record: bool = False,
+        replay: Optional[Dict[str, Any]] = None,
     ) -> None:
         if not dataset:
             raise ValueError("dataset is required")
         server = server or os.environ.get("JOADER_SERVER", "http://127.0.0.1:7480")
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
+        if prefetch < 1:
+            raise ValueError("prefetch must be at least 1 batch")
+        if threads is not None and threads < 1:
+            raise ValueError("threads must be positive")
+        if (mean is None) != (std is None):
+            raise ValueError("give both mean and std (float32 NCHW output), or neither (uint8 NHWC)")
         if on_error not in ("raise", "skip"):
             raise ValueError('on_error must be "raise" or "skip"')
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
@@ -385,8 +450,8 @@ class Loader:
         self.on_error = on_error
         self.timeout = timeout
         self.failures: List[ElementFailure] = []
-        self.info = register_job(
-            server,
+        self._server, self._token, self._request_timeout = server, token, request_timeout
+        self._register = dict(
             name=self.job,
             dataset=dataset,
             batch_size=batch_size,
@@ -398,68 +463,90 @@ class Loader:
             pipeline=pipeline,
             timeout=request_timeout,
             token=token,
+            sampler=sampler,
+            record=record,
+            replay=replay,
         )
+        self._native_args = (transform, prefetch, threads, mean, std, pad, open_timeout)
+        self._start(resume)
+
+    def _start(self, resume: Optional[Dict[str, Any]]) -> None:
+        """Registers the job (resumed from ``resume``) and starts the prefetch of this rank's ring."""
+        transform, prefetch, threads, mean, std, pad, open_timeout = self._native_args
+        if resume is not None:
+            if int(resume.get("world_size", self.world_size)) != self.world_size:
+                raise ValueError(f"the state was saved with world_size {resume['world_size']}, "
+                                 f"this loader has {self.world_size}")
+        self.info = register_job(self._server, resume=resume, **self._register)
         mine = [r for r in self.info.get("ranks", []) if r.get("rank") == self.rank]
         if not mine:
             raise ServerError("bad_response", f"registration response has no entry for rank {self.rank}: {self.info}")
         self.instance: str = mine[0]["instance"]
         self.ring: str = mine[0]["ring"]
-        self.reader = RingReader(self.instance, self.ring, open_timeout)
+        size = self.info.get("job", {}).get("subset_size")
+        #: Records every rank receives per epoch (its share, padded), when known.
+        self.share: Optional[int] = -(-int(size) // self.world_size) if size is not None else None
+        pad_to = self.share if pad and self.world_size > 1 else None
+        #: The epoch in progress and the ids of it handed over so far (see ``state_dict``).
+        self._epoch = 0
+        self._consumed = _native.IdSet()
+        first_pad_to = None
+        if resume is not None:
+            self._epoch = int(resume["epoch"])
+            consumed = resume.get("consumed") or ""
+            self._consumed = _native.IdSet.from_bytes(base64.b64decode(consumed)) if consumed else _native.IdSet()
+            left = int(size) - len(self._consumed) if size is not None else None
+            if left is not None and left <= 0:  # the whole epoch was handed over: the server starts the next one
+                self._epoch += 1
+                self._consumed = _native.IdSet()
+            elif pad_to is not None and left is not None:
+                first_pad_to = -(-left // self.world_size)
+        aug = transform._native() if isinstance(transform, RandomResizedCrop) else None
+        self._prefetch = _native.Prefetcher(
+            self.instance, self.ring, self.batch_size, prefetch, aug, self.seed,
+            None if mean is None else [float(m) for m in mean],
+            None if std is None else [float(s) for s in std],
+            threads, pad_to, open_timeout, first_pad_to,
+        )
+        self._handed = False
         self._finished = False
-
-    def _next(self) -> Optional[Tuple[np.ndarray, np.ndarray, bool]]:
-        """Assembles one batch; returns (images, labels, epoch_ended) or None at an empty epoch end."""
-        aug = self.transform if isinstance(self.transform, RandomResizedCrop) else None
-        images: Optional[np.ndarray] = None
-        labels: Optional[np.ndarray] = None
-        filled = 0
-        ended = False
-        while filled < self.batch_size:
-            b = self.reader.next_batch(self.batch_size - filled, self.timeout)
-            if b.errors:
-                if self.on_error == "raise":
-                    self.reader.ack()
-                    raise ElementLoadError(b.errors)
-                self.failures.extend(b.errors)
-            if len(b):
-                shape = b.shape(aug)
-                if images is None:
-                    images = np.empty((self.batch_size,) + shape[1:], dtype=np.uint8)
-                    labels = np.empty((self.batch_size,), dtype=np.int64)
-                elif images.shape[1:] != shape[1:]:
-                    raise JoaderError("collate", f"element shape changed within a batch: {images.shape[1:]} vs {shape[1:]}")
-                assert labels is not None
-                n = len(b)
-                b.collate(images[filled : filled + n], labels[filled : filled + n], aug, self.seed)
-                filled += n
-            if b.end_of_stream:
-                self._finished = True
-            if b.end_of_epoch is not None or b.end_of_stream:
-                ended = True
-                self.reader.ack()
-                break
-            if len(b) == 0 and not b.errors and self.timeout is not None:
-                self.reader.ack()
-                raise JoaderError("timeout", f"no data from the server within {self.timeout} s")
-        self.reader.ack()
-        if images is None or filled == 0:
-            return None if ended else (np.empty((0,), np.uint8), np.empty((0,), np.int64), ended)
-        assert labels is not None
-        if filled < self.batch_size:
-            images, labels = images[:filled].copy(), labels[:filled].copy()
-        return images, labels, ended
+        #: Element ids, epochs and positions of the batch yielded last (int64 arrays); a padded
+        #: element appears with its own id and position again.
+        self.last_ids: np.ndarray = np.empty((0,), np.int64)
+        self.last_epochs: np.ndarray = np.empty((0,), np.int64)
+        self.last_positions: np.ndarray = np.empty((0,), np.int64)
 
     def __iter__(self) -> Iterator[Any]:
         """Iterates one epoch. Breaking out of the loop and iterating again
         continues the same epoch (the server's order cannot be rewound)."""
-        if self._finished:
-            return
-        while True:
-            got = self._next()
-            if got is None:
+        while not self._finished:
+            d = self._prefetch.next(self.timeout)
+            if d is None:
+                self._finished = True
                 return
-            images, labels, ended = got
+            if d["errors"]:
+                failures = [ElementFailure(*e) for e in d["errors"]]
+                if self.on_error == "raise":
+                    raise ElementLoadError(failures)
+                self.failures.extend(failures)
+            if d["end_of_stream"]:
+                self._finished = True
+            ended = d["end_of_epoch"] is not None or d["end_of_stream"]
+            images, labels = d["images"], d["labels"]
+            if len(labels):
+                epoch = int(d["epochs"][0])
+                if epoch != self._epoch:
+                    self._epoch, self._consumed = epoch, _native.IdSet()
+            if ended:
+                self._epoch, self._consumed = self._epoch + 1, _native.IdSet()
             if len(labels) and not (ended and self.drop_last and len(labels) < self.batch_size):
+                self._handed = True
+                if not ended:
+                    # Handed over now: a checkpoint taken while the user holds it counts it.
+                    self._consumed.add(list(d["element_ids"]))
+                self.last_ids = np.asarray(d["element_ids"], dtype=np.int64)
+                self.last_epochs = np.asarray(d["epochs"], dtype=np.int64)
+                self.last_positions = np.asarray(d["positions"], dtype=np.int64)
                 if self.transform is not None and not isinstance(self.transform, RandomResizedCrop):
                     yield self.transform(images, labels)
                 else:
@@ -467,20 +554,73 @@ class Loader:
             if ended:
                 return
 
+    def state_dict(self) -> Dict[str, Any]:
+        """Where this rank is: the epoch in progress and the ids of it handed over (see the
+        class docs). A plain dict of str and int, for ``torch.save`` or JSON."""
+        return {
+            "job": self.job,
+            "epoch": self._epoch,
+            "consumed": base64.b64encode(self._consumed.to_bytes()).decode(),
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any], barrier: Optional[Callable[[], None]] = None) -> None:
+        """Continues from ``state`` (a `state_dict`, merged over the ranks with `merge_states`):
+        before the first batch is taken, the job is registered again, resumed. With several
+        ranks pass ``barrier`` (e.g. ``torch.distributed.barrier``; `joader.torch` does), so
+        that every rank has let go of the job before any registers it again; or build the
+        loader with ``resume=state`` instead."""
+        if self._handed:
+            raise ValueError("load_state_dict must come before the first batch is taken")
+        if self.world_size > 1 and barrier is None:
+            raise ValueError("with several ranks, pass barrier= or build the Loader with resume=state")
+        if barrier is not None:
+            barrier()  # every rank has registered and opened its ring: none is cut off below
+        self._prefetch.close()
+        try:
+            _post_json(f"{self._server.rstrip('/')}/v1/jobs/{self.job}", None, self._request_timeout,
+                       self._token, method="DELETE")
+        except ServerError as e:
+            if e.code != "job_not_found":  # another rank deleted it first
+                raise
+        if barrier is not None:
+            barrier()
+        self._start(state)
+
     @property
     def finished(self) -> bool:
         """True once the server sent the end of the stream."""
         return self._finished
 
+    @property
+    def buffers_allocated(self) -> int:
+        """Batch buffers the prefetch has allocated (its depth plus the batches you hold)."""
+        return int(self._prefetch.buffers_allocated)
+
     def close(self) -> None:
-        """Detaches from the ring."""
-        self.reader.close()
+        """Stops the prefetch and detaches from the ring; arrays already handed out stay valid."""
+        self._prefetch.close()
 
     def __enter__(self) -> "Loader":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """One state for every rank from the ranks' `Loader.state_dict()` (each holds its own share
+    of the epoch's handed-over ids): the union of their ids. The ranks must be in one epoch."""
+    if not states:
+        raise ValueError("no state to merge")
+    epochs = {int(s["epoch"]) for s in states}
+    if len(epochs) != 1:
+        raise ValueError(f"the ranks' states are in different epochs {sorted(epochs)}")
+    ids = _native.IdSet()
+    for s in states:
+        if s.get("consumed"):
+            ids.update(_native.IdSet.from_bytes(base64.b64decode(s["consumed"])))
+    return {**states[0], "consumed": base64.b64encode(ids.to_bytes()).decode()}
 
 
 def __getattr__(name: str) -> Any:

@@ -157,3 +157,67 @@ def test_loader_validates_arguments():
         joader.Loader(server="http://x", dataset="", batch_size=1)
     with pytest.raises(ValueError):
         joader.Loader(server="http://x", dataset="d", batch_size=1, rank=2, world_size=2)
+
+
+def test_prefetched_batches_never_change_under_the_user(writer, fake):
+    # Every batch is kept while the prefetch thread goes on: each must still hold its own
+    # elements at the end (a pooled buffer is reused only once nothing refers to it).
+    w = writer(rings="k", elements=30, height=4, width=5, capacity=16)
+    srv = fake((200, registration(w.instance, "k")))
+    with joader.Loader(server=srv.url, dataset="d", job="k", batch_size=3, prefetch=2) as loader:
+        kept = list(loader)
+        assert sum(len(y) for _, y in kept) == 30
+        assert type(kept[0][0].base).__name__ == "Lease"
+        for images, labels in kept:
+            for img, lab in zip(images, labels):
+                np.testing.assert_array_equal(img, pattern(int(lab) - 1000, (4, 5, 3)))
+        assert loader.buffers_allocated >= 10
+
+
+def test_prefetch_reuses_buffers_that_were_released(writer, fake):
+    w = writer(rings="u", elements=40, height=4, width=5, capacity=16)
+    srv = fake((200, registration(w.instance, "u")))
+    with joader.Loader(server=srv.url, dataset="d", job="u", batch_size=4, prefetch=2) as loader:
+        seen = []
+        for images, labels in loader:
+            for img, lab in zip(images, labels):
+                np.testing.assert_array_equal(img, pattern(int(lab) - 1000, (4, 5, 3)))
+            seen.extend(int(v) for v in labels)
+            del images, img
+        assert sorted(seen) == list(range(1000, 1040))
+        # The prefetch depth, the batch being handed over and the one just released.
+        assert loader.buffers_allocated <= 4
+
+
+def test_float_output_is_normalized_nchw(writer, fake):
+    w = writer(rings="f", elements=6, height=4, width=5, capacity=16)
+    srv = fake((200, registration(w.instance, "f")))
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.5)
+    with joader.Loader(server=srv.url, dataset="d", job="f", batch_size=4, mean=mean, std=std) as loader:
+        n = 0
+        for images, labels in loader:
+            assert images.dtype == np.float32 and images.shape[1:] == (3, 4, 5)
+            for img, lab in zip(images, labels):
+                ref = pattern(int(lab) - 1000, (4, 5, 3)).astype(np.float32) / 255
+                ref = ((ref - np.array(mean, np.float32)) / np.array(std, np.float32)).transpose(2, 0, 1)
+                np.testing.assert_allclose(img, ref, rtol=0, atol=1e-6)
+                n += 1
+        assert n == 6
+    with pytest.raises(ValueError):
+        joader.Loader(server=srv.url, dataset="d", job="f", batch_size=4, mean=mean)
+
+
+def test_augmented_batches_equal_the_per_item_transform(writer, fake):
+    w = writer(rings="a", elements=9, height=12, width=16, capacity=16)
+    srv = fake((200, registration(w.instance, "a")))
+    aug = joader.RandomResizedCrop((6, 7))
+    with joader.Loader(server=srv.url, dataset="d", job="a", batch_size=4, seed=11, transform=aug,
+                       threads=2) as loader:
+        n = 0
+        for images, labels in loader:
+            assert images.shape[1:] == (6, 7, 3)
+            for position, (img, lab) in enumerate(zip(images, labels), start=n):
+                src = pattern(int(lab) - 1000, (12, 16, 3))
+                np.testing.assert_array_equal(img, aug.apply(src, seed=11, epoch=0, position=position))
+            n += len(labels)
+        assert n == 9

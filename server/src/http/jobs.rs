@@ -4,15 +4,16 @@ use actix_web::{HttpResponse, delete, get, post, web};
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::errors;
-use super::views::{JobList, JobView, Registration, job_view, registration_view};
+use super::views::{JobList, JobView, RecordView, Registration, job_view, registration_view};
 use crate::error::{Error, Result};
 use crate::registry::AppState;
 use crate::registry::jobs::{self, JobRequest};
 
 // Every route may also answer `internal` and, with a token, `unauthorized` (`super::openapi`).
-errors!(CreateErrors: InvalidRequest, EmptySubset, DatasetNotFound, JobExists, DatasetNotReady,
+errors!(CreateErrors: InvalidRequest, EmptySubset, InvalidResume, InvalidReplay, DatasetNotFound, JobExists, DatasetNotReady,
     VersionMismatch, TooLarge, CacheFull, ShuttingDown);
 errors!(GetErrors: JobNotFound);
+errors!(RecordErrors: InvalidRequest, RecordNotFound);
 
 /// Register a job, or another rank of it (same name and parameters); returns the rings to
 /// open.
@@ -75,8 +76,43 @@ async fn delete_job(state: web::Data<AppState>, name: web::Path<String>) -> Resu
     Ok(HttpResponse::NoContent().finish())
 }
 
+/// The order in which a job that set `record` received an epoch, per rank (kept in the data
+/// dir after the job ends, for its last 16 epochs, until a job of the same name records).
+#[utoipa::path(
+    tag = "jobs",
+    params(
+        ("name" = String, Path, description = "the job's name", example = "example"),
+        ("epoch" = u32, Path, description = "the epoch (0-based)", example = 0)
+    ),
+    responses((status = 200, description = "the recorded epoch", body = RecordView), RecordErrors)
+)]
+#[get("/v1/jobs/{name}/record/{epoch}")]
+async fn get_record(
+    state: web::Data<AppState>,
+    path: web::Path<(String, u32)>,
+) -> Result<HttpResponse> {
+    let (name, epoch) = path.into_inner();
+    crate::registry::check_name("job", &name)?;
+    let data_dir = state.config.data_dir.clone();
+    let job = name.clone();
+    let rec = actix_web::rt::task::spawn_blocking(move || {
+        crate::registry::record::read(&data_dir, &job, epoch)
+    })
+    .await
+    .map_err(Error::internal)??;
+    Ok(HttpResponse::Ok().json(RecordView {
+        ranks: rec.ranks(),
+        job: name,
+        epoch,
+        world_size: rec.world_size,
+        first_position: rec.first,
+        order: rec.order,
+    }))
+}
+
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(create_job)
+        .service(get_record)
         .service(list_jobs)
         .service(get_job)
         .service(delete_job);

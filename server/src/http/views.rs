@@ -133,6 +133,25 @@ pub struct JobView {
     pub sampler: &'static str,
     pub pipeline: Pipeline,
     pub age_s: f64,
+    /// The job records its delivery orders (`GET /v1/jobs/{name}/record/{epoch}`).
+    pub record: bool,
+    /// Deliveries the recorder could not keep up with (the record has gaps).
+    pub record_dropped: u64,
+}
+
+/// A recorded epoch of a job (`record: true`): the ids in the order they were delivered.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RecordView {
+    pub job: String,
+    pub epoch: u32,
+    pub world_size: u32,
+    /// The position of `order[0]` in the epoch (0 unless the job was resumed in this epoch).
+    pub first_position: u32,
+    /// Every rank's deliveries together, by position (what `replay` follows).
+    pub order: Vec<u32>,
+    /// `ranks[r]`: what rank `r`'s ring received, in order (its batches are consecutive runs of
+    /// `batch_size`).
+    pub ranks: Vec<Vec<u32>>,
 }
 
 pub fn job_view(j: &JobEntry) -> JobView {
@@ -165,9 +184,15 @@ pub fn job_view(j: &JobEntry) -> JobView {
         world_size: j.request.world_size.unwrap_or(1),
         epochs: j.request.epochs,
         drop_last: j.request.drop_last,
-        sampler: j.request.sampler.unwrap_or(SamplerKind::Dsa).name(),
+        sampler: if j.request.replay.is_some() {
+            SamplerKind::Isa.name()
+        } else {
+            j.request.sampler.unwrap_or(SamplerKind::Dsa).name()
+        },
         pipeline: j.pipeline.clone(),
         age_s: j.created.elapsed().as_secs_f64(),
+        record: j.request.record,
+        record_dropped: s.record_dropped.load(Relaxed),
     }
 }
 

@@ -155,6 +155,115 @@ pub struct JobRequest {
     pub ring_capacity: Option<u32>,
     #[serde(default)]
     pub client: Option<ClientInfo>,
+    /// Continue a checkpointed job in the middle of an epoch (the clients' `state_dict()`):
+    /// every rank sends the same state.
+    #[serde(default)]
+    pub resume: Option<ResumeState>,
+    /// Record the order of every epoch's deliveries (per rank) in the data dir, served at
+    /// `GET /v1/jobs/{name}/record/{epoch}` (the last 16 epochs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub record: bool,
+    /// Receive exactly the order a recording job received in one epoch, every epoch (its ids
+    /// are the subset: give no `subset`, no `resume`).
+    #[serde(default)]
+    pub replay: Option<ReplaySpec>,
+}
+
+/// A recorded epoch to replay.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplaySpec {
+    /// The recording job's name.
+    pub job: String,
+    pub epoch: u32,
+}
+
+impl ReplaySpec {
+    /// The recorded order, if it can be replayed over a dataset of `len` elements.
+    fn order(&self, data_dir: &std::path::Path, len: u32) -> Result<Vec<u32>> {
+        check_name("job", &self.job)?;
+        let bad = |m: String| Error::new(Code::InvalidReplay, m);
+        let rec = super::record::read(data_dir, &self.job, self.epoch)
+            .map_err(|e| bad(format!("replay: {}", e.message)))?;
+        if rec.first != 0 {
+            return Err(bad(format!(
+                "replay: the recorded epoch {} of '{}' starts at position {} (a resumed job): \
+                 replay an epoch recorded from its start",
+                self.epoch, self.job, rec.first
+            )));
+        }
+        if rec.order.is_empty() {
+            return Err(bad("replay: the recorded epoch is empty".into()));
+        }
+        if let Some(e) = rec.order.iter().find(|&&e| e >= len) {
+            return Err(bad(format!(
+                "replay: the recorded id {e} is not in the dataset ({len} elements): it changed"
+            )));
+        }
+        Ok(rec.order)
+    }
+}
+
+/// Where a resumed job continues: the rest of `epoch` is a uniform random permutation of the
+/// job's subset minus `consumed` (shared among the ranks as usual), later epochs are whole.
+/// `epochs` still counts from epoch 0.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"epoch": 1, "consumed": "OjAAAAEAAAAAAAEAEAAAAAAAAQA="}))]
+pub struct ResumeState {
+    /// The epoch the job was in (0-based).
+    pub epoch: u32,
+    /// The ids of that epoch already handed to the user: a roaring bitmap in its portable
+    /// serialized form (as `roaring` and `pyroaring` write it), base64 (standard alphabet).
+    /// Empty: the epoch starts whole.
+    #[serde(default)]
+    pub consumed: String,
+}
+
+impl ResumeState {
+    /// The epoch to start at and what remains of it, or why the state does not fit the job.
+    pub fn start(
+        &self,
+        subset: &roaring::RoaringBitmap,
+        epochs: Option<u32>,
+    ) -> Result<(u32, roaring::RoaringBitmap)> {
+        use base64::Engine;
+        let bad = |m: String| Error::new(Code::InvalidResume, m);
+        let consumed = if self.consumed.is_empty() {
+            roaring::RoaringBitmap::new()
+        } else {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(self.consumed.trim())
+                .map_err(|e| bad(format!("resume.consumed is not base64: {e}")))?;
+            roaring::RoaringBitmap::deserialize_from(&bytes[..]).map_err(|e| {
+                bad(format!(
+                    "resume.consumed is not a serialized roaring bitmap: {e}"
+                ))
+            })?
+        };
+        if let Some(outside) = (&consumed - subset).min() {
+            return Err(bad(format!(
+                "resume.consumed holds id {outside}, which is not in the job's subset ({} ids \
+                 outside it): resume with the job's own dataset and subset",
+                (&consumed - subset).len()
+            )));
+        }
+        let mut epoch = self.epoch;
+        let mut remaining = subset - &consumed;
+        if remaining.is_empty() {
+            // The whole epoch was consumed: the next one starts.
+            epoch = epoch.saturating_add(1);
+            remaining = subset.clone();
+        }
+        if let Some(e) = epochs
+            && epoch >= e
+        {
+            return Err(bad(format!(
+                "resume at epoch {epoch} but the job has {e} epoch(s): nothing is left to deliver"
+            )));
+        }
+        Ok((epoch, remaining))
+    }
 }
 
 /// The names `SamplerKind` reads (it lives in `joader-core`, which knows nothing of OpenAPI;
@@ -383,11 +492,22 @@ pub async fn register_job<T>(
             .clone();
         (d.id, index, source, sampler, pipeline_id)
     };
-    // Whole-index work (a fraction of 1.28 M ids takes milliseconds): on the blocking pool,
-    // not on this HTTP worker.
+    if req.replay.is_some() && (req.subset.is_some() || req.resume.is_some()) {
+        return Err(Error::new(
+            Code::InvalidReplay,
+            "replay sets the job's order and subset: give no subset and no resume with it",
+        ));
+    }
+    // Whole-index work (a fraction of 1.28 M ids takes milliseconds) and a recorded order
+    // read from disk: on the blocking pool, not on this HTTP worker.
     let spec = req.subset.clone();
-    let subset = actix_web::rt::task::spawn_blocking(move || {
+    let (replay, data_dir) = (req.replay.clone(), state.config.data_dir.clone());
+    let (subset, replay) = actix_web::rt::task::spawn_blocking(move || {
         let len = index.len() as u32;
+        if let Some(r) = &replay {
+            let order = r.order(&data_dir, len)?;
+            return Ok((order.iter().copied().collect(), Some(Arc::from(order))));
+        }
         match &spec {
             None => {
                 let mut all = roaring::RoaringBitmap::new();
@@ -396,6 +516,7 @@ pub async fn register_job<T>(
             }
             Some(s) => s.resolve(len, |e| index.label(e).unwrap_or(-1), index.classes()),
         }
+        .map(|s| (s, None))
     })
     .await
     .map_err(Error::internal)??;
@@ -405,6 +526,17 @@ pub async fn register_job<T>(
             "the subset selects no element of the dataset",
         ));
     }
+    let resume = match &req.resume {
+        Some(r) => {
+            let (subset, epochs, r) = (subset.clone(), req.epochs, r.clone());
+            let (epoch, remaining) =
+                actix_web::rt::task::spawn_blocking(move || r.start(&subset, epochs))
+                    .await
+                    .map_err(Error::internal)??;
+            Some((epoch, Arc::new(remaining)))
+        }
+        None => None,
+    };
     let subset = Arc::new(subset);
     let stats = Arc::new(JobStats::default());
     let job_id = {
@@ -433,6 +565,7 @@ pub async fn register_job<T>(
             batch: req.batch_size,
             stats: stats.clone(),
             sampler: sampler.clone().recipient(),
+            resume: resume.as_ref().map(|(_, remaining)| remaining.clone()),
         })
         .await
         .map_err(Error::internal)?
@@ -442,6 +575,21 @@ pub async fn register_job<T>(
             // Out of reader indices or shared memory for a ring: transient, jobs end.
             OpenJobError::Ring { .. } => Error::new(Code::CacheFull, e.to_string()),
         })?;
+    let record = if req.record {
+        let dir = super::record::dir(&state.config.data_dir, &req.name);
+        match actix_web::rt::task::spawn_blocking(move || super::record::start(dir, world))
+            .await
+            .map_err(Error::internal)?
+        {
+            Ok(tx) => Some(tx),
+            Err(e) => {
+                state.cache.do_send(CloseJob { job: job_id });
+                return Err(Error::internal(e));
+            }
+        }
+    } else {
+        None
+    };
     let added = sampler
         .send(AddJob {
             job: job_id,
@@ -453,6 +601,9 @@ pub async fn register_job<T>(
             credit: 0,
             lookahead: req.batch_size * world,
             stats: stats.clone(),
+            resume,
+            replay,
+            record,
         })
         .await
         .map_err(Error::internal)?;

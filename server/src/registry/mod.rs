@@ -4,6 +4,7 @@
 
 pub mod datasets;
 pub mod jobs;
+pub mod record;
 pub mod subset;
 
 use std::collections::BTreeMap;

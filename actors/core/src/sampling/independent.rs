@@ -2,7 +2,9 @@
 //! simulator and the opt-out for users who need uncorrelated jobs.
 //!
 //! Each job has its own random stream seeded from its seed alone, so a job's order depends
-//! only on its seed and its dataset, whatever the other jobs do.
+//! only on its seed and its dataset, whatever the other jobs do. A job added with
+//! [`IndependentSampler::add_replay_job`] follows a given order instead, every epoch (the
+//! replay of a recorded epoch).
 
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
@@ -20,6 +22,8 @@ struct Job {
     epoch: u32,
     epochs: Option<u32>,
     rng: Xoshiro256PlusPlus,
+    /// A replayed job's order (a permutation of its dataset), followed every epoch.
+    order: Option<std::sync::Arc<[ElementId]>>,
 }
 
 /// Independent sampling; see the module docs.
@@ -34,10 +38,42 @@ impl IndependentSampler {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Registers a job that receives exactly `order` every epoch (its dataset is the set of
+    /// `order`, which must hold each id once).
+    pub fn add_replay_job(
+        &mut self,
+        key: JobKey,
+        order: std::sync::Arc<[ElementId]>,
+        epochs: Option<u32>,
+    ) -> Result<(), SamplerError> {
+        let dataset: RoaringBitmap = order.iter().copied().collect();
+        if dataset.len() != order.len() as u64 {
+            return Err(SamplerError::BadStart(key, "the order repeats an element"));
+        }
+        let spec = JobSpec {
+            key,
+            dataset,
+            seed: 0,
+            epochs,
+        };
+        let remaining = spec.dataset.clone();
+        self.insert_job(spec, 0, remaining)?;
+        if let Some(j) = self.jobs.get_mut(&key) {
+            j.order = Some(order);
+        }
+        Ok(())
+    }
 }
 
-impl Sampler for IndependentSampler {
-    fn add_job(&mut self, spec: JobSpec) -> Result<(), SamplerError> {
+impl IndependentSampler {
+    /// Inserts a job at `epoch` with `remaining` (within its dataset) left of it.
+    fn insert_job(
+        &mut self,
+        spec: JobSpec,
+        epoch: u32,
+        remaining: RoaringBitmap,
+    ) -> Result<(), SamplerError> {
         if self.jobs.contains_key(&spec.key) {
             return Err(SamplerError::DuplicateJob(spec.key));
         }
@@ -48,15 +84,33 @@ impl Sampler for IndependentSampler {
             return Err(SamplerError::ZeroEpochs(spec.key));
         }
         let job = Job {
-            remaining: spec.dataset.clone(),
+            remaining,
             dataset: spec.dataset,
-            epoch: 0,
+            epoch,
             epochs: spec.epochs,
             rng: Xoshiro256PlusPlus::seed_from_u64(mix64(spec.seed)),
+            order: None,
         };
         self.jobs.insert(spec.key, job);
         self.order.push(spec.key);
         Ok(())
+    }
+}
+
+impl Sampler for IndependentSampler {
+    fn add_job(&mut self, spec: JobSpec) -> Result<(), SamplerError> {
+        let remaining = spec.dataset.clone();
+        self.insert_job(spec, 0, remaining)
+    }
+
+    fn resume_job(
+        &mut self,
+        spec: JobSpec,
+        epoch: u32,
+        remaining: RoaringBitmap,
+    ) -> Result<(), SamplerError> {
+        super::check_resume(&spec, epoch, &remaining)?;
+        self.insert_job(spec, epoch, remaining)
     }
 
     fn remove_job(&mut self, key: JobKey) -> Result<(), SamplerError> {
@@ -80,8 +134,11 @@ impl Sampler for IndependentSampler {
         for &key in &keys {
             let job = self.jobs.get_mut(&key).expect("checked above");
             let len = job.remaining.len();
-            let element = uniform_element(&job.remaining, len, &mut job.rng);
             let position = (job.dataset.len() - len) as u32;
+            let element = match &job.order {
+                Some(order) => order[position as usize],
+                None => uniform_element(&job.remaining, len, &mut job.rng),
+            };
             job.remaining.remove(element);
             out.push_group(element, std::iter::once((key, job.epoch, position)));
             if len == 1 {

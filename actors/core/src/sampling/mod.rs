@@ -131,6 +131,37 @@ pub enum SamplerError {
     EmptyDataset(JobKey),
     #[error("job {0} asked for zero epochs")]
     ZeroEpochs(JobKey),
+    /// A resumed job's epoch is beyond its budget, or its remaining set is empty or not
+    /// within its dataset; or a replayed order repeats an element.
+    #[error("job {0} cannot start there: {1}")]
+    BadStart(JobKey, &'static str),
+}
+
+/// Checks where a job resumes (see [`Sampler::resume_job`]).
+pub(crate) fn check_resume(
+    spec: &JobSpec,
+    epoch: u32,
+    remaining: &RoaringBitmap,
+) -> Result<(), SamplerError> {
+    if spec.epochs.is_some_and(|e| epoch >= e) {
+        return Err(SamplerError::BadStart(
+            spec.key,
+            "the epoch is past the job's epochs",
+        ));
+    }
+    if remaining.is_empty() {
+        return Err(SamplerError::BadStart(
+            spec.key,
+            "nothing remains of the epoch",
+        ));
+    }
+    if !remaining.is_subset(&spec.dataset) {
+        return Err(SamplerError::BadStart(
+            spec.key,
+            "the remaining set is not within the dataset",
+        ));
+    }
+    Ok(())
 }
 
 /// How a job is registered with a sampler.
@@ -148,6 +179,17 @@ pub struct JobSpec {
 pub trait Sampler: Send {
     /// Registers a job; it starts its epoch 0 at the next round it is active in.
     fn add_job(&mut self, spec: JobSpec) -> Result<(), SamplerError>;
+    /// Registers a job in the middle of `epoch` (0-based) with what it still needs of that
+    /// epoch: the rest of the epoch is a uniform random permutation of `remaining` (a non-empty
+    /// part of the dataset; positions continue from the elements already delivered), and later
+    /// epochs cover the whole dataset. `spec.epochs` counts from epoch 0, so the job's budget
+    /// ends as if it had never stopped.
+    fn resume_job(
+        &mut self,
+        spec: JobSpec,
+        epoch: u32,
+        remaining: RoaringBitmap,
+    ) -> Result<(), SamplerError>;
     /// Removes a job at any point of its epoch.
     fn remove_job(&mut self, key: JobKey) -> Result<(), SamplerError>;
     /// Samples one element for each job of `active` (duplicates are ignored) into `out`

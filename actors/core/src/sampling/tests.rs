@@ -628,3 +628,145 @@ fn identical_datasets_in_lockstep_always_share() {
     }
     assert_eq!(s.epoch(0), Some(2));
 }
+
+#[test]
+fn a_resumed_job_finishes_its_epoch_with_exactly_the_remaining_set() {
+    for kind in [SamplerKind::Dsa, SamplerKind::Isa] {
+        let mut s = kind.build();
+        // Another job mid-way, so that the resumed one lands in a populated tree.
+        s.add_job(spec(1, bitmap(0..40), 7)).unwrap();
+        let mut round = Round::default();
+        for _ in 0..5 {
+            s.sample(&[1], &mut round).unwrap();
+        }
+        let remaining = bitmap((0..30).filter(|i| i % 3 != 0));
+        let resumed = JobSpec {
+            epochs: Some(4),
+            ..spec(2, bitmap(0..30), 9)
+        };
+        s.resume_job(resumed, 2, remaining.clone()).unwrap();
+        s.check_invariants().unwrap();
+        assert_eq!(s.remaining(2), Some(&remaining));
+        let mut got: Vec<Delivery> = Vec::new();
+        let mut ended: Vec<JobEvent> = Vec::new();
+        while s.jobs().contains(&2) {
+            s.sample(&[1, 2], &mut round).unwrap();
+            s.check_invariants().unwrap();
+            got.extend(round.deliveries.iter().filter(|d| d.job == 2));
+            ended.extend(round.events.iter().copied().filter(|e| match e {
+                JobEvent::EpochEnded { job, .. } | JobEvent::Finished { job } => *job == 2,
+            }));
+        }
+        let rest: Vec<&Delivery> = got.iter().filter(|d| d.epoch == 2).collect();
+        assert_eq!(rest.len() as u64, remaining.len(), "{kind:?}");
+        assert_eq!(
+            bitmap(rest.iter().map(|d| d.element)),
+            remaining,
+            "{kind:?}"
+        );
+        let positions: Vec<u32> = rest.iter().map(|d| d.position).collect();
+        assert_eq!(
+            positions,
+            (10..30).collect::<Vec<u32>>(),
+            "positions continue"
+        );
+        let last: Vec<&Delivery> = got.iter().filter(|d| d.epoch == 3).collect();
+        assert_eq!(bitmap(last.iter().map(|d| d.element)), bitmap(0..30));
+        assert_eq!(last.len(), 30, "the next epoch is the whole dataset");
+        assert!(got.iter().all(|d| d.epoch == 2 || d.epoch == 3));
+        assert_eq!(
+            ended,
+            vec![
+                JobEvent::EpochEnded { job: 2, epoch: 2 },
+                JobEvent::EpochEnded { job: 2, epoch: 3 },
+                JobEvent::Finished { job: 2 }
+            ],
+            "{kind:?}: the budget counts from epoch 0"
+        );
+    }
+}
+
+#[test]
+fn a_resumed_epoch_is_uniform_beside_another_job() {
+    // The first pick of a job resumed with 6 of 10 elements left, beside an active job over
+    // the whole dataset, is uniform over the 6.
+    let remaining = bitmap([1, 2, 4, 6, 7, 9]);
+    let mut counts = [0u64; 10];
+    let mut round = Round::default();
+    for trial in 0..6000u64 {
+        let mut s = DependentSamplingTree::new();
+        s.add_job(spec(1, bitmap(0..10), trial)).unwrap();
+        s.resume_job(spec(2, bitmap(0..10), trial), 0, remaining.clone())
+            .unwrap();
+        s.reseed(trial);
+        s.sample(&[1, 2], &mut round).unwrap();
+        let d = round.deliveries.iter().find(|d| d.job == 2).unwrap();
+        counts[d.element as usize] += 1;
+    }
+    assert!(
+        counts
+            .iter()
+            .enumerate()
+            .all(|(i, &c)| remaining.contains(i as u32) || c == 0)
+    );
+    let within: Vec<u64> = remaining.iter().map(|i| counts[i as usize]).collect();
+    assert_uniform_counts(&within, "first pick of a resumed epoch");
+}
+
+#[test]
+fn resuming_where_a_job_cannot_be_is_refused() {
+    for kind in [SamplerKind::Dsa, SamplerKind::Isa] {
+        let mut s = kind.build();
+        let two = JobSpec {
+            epochs: Some(2),
+            ..spec(1, bitmap(0..5), 0)
+        };
+        assert!(matches!(
+            s.resume_job(two.clone(), 2, bitmap(0..2)),
+            Err(SamplerError::BadStart(1, _))
+        ));
+        assert!(matches!(
+            s.resume_job(two.clone(), 0, RoaringBitmap::new()),
+            Err(SamplerError::BadStart(1, _))
+        ));
+        assert!(matches!(
+            s.resume_job(two.clone(), 0, bitmap([3, 5])),
+            Err(SamplerError::BadStart(1, _))
+        ));
+        assert!(s.jobs().is_empty());
+        s.resume_job(two, 1, bitmap([0])).unwrap();
+    }
+}
+
+#[test]
+fn a_replayed_job_receives_exactly_its_order_every_epoch() {
+    let mut s = IndependentSampler::new();
+    let order: std::sync::Arc<[u32]> = vec![7, 3, 9, 0, 4].into();
+    s.add_replay_job(1, order.clone(), Some(2)).unwrap();
+    s.add_job(spec(2, bitmap(0..10), 3)).unwrap();
+    let mut round = Round::default();
+    let mut got = Vec::new();
+    while s.jobs().contains(&1) {
+        s.sample(&[1, 2], &mut round).unwrap();
+        got.extend(
+            round
+                .deliveries
+                .iter()
+                .filter(|d| d.job == 1)
+                .map(|d| (d.epoch, d.position, d.element)),
+        );
+    }
+    let want: Vec<(u32, u32, u32)> = (0..2)
+        .flat_map(|e| {
+            order
+                .iter()
+                .enumerate()
+                .map(move |(p, &x)| (e, p as u32, x))
+        })
+        .collect();
+    assert_eq!(got, want);
+    assert!(matches!(
+        s.add_replay_job(3, vec![1, 2, 1].into(), None),
+        Err(SamplerError::BadStart(3, _))
+    ));
+}

@@ -455,6 +455,47 @@ impl DependentSamplingTree {
         }
     }
 
+    /// Inserts a job at `epoch` with `remaining` (within its dataset) left of it.
+    fn insert_job(
+        &mut self,
+        spec: JobSpec,
+        epoch: u32,
+        remaining: RoaringBitmap,
+    ) -> Result<(), SamplerError> {
+        if self.position.contains_key(&spec.key) {
+            return Err(SamplerError::DuplicateJob(spec.key));
+        }
+        if spec.dataset.is_empty() {
+            return Err(SamplerError::EmptyDataset(spec.key));
+        }
+        if spec.epochs == Some(0) {
+            return Err(SamplerError::ZeroEpochs(spec.key));
+        }
+        let seed = if self.seeded {
+            mix64(self.rng.next_u64() ^ mix64(spec.seed))
+        } else {
+            self.seeded = true;
+            mix64(spec.seed)
+        };
+        self.rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let len = spec.dataset.len();
+        let job = Job {
+            key: spec.key,
+            remaining_len: remaining.len(),
+            remaining,
+            dataset: spec.dataset,
+            dataset_len: len,
+            leaf: RoaringBitmap::new(),
+            leaf_len: 0,
+            epoch,
+            epochs: spec.epochs,
+        };
+        let p = self.insert_at_sorted(job);
+        self.reindex();
+        self.rebuild_prefix(p);
+        Ok(())
+    }
+
     /// Starts the next epoch of the job at `p`, or removes it when its budget is spent.
     fn end_epoch(&mut self, p: usize, events: &mut Vec<JobEvent>) {
         let key = self.jobs[p].key;
@@ -479,38 +520,18 @@ impl DependentSamplingTree {
 
 impl Sampler for DependentSamplingTree {
     fn add_job(&mut self, spec: JobSpec) -> Result<(), SamplerError> {
-        if self.position.contains_key(&spec.key) {
-            return Err(SamplerError::DuplicateJob(spec.key));
-        }
-        if spec.dataset.is_empty() {
-            return Err(SamplerError::EmptyDataset(spec.key));
-        }
-        if spec.epochs == Some(0) {
-            return Err(SamplerError::ZeroEpochs(spec.key));
-        }
-        let seed = if self.seeded {
-            mix64(self.rng.next_u64() ^ mix64(spec.seed))
-        } else {
-            self.seeded = true;
-            mix64(spec.seed)
-        };
-        self.rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-        let len = spec.dataset.len();
-        let job = Job {
-            key: spec.key,
-            remaining: spec.dataset.clone(),
-            remaining_len: len,
-            dataset: spec.dataset,
-            dataset_len: len,
-            leaf: RoaringBitmap::new(),
-            leaf_len: 0,
-            epoch: 0,
-            epochs: spec.epochs,
-        };
-        let p = self.insert_at_sorted(job);
-        self.reindex();
-        self.rebuild_prefix(p);
-        Ok(())
+        let remaining = spec.dataset.clone();
+        self.insert_job(spec, 0, remaining)
+    }
+
+    fn resume_job(
+        &mut self,
+        spec: JobSpec,
+        epoch: u32,
+        remaining: RoaringBitmap,
+    ) -> Result<(), SamplerError> {
+        super::check_resume(&spec, epoch, &remaining)?;
+        self.insert_job(spec, epoch, remaining)
     }
 
     fn remove_job(&mut self, key: JobKey) -> Result<(), SamplerError> {

@@ -143,6 +143,8 @@ struct CacheJob {
     rate_mark: (Instant, u64),
     stats: Arc<JobStats>,
     sampler: Recipient<JobSignal>,
+    /// A resumed job's first epoch, until its first delivery: the elements it still needs.
+    resume: Option<Arc<RoaringBitmap>>,
 }
 
 /// See the module docs.
@@ -318,6 +320,8 @@ impl CacheActor {
         for (&id, job) in &mut self.jobs {
             let mut credit = 0u32;
             let mut alive = false;
+            // Rings whose client read the finished job and left.
+            let mut left = 0;
             for rr in &mut job.rings {
                 match rr.ring.poll_acks() {
                     Ok(refs) => released.extend(refs),
@@ -361,10 +365,14 @@ impl CacheActor {
                     ReaderStatus::Detached if job.stats.state() != JobState::Finished => {
                         gone.push((id, "client detached before the end of the job".into()));
                     }
-                    // Finished and read: free the reader index and the ring.
-                    ReaderStatus::Detached => done.push(id),
+                    // Finished and read: once every rank has left (another may still be
+                    // reading its last batches), free the reader indices and the rings.
+                    ReaderStatus::Detached => left += 1,
                     ReaderStatus::NotAttached => {}
                 }
+            }
+            if left == job.rings.len() {
+                done.push(id);
             }
             if alive {
                 job.stats.set_state(JobState::Running);
@@ -571,6 +579,7 @@ impl CacheActor {
                 rate_mark: (now, 0),
                 stats: msg.stats,
                 sampler: msg.sampler,
+                resume: msg.resume,
             },
         );
         self.update_gauges();
@@ -588,13 +597,17 @@ impl CacheActor {
                 self.queue_end(end);
             }
             for item in &group.items {
-                let Some(job) = self.jobs.get(&item.job) else {
+                let Some(job) = self.jobs.get_mut(&item.job) else {
                     continue;
                 };
+                let resumed = job.resume.take();
                 let (pipeline, stats, subset) =
                     (job.pipeline, job.stats.clone(), job.subset.clone());
                 let rank = (item.position % job.rings.len() as u32) as usize;
-                if item.position == 0 {
+                if let Some(remaining) = resumed {
+                    // A resumed epoch starts: only what remains of it is needed once more.
+                    self.epoch_started(msg.dataset, pipeline, &remaining);
+                } else if item.position == 0 {
                     self.epoch_started(msg.dataset, pipeline, &subset);
                 }
                 let key = cache_key(msg.dataset, pipeline, group.element);

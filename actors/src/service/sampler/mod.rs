@@ -41,7 +41,12 @@ struct JobEntry {
     pace: pace::Pace,
     /// Joins the pass under way within its lookahead (see [`pace`]).
     joins: bool,
+    /// Where the job's deliveries are recorded, and those of the pass under way.
+    record: Option<(RecordSender, Vec<[u32; 3]>)>,
 }
+
+/// Where a recording job's deliveries `(epoch, position, element)` go (see `AddJob::record`).
+type RecordSender = std::sync::mpsc::SyncSender<Vec<[u32; 3]>>;
 
 /// See the module docs.
 pub struct SamplerActor {
@@ -175,6 +180,9 @@ impl SamplerActor {
                 }
                 for d in &self.round.deliveries {
                     if let Some(j) = self.jobs.get_mut(&d.job) {
+                        if let Some((_, buf)) = &mut j.record {
+                            buf.push([d.epoch, d.position, d.element]);
+                        }
                         j.credit -= 1;
                         j.stats.sampled.fetch_add(1, Relaxed);
                         j.stats.epoch.store(u64::from(d.epoch), Relaxed);
@@ -193,7 +201,9 @@ impl SamplerActor {
                             });
                         }
                         JobEvent::Finished { job } => {
-                            self.jobs.remove(&job);
+                            if let Some(mut j) = self.jobs.remove(&job) {
+                                flush_record(&mut j);
+                            }
                             if let Some(last) = out.ends.last_mut().filter(|e| e.job == job) {
                                 last.finished = true;
                             }
@@ -207,6 +217,24 @@ impl SamplerActor {
         }
         if !out.groups.is_empty() || !out.ends.is_empty() {
             self.downstream.do_send(out);
+        }
+        self.flush_records();
+    }
+
+    /// Sends the pass's recorded deliveries of each recording job to its recorder (off this
+    /// actor: a bounded channel, never a wait).
+    fn flush_records(&mut self) {
+        self.jobs.values_mut().for_each(flush_record);
+    }
+}
+
+fn flush_record(j: &mut JobEntry) {
+    if let Some((tx, buf)) = &mut j.record
+        && !buf.is_empty()
+    {
+        let n = buf.len() as u64;
+        if tx.try_send(std::mem::take(buf)).is_err() {
+            j.stats.record_dropped.fetch_add(n, Relaxed);
         }
     }
 }
@@ -227,14 +255,27 @@ impl Handler<AddJob> for SamplerActor {
             seed: msg.seed,
             epochs: msg.epochs,
         };
-        match msg.sampler {
-            SamplerKind::Dsa => self.dsa.add_job(spec)?,
-            SamplerKind::Isa => self.isa.add_job(spec)?,
+        let kind = if msg.replay.is_some() {
+            SamplerKind::Isa
+        } else {
+            msg.sampler
+        };
+        let sampler: &mut dyn Sampler = match kind {
+            SamplerKind::Dsa => &mut self.dsa,
+            SamplerKind::Isa => &mut self.isa,
+        };
+        match (msg.replay, msg.resume) {
+            (Some(order), _) => self.isa.add_replay_job(msg.job, order, msg.epochs)?,
+            (None, None) => sampler.add_job(spec)?,
+            (None, Some((epoch, remaining))) => {
+                sampler.resume_job(spec, epoch, (*remaining).clone())?
+            }
         }
         self.jobs.insert(
             msg.job,
             JobEntry {
-                kind: msg.sampler,
+                kind,
+                record: msg.record.map(|tx| (tx, Vec::new())),
                 credit: i64::from(msg.credit),
                 stats: msg.stats,
                 lookahead: msg.lookahead,
@@ -333,6 +374,9 @@ mod tests {
             credit,
             lookahead: 0,
             stats: Arc::new(JobStats::default()),
+            resume: None,
+            replay: None,
+            record: None,
         }
     }
 

@@ -1,10 +1,14 @@
-//! `joader bench e2e`: the headline claim measured side by side in one run. Each scenario runs
-//! with joader (an in-process server and one consumer thread per job through the shared-memory
-//! rings) and with independent loading (every job reads, decodes and resizes its own shuffled
-//! order with the same storage and pipeline code on the same number of worker threads), and
-//! optionally with PyTorch's DataLoader (`--torch`); with `--source s3` also from a local S3
-//! server beside local disk (`s3`). It prints and writes a markdown table and a PNG chart.
-//! Nothing is asserted: the figures are what this machine did in this run.
+//! `joader bench e2e`: the headline claim measured side by side in one run, with the training
+//! recipe (the server caches each image decoded and resized to 256 on its shorter side; each
+//! job crops it with RandomResizedCrop(224) + flip). Each scenario runs with joader (an
+//! in-process server and one Rust consumer thread per job through the shared-memory rings),
+//! with independent loading (every job reads, decodes, resizes and augments its own shuffled
+//! order with the same code on the same number of worker threads), and optionally with the
+//! Python client (`--python`: one `joader.Loader` process per job) and a tuned PyTorch
+//! DataLoader (`--torch`); with `--source s3` also from a local S3 server beside local disk
+//! (`s3`). It prints and writes a markdown table and a PNG chart, and warns
+//! when a ratio exceeds the number of jobs (sharing among K jobs cannot beat K×: the baseline
+//! was disturbed). Nothing is asserted: the figures are what this machine did in this run.
 
 mod report;
 mod s3;
@@ -21,11 +25,13 @@ use actors::storage::{DatasetIndex, SourceSpec};
 use anyhow::Result;
 use clap::Args;
 
-use crate::Config;
 use crate::synth::{SynthSpec, generate_image_folder};
 use report::{chart, markdown};
 use scenarios::{Scenario, scenarios};
-use systems::{Outcome, run_independent, run_joader, run_torch, torch_available};
+use systems::{
+    Outcome, python_client_available, run_independent, run_joader, run_python, run_torch,
+    torch_available,
+};
 
 #[derive(Debug, Args)]
 pub struct E2eArgs {
@@ -49,8 +55,8 @@ pub struct E2eArgs {
     /// A tiny run (for CI): few images, a subset of the scenarios.
     #[arg(long)]
     pub quick: bool,
-    /// Also run PyTorch's DataLoader over torchvision's ImageFolder with PIL (installs torch,
-    /// torchvision and pillow from PyPI with pip when they are missing).
+    /// Also run PyTorch's DataLoader over torchvision's ImageFolder with PIL, tuned (workers =
+    /// cores, persistent, one thread each); needs torch, torchvision and pillow in python3.
     #[arg(long)]
     pub torch: bool,
     /// `s3`: also run every scenario with the dataset in a local S3 server (`s3s-fs` over a
@@ -60,6 +66,10 @@ pub struct E2eArgs {
     /// The `s3s-fs` binary of `--source s3` (default: `JOADER_S3S_FS`).
     #[arg(long)]
     pub s3s_fs: Option<PathBuf>,
+    /// Also run the Python client (one `joader.Loader` process per job); needs the `joader`
+    /// package in python3 (`pip install ./dataplane/python`).
+    #[arg(long)]
+    pub python: bool,
 }
 
 /// What every system of a run shares: the dataset, its index, the threads and the pipeline.
@@ -112,7 +122,10 @@ pub fn run(args: E2eArgs) -> Result<()> {
         index,
         workers,
         cache_bytes: args.cache_bytes,
-        pipeline: Config::default().default_pipeline,
+        pipeline: Pipeline::Decode {
+            resize_shorter: Some(256),
+            center_crop: None,
+        },
     };
     let torch = args.torch
         && {
@@ -120,6 +133,16 @@ pub fn run(args: E2eArgs) -> Result<()> {
             if !ok {
                 eprintln!(
                     "PyTorch baseline skipped: python3 cannot import torch, torchvision and PIL (pip install torch torchvision pillow)"
+                );
+            }
+            ok
+        };
+    let python = args.python
+        && {
+            let ok = python_client_available();
+            if !ok {
+                eprintln!(
+                    "Python client skipped: python3 cannot import joader (pip install ./dataplane/python)"
                 );
             }
             ok
@@ -142,6 +165,9 @@ pub fn run(args: E2eArgs) -> Result<()> {
         if i == 0 {
             epoch_alone_s = f64::from(n) / outs[1].aggregate.max(1e-9);
         }
+        if python {
+            outs.push(run_python(&sc, &ctx, i, epoch_alone_s)?);
+        }
         if torch {
             outs.push(run_torch(&sc, &ctx, epoch_alone_s)?);
         }
@@ -157,6 +183,9 @@ pub fn run(args: E2eArgs) -> Result<()> {
         table.push_str(&store.report(&s3_rows));
     }
     println!("{table}");
+    for w in report::warnings(&rows) {
+        eprintln!("WARNING: {w}");
+    }
     std::fs::create_dir_all(&args.out)?;
     let md = args.out.join("e2e.md");
     std::fs::write(&md, &table)?;

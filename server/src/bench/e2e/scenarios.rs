@@ -16,6 +16,8 @@ pub(super) struct JobPlan {
 pub(super) struct Scenario {
     pub(super) name: String,
     pub(super) jobs: Vec<JobPlan>,
+    /// Every job's batch size.
+    pub(super) batch: usize,
 }
 
 pub(super) fn scenarios(n: u32, quick: bool) -> Vec<Scenario> {
@@ -34,8 +36,19 @@ pub(super) fn scenarios(n: u32, quick: bool) -> Vec<Scenario> {
         out.push(Scenario {
             name: format!("sync K={k}"),
             jobs: all(k),
+            batch: 16,
         });
     }
+    // A training loop: one job, batches of 64, a step of 100 ms per batch (the GPU's time).
+    out.push(Scenario {
+        name: "step 100 ms/64".into(),
+        jobs: vec![JobPlan {
+            subset: 0..n,
+            sleep_ms: 100.0 / 64.0,
+            start_frac: 0.0,
+        }],
+        batch: 64,
+    });
     if !quick {
         out.push(Scenario {
             name: "speeds 0/1/3/7 ms".into(),
@@ -47,6 +60,7 @@ pub(super) fn scenarios(n: u32, quick: bool) -> Vec<Scenario> {
                     start_frac: 0.0,
                 })
                 .collect(),
+            batch: 16,
         });
         out.push(Scenario {
             name: "staggered 0/25/50/75%".into(),
@@ -58,6 +72,7 @@ pub(super) fn scenarios(n: u32, quick: bool) -> Vec<Scenario> {
                     start_frac: f,
                 })
                 .collect(),
+            batch: 16,
         });
     }
     let overlaps: &[f64] = if quick {
@@ -82,6 +97,7 @@ pub(super) fn scenarios(n: u32, quick: bool) -> Vec<Scenario> {
                     start_frac: 0.0,
                 },
             ],
+            batch: 16,
         });
     }
     out

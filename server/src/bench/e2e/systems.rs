@@ -1,6 +1,9 @@
-//! The systems `joader bench e2e` compares on each scenario: joader (an in-process server, one
-//! consumer thread per job), independent loading (each job reads, decodes and resizes its own
-//! order with the same code and threads) and PyTorch's DataLoader.
+//! The systems `joader bench e2e` compares on each scenario, all with the training recipe
+//! (decode, resize the shorter side to 256, then per job RandomResizedCrop(224) + flip):
+//! joader (an in-process server, one Rust consumer thread per job that augments what it
+//! reads), the Python client (one `joader.Loader` process per job, same server), independent
+//! loading (each job reads, decodes, resizes and augments its own order with the same code and
+//! threads) and PyTorch's DataLoader, tuned.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -8,6 +11,8 @@ use std::time::{Duration, Instant};
 use actors::pipeline::{self, Limits};
 use anyhow::{Context, Result};
 use crossbeam_channel::{bounded, unbounded};
+use dataplane::Format;
+use dataplane::augment::{Augmenter, ItemOut, Output as AugOutput, RandomResizedCrop, item_key};
 use rand::seq::SliceRandom;
 use rand::{SeedableRng, rngs::Xoshiro256PlusPlus};
 use serde_json::json;
@@ -20,6 +25,13 @@ use crate::{Config, ServerHandle};
 
 /// The PyTorch job, run with `python3 -c`.
 const TORCH_SCRIPT: &str = include_str!("torch_baseline.py");
+/// The Python client's job, run with `python3 -c`.
+const PYTHON_SCRIPT: &str = include_str!("joader_python.py");
+
+/// The per-job augmentation of the recipe.
+fn recipe_aug() -> RandomResizedCrop {
+    RandomResizedCrop::new(224, 224)
+}
 
 #[derive(Debug, Clone)]
 pub(super) struct Outcome {
@@ -29,6 +41,10 @@ pub(super) struct Outcome {
     pub(super) cpu_ms_per_sample: f64,
     pub(super) decodes_per_sample: f64,
     pub(super) hit_ratio: Option<f64>,
+    /// Mean time from a job's start to its first batch (processes: after the imports).
+    pub(super) startup_s: Option<f64>,
+    /// Fraction of the loop's time spent waiting for the next batch (Python client).
+    pub(super) wait_frac: Option<f64>,
 }
 
 pub(super) fn summarize(
@@ -38,24 +54,46 @@ pub(super) fn summarize(
     decodes: f64,
     hit: Option<f64>,
 ) -> Outcome {
+    let zero = spans.iter().map(|s| s.1).min().unwrap_or_else(Instant::now);
+    let secs: Vec<(u64, f64, f64)> = spans
+        .iter()
+        .map(|s| {
+            let at = |i: Instant| i.duration_since(zero).as_secs_f64();
+            (s.0, at(s.1), at(s.2))
+        })
+        .collect();
+    summarize_secs(system, &secs, cpu, decodes, hit)
+}
+
+/// `spans` are (samples, start, end) in seconds on one clock.
+fn summarize_secs(
+    system: &'static str,
+    spans: &[(u64, f64, f64)],
+    cpu: f64,
+    decodes: f64,
+    hit: Option<f64>,
+) -> Outcome {
     let total: u64 = spans.iter().map(|s| s.0).sum();
-    let first = spans.iter().map(|s| s.1).min().unwrap_or_else(Instant::now);
-    let last = spans.iter().map(|s| s.2).max().unwrap_or_else(Instant::now);
-    let wall = last.duration_since(first).as_secs_f64().max(1e-9);
+    let first = spans.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
+    let last = spans.iter().map(|s| s.2).fold(f64::NEG_INFINITY, f64::max);
+    let wall = (last - first).max(1e-9);
     Outcome {
         system,
         per_job: spans
             .iter()
-            .map(|s| s.0 as f64 / s.2.duration_since(s.1).as_secs_f64().max(1e-9))
+            .map(|s| s.0 as f64 / (s.2 - s.1).max(1e-9))
             .collect(),
         aggregate: total as f64 / wall,
         cpu_ms_per_sample: cpu * 1e3 / total.max(1) as f64,
         decodes_per_sample: decodes / total.max(1) as f64,
         hit_ratio: hit,
+        startup_s: None,
+        wait_frac: None,
     }
 }
 
-pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome> {
+/// An in-process server with the dataset registered and indexed.
+fn start_server(ctx: &Ctx, tag: &str) -> Result<(ServerHandle, Client, tempfile::TempDir)> {
     let state = tempfile::Builder::new().prefix("joader-e2e-").tempdir()?;
     let config = Config {
         bind: "127.0.0.1:0".parse()?,
@@ -75,6 +113,11 @@ pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome
         Some(&json!({"name": "d", "source": {"kind": "image_folder", "path": ctx.root}})),
     )?;
     client.wait_ready("d", Duration::from_secs(120))?;
+    Ok((server, client, state))
+}
+
+pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome> {
+    let (server, client, _state) = start_server(ctx, &format!("r{tag}"))?;
     let cpu0 = process_cpu();
     let spans = run_jobs(&client, sc)?;
     let cpu = process_cpu() - cpu0;
@@ -89,8 +132,8 @@ pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome
     ))
 }
 
-/// Runs the jobs of `sc` on the server of `client`, one consumer thread each: every job's
-/// samples, start and end.
+/// Runs the jobs of `sc` on the server of `client` with the training recipe, one consumer
+/// thread each (the client's augmentation included): every job's samples, start and end.
 pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<(u64, Instant, Instant)>> {
     let lead = AtomicU64::new(0);
     let lead_done = AtomicU64::new(0);
@@ -100,31 +143,47 @@ pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<(u64, Insta
             .iter()
             .enumerate()
             .map(|(i, job)| {
-                let (client, lead, lead_done) = (&client, &lead, &lead_done);
+                let (lead, lead_done) = (&lead, &lead_done);
                 s.spawn(move || -> Result<(u64, Instant, Instant)> {
                     wait_start(job.start_frac, lead, u64::from(sc.jobs[0].subset.len() as u32), lead_done);
                     let start = Instant::now();
                     let reg = client.ok(
                         "POST",
                         "/v1/jobs",
-                        Some(&json!({"name": format!("j{i}"), "dataset": "d", "batch_size": 16, "epochs": 1, "seed": i,
-                            "ring_capacity": 32, "subset": {"start": job.subset.start, "end": job.subset.end}})),
+                        Some(&json!({"name": format!("j{i}"), "dataset": "d", "batch_size": sc.batch, "epochs": 1, "seed": i,
+                            "ring_capacity": 2 * sc.batch, "pipeline": recipe_pipeline(),
+                            "subset": {"start": job.subset.start, "end": job.subset.end}})),
                     )?;
                     let inst = reg["ranks"][0]["instance"].as_str().context("instance")?.to_string();
                     let ring = reg["ranks"][0]["ring"].as_str().context("ring")?.to_string();
                     let per = Duration::from_secs_f64(job.sleep_ms / 1e3);
+                    let (aug, mut augmenter) = (recipe_aug(), Augmenter::default());
+                    let mut out = vec![0u8; 224 * 224 * 3];
+                    let mut failed = None;
                     let got = consume(
                         &inst,
                         &ring,
-                        ReadOptions { batch: 16, max_samples: None, hold: Duration::ZERO },
+                        ReadOptions { batch: sc.batch, max_samples: None, hold: Duration::ZERO },
                         |n, _| per * n as u32,
                         |n| {
                             if i == 0 {
                                 lead.store(n, Relaxed);
                             }
                         },
-                        |_, _| {},
+                        |meta, data| {
+                            if let Format::HwcU8 { height, width, channels } = meta.format {
+                                let key = item_key(i as u64, meta.epoch, meta.position);
+                                let r = augmenter.write(data, (height, width, channels), Some(&aug), key,
+                                    &AugOutput::U8Nhwc, ItemOut::U8(&mut out[..(224 * 224 * channels) as usize]), false);
+                                if let Err(e) = r {
+                                    failed.get_or_insert(e);
+                                }
+                            }
+                        },
                     )?;
+                    if let Some(e) = failed {
+                        anyhow::bail!("augmentation failed: {e}");
+                    }
                     if i == 0 {
                         lead_done.store(1, Relaxed);
                     }
@@ -146,7 +205,7 @@ pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<(u64, Insta
 /// Independent loading: each job shuffles its subset and decodes every element itself; all
 /// jobs share `workers` threads, each job keeps at most 32 elements in flight (like its ring).
 pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
-    let (task_tx, task_rx) = unbounded::<(usize, u32)>();
+    let (task_tx, task_rx) = unbounded::<(usize, u32, u64)>();
     let k = sc.jobs.len();
     let done_tx: Vec<_> = (0..k).map(|_| unbounded::<bool>()).collect();
     let decodes = AtomicU64::new(0);
@@ -161,13 +220,36 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
             let (task_rx, done_tx, decodes, limits) =
                 (task_rx.clone(), &done_tx, &decodes, &limits);
             s.spawn(move || {
-                while let Ok((job, e)) = task_rx.recv() {
-                    let ok = ctx
+                let (aug, mut augmenter) = (recipe_aug(), Augmenter::default());
+                let mut out = vec![0u8; 224 * 224 * 3];
+                while let Ok((job, e, position)) = task_rx.recv() {
+                    let prepared = ctx
                         .index
                         .read(e)
                         .ok()
-                        .and_then(|b| pipeline::run(&ctx.pipeline, &b, limits).ok())
-                        .is_some();
+                        .and_then(|b| pipeline::run(&ctx.pipeline, &b, limits).ok());
+                    let ok = match prepared {
+                        Some(pipeline::Output::Hwc {
+                            data,
+                            height,
+                            width,
+                            channels,
+                        }) => {
+                            let key = item_key(job as u64, 0, position);
+                            augmenter
+                                .write(
+                                    &data,
+                                    (height, width, channels),
+                                    Some(&aug),
+                                    key,
+                                    &AugOutput::U8Nhwc,
+                                    ItemOut::U8(&mut out[..(224 * 224 * channels) as usize]),
+                                    false,
+                                )
+                                .is_ok()
+                        }
+                        _ => false,
+                    };
                     decodes.fetch_add(1, Relaxed);
                     let _ = done_tx[job].0.send(ok);
                 }
@@ -198,8 +280,10 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
                     // The feeder keeps at most 32 elements of this job in flight.
                     std::thread::scope(|f| {
                         f.spawn(|| {
-                            for e in order {
-                                if tokens_rx.recv().is_err() || task_tx.send((i, e)).is_err() {
+                            for (position, e) in order.into_iter().enumerate() {
+                                if tokens_rx.recv().is_err()
+                                    || task_tx.send((i, e, position as u64)).is_err()
+                                {
                                     break;
                                 }
                             }
@@ -241,55 +325,149 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
     ))
 }
 
+/// The shared part of the recipe, as a job's `pipeline`.
+pub(super) fn recipe_pipeline() -> serde_json::Value {
+    json!({"kind": "decode", "resize_shorter": 256})
+}
+
 pub(super) fn torch_available() -> bool {
+    python_imports("import torch, torchvision, PIL")
+}
+
+pub(super) fn python_client_available() -> bool {
+    python_imports("import joader")
+}
+
+fn python_imports(code: &str) -> bool {
     std::process::Command::new("python3")
-        .args(["-c", "import torch, torchvision, PIL"])
+        .args(["-c", code])
         .output()
         .is_ok_and(|o| o.status.success())
 }
 
-/// PyTorch: one process per job, the decode workers split between them. Staggered starts use
-/// fixed delays (a quarter of job 0's epoch time alone, measured first).
-pub(super) fn run_torch(sc: &Scenario, ctx: &Ctx, epoch_alone_s: f64) -> Result<Outcome> {
-    let per_job_workers = (ctx.workers / sc.jobs.len()).max(1);
+/// One Python process per job, started after its scenario delay (a fraction of job 0's epoch
+/// time alone, measured first); each prints the JSON line its script documents.
+fn run_processes(
+    sc: &Scenario,
+    epoch_alone_s: f64,
+    args: impl Fn(usize, &super::scenarios::JobPlan) -> Vec<String>,
+) -> Result<Vec<serde_json::Value>> {
     let t0 = Instant::now();
     let children: Vec<_> = sc
         .jobs
         .iter()
-        .map(|job| {
+        .enumerate()
+        .map(|(i, job)| {
             std::thread::sleep(Duration::from_secs_f64(
                 (job.start_frac * epoch_alone_s - t0.elapsed().as_secs_f64()).max(0.0),
             ));
-            let start = Instant::now();
-            let child = std::process::Command::new("python3")
-                .args([
-                    "-c",
-                    TORCH_SCRIPT,
-                    ctx.root.to_str().unwrap_or("."),
-                    &job.subset.start.to_string(),
-                    &job.subset.end.to_string(),
-                ])
-                .arg(job.sleep_ms.to_string())
-                .arg(per_job_workers.to_string())
+            std::process::Command::new("python3")
+                .args(args(i, job))
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
-                .spawn();
-            (start, child)
+                .spawn()
         })
         .collect();
-    let mut spans = Vec::new();
-    let mut cpu = 0.0;
-    for (start, child) in children {
-        let out = child?.wait_with_output()?;
+    let mut out = Vec::new();
+    for child in children {
+        let o = child?.wait_with_output()?;
         anyhow::ensure!(
-            out.status.success(),
-            "the PyTorch job failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            o.status.success(),
+            "a Python job failed: {}",
+            String::from_utf8_lossy(&o.stderr)
         );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        cpu += v["cpu"].as_f64().unwrap_or(0.0);
-        spans.push((v["n"].as_u64().unwrap_or(0), start, Instant::now()));
+        let line = String::from_utf8_lossy(&o.stdout);
+        let last = line.lines().last().unwrap_or("");
+        out.push(serde_json::from_str(last).with_context(|| format!("job output {last:?}"))?);
     }
-    let total: u64 = spans.iter().map(|s| s.0).sum();
-    Ok(summarize("pytorch", &spans, cpu, total as f64, None))
+    Ok(out)
+}
+
+fn outcome_of(
+    system: &'static str,
+    runs: &[serde_json::Value],
+    extra_cpu: f64,
+    decodes: f64,
+    hit: Option<f64>,
+) -> Outcome {
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let spans: Vec<(u64, f64, f64)> = runs
+        .iter()
+        .map(|v| (v["n"].as_u64().unwrap_or(0), f(v, "first"), f(v, "end")))
+        .collect();
+    let cpu = extra_cpu + runs.iter().map(|v| f(v, "cpu")).sum::<f64>();
+    let mut o = summarize_secs(system, &spans, cpu, decodes, hit);
+    o.startup_s =
+        Some(runs.iter().map(|v| f(v, "startup")).sum::<f64>() / runs.len().max(1) as f64);
+    if runs.iter().all(|v| v.get("wait").is_some()) {
+        let wait: f64 = runs.iter().map(|v| f(v, "wait")).sum();
+        let wall: f64 = runs.iter().map(|v| f(v, "end") - f(v, "first")).sum();
+        o.wait_frac = Some(wait / wall.max(1e-9));
+    }
+    o
+}
+
+/// The Python client: one `joader.Loader` process per job against an in-process server.
+/// CPU is the clients' (from their first batch) plus the server's over the scenario.
+pub(super) fn run_python(
+    sc: &Scenario,
+    ctx: &Ctx,
+    tag: usize,
+    epoch_alone_s: f64,
+) -> Result<Outcome> {
+    let (server, client, _state) = start_server(ctx, &format!("p{tag}"))?;
+    let url = server.url.clone();
+    let cpu0 = process_cpu();
+    let runs = run_processes(sc, epoch_alone_s, |i, job| {
+        vec![
+            "-c".into(),
+            PYTHON_SCRIPT.into(),
+            url.clone(),
+            job.subset.start.to_string(),
+            job.subset.end.to_string(),
+            job.sleep_ms.to_string(),
+            sc.batch.to_string(),
+            i.to_string(),
+            format!("py{i}"),
+        ]
+    })?;
+    let server_cpu = process_cpu() - cpu0;
+    let stats = client.ok("GET", "/v1/stats", None)?;
+    server.stop()?;
+    let total: u64 = runs.iter().map(|v| v["n"].as_u64().unwrap_or(0)).sum();
+    // Decodes counted by the server include the first batches, which the timing leaves out.
+    let decodes = stats["decodes"].as_f64().unwrap_or(0.0);
+    let delivered = sc
+        .jobs
+        .iter()
+        .map(|j| j.subset.len() as f64)
+        .sum::<f64>()
+        .max(1.0);
+    Ok(outcome_of(
+        "python",
+        &runs,
+        server_cpu,
+        decodes / delivered * total as f64,
+        stats["hit_ratio"].as_f64(),
+    ))
+}
+
+/// PyTorch, tuned: one process per job, each with workers = cores (persistent, one torch
+/// thread each), torchvision's RandomResizedCrop(224) + flip on the full images.
+pub(super) fn run_torch(sc: &Scenario, ctx: &Ctx, epoch_alone_s: f64) -> Result<Outcome> {
+    let runs = run_processes(sc, epoch_alone_s, |i, job| {
+        vec![
+            "-c".into(),
+            TORCH_SCRIPT.into(),
+            ctx.root.to_str().unwrap_or(".").into(),
+            job.subset.start.to_string(),
+            job.subset.end.to_string(),
+            job.sleep_ms.to_string(),
+            ctx.workers.to_string(),
+            sc.batch.to_string(),
+            i.to_string(),
+        ]
+    })?;
+    let total: u64 = runs.iter().map(|v| v["n"].as_u64().unwrap_or(0)).sum();
+    Ok(outcome_of("pytorch", &runs, 0.0, total as f64, None))
 }

@@ -1,0 +1,447 @@
+//! The client's prefetch: a thread that reads a ring, collates (and augments) each batch into
+//! a pooled buffer and acknowledges it, so that the training loop's `next()` only hands over a
+//! batch that is already prepared.
+//!
+//! - **Order and content** are those of the synchronous path: batches are assembled from the
+//!   ring's records in order (each take asks for at most what the batch still lacks, so never
+//!   more than `batch_size` records, which flow control's whole-batch credit relies on), and
+//!   an item's augmentation depends only on the job's seed, its epoch and its position.
+//! - **Acknowledgements** follow the copy: a take is released once its items are written into
+//!   the batch buffer, never before.
+//! - **Buffers** circulate: a [`Ready`] batch owns its [`BatchBuf`]; whoever consumes it gives
+//!   the buffer back with [`Prefetcher::recycle`] when nothing refers to it any more (the
+//!   Python package does so when the last NumPy array or tensor over it is collected). With no
+//!   free buffer the thread allocates one, so a consumer that keeps every batch never blocks
+//!   it; at most `depth` batches are prepared ahead of the consumer.
+//! - **Even shares** (`pad_to`): a rank of a multi-rank job whose share of an epoch is one
+//!   element short of `pad_to` (`first_pad_to` for the first epoch on the ring, when a job is
+//!   resumed in the middle of it) receives the epoch's first element of its share once more at the
+//!   end, as `DistributedSampler` pads, so that every rank runs the same number of steps.
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::augment::{Augmenter, Output, RandomResizedCrop};
+use crate::collate::{BatchOut, write_batch};
+use crate::error::{Error, Result};
+use crate::reader::{ElementError, EpochEnd, RawReader};
+
+pub use crossbeam_channel::Sender;
+
+/// How often the prefetch thread looks at its stop flag while it waits for records.
+const STOP_SLICE: Duration = Duration::from_millis(100);
+
+/// What the prefetch thread prepares.
+#[derive(Debug, Clone)]
+pub struct PrefetchConfig {
+    /// Items per batch (the job's registered batch size).
+    pub batch_size: usize,
+    /// Batches prepared ahead of the consumer (at least 1).
+    pub depth: usize,
+    /// Per-job augmentation, if any.
+    pub aug: Option<RandomResizedCrop>,
+    /// The job's seed (the augmentation's randomness).
+    pub seed: u64,
+    /// Output layout.
+    pub output: Output,
+    /// Threads that augment one batch (at least 1).
+    pub threads: usize,
+    /// Records every epoch must have on this ring; one short is padded (see the module docs).
+    pub pad_to: Option<u64>,
+    /// What `pad_to` is for the first epoch on this ring when it differs: a job resumed in
+    /// the middle of an epoch has a shorter share of it.
+    pub first_pad_to: Option<u64>,
+}
+
+/// A batch buffer: images in the output's element type, and labels.
+#[derive(Debug)]
+pub struct BatchBuf {
+    /// `uint8` images (for [`Output::U8Nhwc`]).
+    pub u8s: Vec<u8>,
+    /// `float32` images (for [`Output::F32Nchw`]).
+    pub f32s: Vec<f32>,
+    /// Labels.
+    pub labels: Vec<i64>,
+}
+
+/// A prepared batch.
+#[derive(Debug)]
+pub struct Ready {
+    /// Its buffer: the first `len` images and labels are the batch.
+    pub buf: BatchBuf,
+    /// Images in the batch.
+    pub len: usize,
+    /// Array shape of the images (`[len, H, W, C]`, or `[len, C, H, W]` for float32).
+    pub shape: [usize; 4],
+    /// Element ids, epochs and positions of the images, in order.
+    pub element_ids: Vec<u32>,
+    /// Epoch of each image.
+    pub epochs: Vec<u64>,
+    /// Position of each image in its epoch.
+    pub positions: Vec<u64>,
+    /// Elements the server failed to load (not in the images).
+    pub errors: Vec<ElementError>,
+    /// Set when the batch ends an epoch.
+    pub end_of_epoch: Option<EpochEnd>,
+    /// Set when the job is finished.
+    pub end_of_stream: bool,
+    /// Images at the end of the batch that repeat an earlier element to even the ranks' shares.
+    pub padded: usize,
+}
+
+/// The handle of a prefetch thread; dropping it stops the thread and detaches from the ring.
+#[derive(Debug)]
+pub struct Prefetcher {
+    ready: Option<Receiver<Result<Ready>>>,
+    free: Sender<BatchBuf>,
+    stop: Arc<AtomicBool>,
+    allocated: Arc<AtomicUsize>,
+    thread: Option<JoinHandle<()>>,
+    done: bool,
+}
+
+impl Prefetcher {
+    /// Starts the thread over an open reader.
+    pub fn start(reader: RawReader, config: PrefetchConfig) -> Result<Prefetcher> {
+        if config.batch_size == 0 || config.depth == 0 || config.threads == 0 {
+            return Err(Error::InvalidConfig(format!(
+                "batch_size, depth and threads must be positive, got {}, {}, {}",
+                config.batch_size, config.depth, config.threads
+            )));
+        }
+        if let Some(a) = &config.aug {
+            a.validate()?;
+        }
+        let (ready_tx, ready) = crossbeam_channel::bounded(config.depth - 1);
+        let (free, free_rx) = crossbeam_channel::unbounded();
+        let stop = Arc::new(AtomicBool::new(false));
+        let allocated = Arc::new(AtomicUsize::new(0));
+        let mut worker = Worker {
+            reader,
+            augmenters: (0..config.threads).map(|_| Augmenter::default()).collect(),
+            config,
+            ready: ready_tx,
+            free: free_rx,
+            stop: stop.clone(),
+            allocated: allocated.clone(),
+            epoch: EpochShare::default(),
+            pending_pad: None,
+            epochs_ended: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("joader-prefetch".into())
+            .spawn(move || worker.run())
+            .map_err(|e| Error::io("spawn", "prefetch thread", e))?;
+        Ok(Prefetcher {
+            ready: Some(ready),
+            free,
+            stop,
+            allocated,
+            thread: Some(thread),
+            done: false,
+        })
+    }
+
+    /// The next prepared batch, waiting up to `timeout` (`None`: as long as the server lives;
+    /// reaching it is an error with code `timeout`). `Ok(None)` after the end of the stream;
+    /// an error of the thread (`server_gone`, `ring_closed`, …) is returned once, then `None`.
+    pub fn next(&mut self, timeout: Option<Duration>) -> Result<Option<Ready>> {
+        if self.done {
+            return Ok(None);
+        }
+        let Some(rx) = &self.ready else {
+            return Ok(None);
+        };
+        let got = match timeout {
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(t) => rx.recv_timeout(t),
+        };
+        match got {
+            Ok(Ok(r)) => {
+                if r.end_of_stream {
+                    self.done = true;
+                }
+                Ok(Some(r))
+            }
+            Ok(Err(e)) => {
+                self.done = true;
+                Err(e)
+            }
+            Err(RecvTimeoutError::Timeout) => Err(Error::Timeout(timeout.unwrap_or_default())),
+            Err(RecvTimeoutError::Disconnected) => {
+                self.done = true;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Gives a batch's buffer back for reuse (call only when nothing refers to it).
+    pub fn recycle(&self, buf: BatchBuf) {
+        let _ = self.free.send(buf);
+    }
+
+    /// A sender that gives buffers back, for consumers that outlive a borrow of `self`.
+    pub fn recycler(&self) -> Sender<BatchBuf> {
+        self.free.clone()
+    }
+
+    /// Buffers allocated so far (the pool grows only while the consumer keeps batches).
+    pub fn buffers_allocated(&self) -> usize {
+        self.allocated.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // A thread blocked handing over a batch wakes up when the receiver is gone.
+        self.ready = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the thread knows of the current epoch on this ring.
+#[derive(Debug, Default)]
+struct EpochShare {
+    /// Data and error records of the epoch so far.
+    records: u64,
+    /// The epoch's first image as written, kept while the epoch may need padding.
+    first: Option<First>,
+}
+
+#[derive(Debug)]
+struct First {
+    /// The image's values in the output layout.
+    values: BatchBuf,
+    /// `[H, W, C]`.
+    shape: [usize; 3],
+    label: i64,
+    element_id: u32,
+    epoch: u64,
+    position: u64,
+}
+
+struct Worker {
+    reader: RawReader,
+    augmenters: Vec<Augmenter>,
+    config: PrefetchConfig,
+    ready: Sender<Result<Ready>>,
+    free: Receiver<BatchBuf>,
+    stop: Arc<AtomicBool>,
+    allocated: Arc<AtomicUsize>,
+    epoch: EpochShare,
+    /// The end of an epoch whose padding did not fit in the batch that reached it.
+    pending_pad: Option<EpochEnd>,
+    /// Epochs ended on this ring so far.
+    epochs_ended: u64,
+}
+
+impl Worker {
+    /// The records the current epoch must have on this ring, if it is padded.
+    fn pad_to(&self) -> Option<u64> {
+        if self.epochs_ended == 0 {
+            self.config.first_pad_to.or(self.config.pad_to)
+        } else {
+            self.config.pad_to
+        }
+    }
+
+    fn run(&mut self) {
+        loop {
+            let r = self.assemble();
+            let last = !matches!(&r, Ok(b) if !b.end_of_stream);
+            // Blocks while `depth` batches wait; fails once the consumer dropped its end.
+            if self.ready.send(r).is_err() || last {
+                return;
+            }
+        }
+    }
+
+    fn buffer(&mut self) -> BatchBuf {
+        self.free.try_recv().unwrap_or_else(|_| {
+            self.allocated.fetch_add(1, Ordering::Relaxed);
+            BatchBuf {
+                u8s: Vec::new(),
+                f32s: Vec::new(),
+                labels: Vec::new(),
+            }
+        })
+    }
+
+    /// Reads records until a whole batch, an end of epoch or the end of the stream.
+    fn assemble(&mut self) -> Result<Ready> {
+        let bs = self.config.batch_size;
+        let mut buf = self.buffer();
+        let mut out = Ready {
+            buf: BatchBuf {
+                u8s: Vec::new(),
+                f32s: Vec::new(),
+                labels: Vec::new(),
+            },
+            len: 0,
+            shape: [0; 4],
+            element_ids: Vec::with_capacity(bs),
+            epochs: Vec::with_capacity(bs),
+            positions: Vec::with_capacity(bs),
+            errors: Vec::new(),
+            end_of_epoch: None,
+            end_of_stream: false,
+            padded: 0,
+        };
+        let mut item_shape = [0usize; 3];
+        if let Some(end) = self.pending_pad.take() {
+            self.pad(&mut buf, &mut out, &mut item_shape);
+            out.end_of_epoch = Some(end);
+            self.epoch = EpochShare::default();
+            self.epochs_ended += 1;
+        }
+        while out.len < bs && out.end_of_epoch.is_none() && !out.end_of_stream {
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(Error::Protocol("the prefetch was stopped".into()));
+            }
+            let b = self.reader.take(bs - out.len, Some(STOP_SLICE))?;
+            if !b.items.is_empty() {
+                let items: Vec<_> = b.items.iter().map(|m| (*m, self.reader.bytes(m))).collect();
+                let s = match &self.config.aug {
+                    Some(a) => crate::collate::augmented_shape(&b.items, a),
+                    None => crate::collate::batch_shape(&b.items),
+                };
+                let s = match s {
+                    Ok(s) => s,
+                    Err(e) => {
+                        drop(items);
+                        self.reader.release(b.start);
+                        return Err(e);
+                    }
+                };
+                let shape = [s[1], s[2], s[3]];
+                if out.len > 0 && shape != item_shape {
+                    drop(items);
+                    self.reader.release(b.start);
+                    return Err(Error::Collate(format!(
+                        "element shape changed within a batch: {item_shape:?} then {shape:?}; resize every element to one size or augment"
+                    )));
+                }
+                item_shape = shape;
+                let per: usize = shape.iter().product();
+                grow(&mut buf, &self.config, per);
+                let n = items.len();
+                let range = out.len * per..(out.len + n) * per;
+                let images = if self.config.output.is_float() {
+                    BatchOut::F32(&mut buf.f32s[range])
+                } else {
+                    BatchOut::U8(&mut buf.u8s[range])
+                };
+                let labels = &mut buf.labels[out.len..out.len + n];
+                let written = write_batch(
+                    &items,
+                    self.config.aug.as_ref(),
+                    self.config.seed,
+                    &self.config.output,
+                    images,
+                    labels,
+                    &mut self.augmenters,
+                );
+                drop(items);
+                if let Err(e) = written {
+                    self.reader.release(b.start);
+                    return Err(e);
+                }
+                if self.pad_to().is_some() && self.epoch.first.is_none() {
+                    self.keep_first(&buf, out.len, shape, &b.items[0]);
+                }
+                for m in &b.items {
+                    out.element_ids.push(m.element_id);
+                    out.epochs.push(m.epoch);
+                    out.positions.push(m.position);
+                }
+                out.len += n;
+            }
+            // Copied: now the server may reuse the slots.
+            self.reader.release(b.start);
+            self.epoch.records += (b.items.len() + b.errors.len()) as u64;
+            out.errors.extend_from_slice(&b.errors);
+            out.end_of_stream = b.end_of_stream;
+            if let Some(end) = b.end_of_epoch {
+                let short = self
+                    .pad_to()
+                    .is_some_and(|p| self.epoch.records < p && self.epoch.first.is_some());
+                if short && out.len >= bs {
+                    // The batch is full: the padding and the end go into a batch of their own.
+                    self.pending_pad = Some(end);
+                    break;
+                }
+                if short {
+                    self.pad(&mut buf, &mut out, &mut item_shape);
+                }
+                out.end_of_epoch = Some(end);
+                self.epoch = EpochShare::default();
+                self.epochs_ended += 1;
+            }
+        }
+        let [h, w, c] = item_shape;
+        out.shape = self.config.output.array_shape([out.len, h, w, c]);
+        out.buf = buf;
+        Ok(out)
+    }
+
+    fn keep_first(&mut self, buf: &BatchBuf, at: usize, shape: [usize; 3], m: &crate::ItemMeta) {
+        let per: usize = shape.iter().product();
+        let range = at * per..(at + 1) * per;
+        let values = BatchBuf {
+            u8s: buf.u8s.get(range.clone()).unwrap_or(&[]).to_vec(),
+            f32s: buf.f32s.get(range).unwrap_or(&[]).to_vec(),
+            labels: Vec::new(),
+        };
+        self.epoch.first = Some(First {
+            values,
+            shape,
+            label: m.label,
+            element_id: m.element_id,
+            epoch: m.epoch,
+            position: m.position,
+        });
+    }
+
+    /// Appends the epoch's first image once more.
+    fn pad(&mut self, buf: &mut BatchBuf, out: &mut Ready, item_shape: &mut [usize; 3]) {
+        let Some(first) = self.epoch.first.take() else {
+            return;
+        };
+        *item_shape = first.shape;
+        let n: usize = first.shape.iter().product();
+        grow(buf, &self.config, n);
+        let at = out.len * n;
+        if self.config.output.is_float() {
+            buf.f32s[at..at + n].copy_from_slice(&first.values.f32s);
+        } else {
+            buf.u8s[at..at + n].copy_from_slice(&first.values.u8s);
+        }
+        buf.labels[out.len] = first.label;
+        out.element_ids.push(first.element_id);
+        out.epochs.push(first.epoch);
+        out.positions.push(first.position);
+        out.len += 1;
+        out.padded += 1;
+    }
+}
+
+/// Makes `buf` hold a whole batch of `per` values an image.
+fn grow(buf: &mut BatchBuf, config: &PrefetchConfig, per: usize) {
+    let bs = config.batch_size;
+    if config.output.is_float() {
+        if buf.f32s.len() < bs * per {
+            buf.f32s.resize(bs * per, 0.0);
+        }
+    } else if buf.u8s.len() < bs * per {
+        buf.u8s.resize(bs * per, 0);
+    }
+    if buf.labels.len() < bs {
+        buf.labels.resize(bs, 0);
+    }
+}

@@ -1,0 +1,246 @@
+//! Resume: a job checkpointed mid-epoch (its client killed) and registered again with the
+//! epoch and the ids already consumed receives exactly the rest of that epoch, then whole
+//! epochs; with two ranks, their shares of the rest are disjoint and together exactly it; a
+//! state that does not fit the job is refused with `invalid_resume`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use base64::Engine;
+use roaring::RoaringBitmap;
+use serde_json::{Value, json};
+
+use crate::common::{TempDir, consumer, finish, wait_for};
+use crate::server::{CLASSES, PER_CLASS, create_folder_dataset, dataset, epoch_ids, start};
+
+const N: u32 = CLASSES * PER_CLASS;
+
+/// A bitmap as `resume.consumed` carries it.
+fn encode(ids: impl IntoIterator<Item = u32>) -> String {
+    let b: RoaringBitmap = ids.into_iter().collect();
+    let mut bytes = Vec::new();
+    b.serialize_into(&mut bytes).unwrap();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// `(epoch, element)` of each item `joader consume --dump` wrote.
+fn dumped(dir: &Path) -> Vec<(u32, u32)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            let parts: Vec<u32> = name
+                .trim_end_matches(".bin")
+                .split('-')
+                .map(|p| p.parse().unwrap())
+                .collect();
+            (parts[0], parts[2])
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_job_resumed_from_its_state_gets_exactly_the_rest_of_its_epoch() {
+    let root = dataset();
+    let env = start("resume", root);
+    create_folder_dataset(&env, "imgs", root);
+    let c = env.server.client();
+    // Another job reads beside it, so that the resumed job joins a populated sampler.
+    let other = consumer(
+        &env.server.url,
+        &json!({"name": "other", "dataset": "imgs", "batch_size": 4, "epochs": 3}),
+        &["--sample-us", "300"],
+    );
+    let job = json!({"name": "train", "dataset": "imgs", "batch_size": 4, "epochs": 2,
+                     "seed": 5});
+    let dump = TempDir::new("resume-dump");
+    let dump_arg = dump.0.to_str().unwrap().to_string();
+    let mut first = consumer(
+        &env.server.url,
+        &job,
+        &["--stop-after", "20", "--dump", &dump_arg],
+    );
+    wait_for("the first part to read 20 samples", || {
+        (dumped(&dump.0).len() >= 20).then_some(())
+    });
+    first.kill().unwrap(); // preempted
+    first.wait().unwrap();
+    let part1 = dumped(&dump.0);
+    assert_eq!(part1.len(), 20);
+    assert!(part1.iter().all(|&(e, _)| e == 0));
+    let consumed: BTreeSet<u32> = part1.iter().map(|&(_, id)| id).collect();
+    assert_eq!(consumed.len(), 20, "no duplicate in the first part");
+    wait_for("the dead client to be noticed", || {
+        let j = c.ok("GET", "/v1/jobs/train", None).ok()?;
+        (j["state"] == "failed").then_some(())
+    });
+
+    let mut resumed = job.clone();
+    resumed["resume"] = json!({"epoch": 0, "consumed": encode(consumed.iter().copied())});
+    let s = finish(consumer(&env.server.url, &resumed, &[]));
+    let rest = epoch_ids(&s, 0);
+    let rest_set: BTreeSet<u32> = rest.iter().copied().collect();
+    assert_eq!(rest.len(), rest_set.len(), "no duplicate in the rest");
+    assert!(
+        consumed.is_disjoint(&rest_set),
+        "nothing consumed comes again"
+    );
+    let union: BTreeSet<u32> = consumed.union(&rest_set).copied().collect();
+    assert_eq!(union, (0..N).collect(), "both parts are exactly one epoch");
+    let next: BTreeSet<u32> = epoch_ids(&s, 1).into_iter().collect();
+    assert_eq!(epoch_ids(&s, 1).len(), N as usize);
+    assert_eq!(next, (0..N).collect(), "the next epoch is whole");
+    assert_eq!(
+        s["epochs"].as_array().unwrap().len(),
+        2,
+        "the budget counts from epoch 0"
+    );
+    finish(other);
+}
+
+#[test]
+fn two_ranks_resumed_share_exactly_the_rest_of_the_epoch() {
+    let root = dataset();
+    let env = start("resume_ddp", root);
+    create_folder_dataset(&env, "imgs", root);
+    // Resumed at epoch 1 of 2 with 14 of the subset's 40 ids consumed: 26 remain.
+    let consumed: BTreeSet<u32> = (0..40).filter(|i| i % 3 == 0).collect();
+    let job = json!({"name": "ddp", "dataset": "imgs", "batch_size": 4, "epochs": 2,
+        "world_size": 2, "subset": {"start": 0, "end": 40},
+        "resume": {"epoch": 1, "consumed": encode(consumed.iter().copied())}});
+    let ranks: Vec<_> = (0..2)
+        .map(|r| consumer(&env.server.url, &job, &["--rank", &r.to_string()]))
+        .collect();
+    let shares: Vec<Value> = ranks.into_iter().map(finish).collect();
+    let mut all = BTreeSet::new();
+    let mut total = 0;
+    for s in &shares {
+        assert!(epoch_ids(s, 0).is_empty(), "nothing of epoch 0: {s}");
+        let ids = epoch_ids(s, 1);
+        total += ids.len();
+        all.extend(ids);
+        assert_eq!(s["epochs"].as_array().unwrap().len(), 2);
+    }
+    let lens: Vec<usize> = shares.iter().map(|s| epoch_ids(s, 1).len()).collect();
+    assert_eq!(lens.iter().sum::<usize>(), 26);
+    assert!(lens[0].abs_diff(lens[1]) <= 1, "even shares: {lens:?}");
+    assert_eq!(total, all.len(), "the ranks' shares are disjoint");
+    let want: BTreeSet<u32> = (0..40).filter(|i| !consumed.contains(i)).collect();
+    assert_eq!(all, want, "together exactly the rest of the epoch");
+}
+
+#[test]
+fn a_resume_state_that_does_not_fit_the_job_is_refused() {
+    let root = dataset();
+    let env = start("resume_bad", root);
+    create_folder_dataset(&env, "imgs", root);
+    let c = env.server.client();
+    let job = |resume: Value| {
+        json!({"name": "bad", "dataset": "imgs", "batch_size": 4, "epochs": 2,
+               "subset": {"start": 0, "end": 10}, "resume": resume})
+    };
+    for (resume, says) in [
+        (json!({"epoch": 0, "consumed": "not base64!"}), "base64"),
+        (json!({"epoch": 0, "consumed": "aGVsbG8="}), "roaring"),
+        (
+            json!({"epoch": 0, "consumed": encode([3, 10, 11])}),
+            "id 10",
+        ),
+        (json!({"epoch": 2, "consumed": ""}), "epoch 2"),
+        (json!({"epoch": 1, "consumed": encode(0..10)}), "epoch 2"),
+    ] {
+        let (status, body) = c
+            .call("POST", "/v1/jobs", Some(&job(resume.clone())))
+            .unwrap();
+        assert_eq!(status, 400, "{resume}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_resume", "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(says),
+            "{resume}: {body}"
+        );
+    }
+    let (status, _) = c.call("GET", "/v1/jobs/bad", None).unwrap();
+    assert_eq!(status, 404, "a refused job is not registered");
+}
+
+#[test]
+fn a_recorded_epoch_is_served_per_rank_and_replayed_exactly() {
+    let root = dataset();
+    let env = start("record", root);
+    create_folder_dataset(&env, "imgs", root);
+    let c = env.server.client();
+    let job = json!({"name": "rec", "dataset": "imgs", "batch_size": 4, "epochs": 2,
+                     "world_size": 2, "record": true});
+    let ranks: Vec<Value> = (0..2)
+        .map(|r| consumer(&env.server.url, &job, &["--rank", &r.to_string()]))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(finish)
+        .collect();
+    for epoch in 0..2 {
+        let rec = wait_for("the record of the epoch", || {
+            let r = c
+                .ok("GET", &format!("/v1/jobs/rec/record/{epoch}"), None)
+                .ok()?;
+            (r["order"].as_array()?.len() == N as usize).then_some(r)
+        });
+        assert_eq!(rec["world_size"], 2);
+        for (r, s) in ranks.iter().enumerate() {
+            let got: Vec<u64> = epoch_ids(s, epoch).into_iter().map(u64::from).collect();
+            let want: Vec<u64> = rec["ranks"][r]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
+            assert_eq!(got, want, "rank {r}'s ring received the recorded order");
+        }
+    }
+    let (status, body) = c.call("GET", "/v1/jobs/rec/record/2", None).unwrap();
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("record_not_found"))
+    );
+
+    // Replay epoch 1 in a job of its own, beside another job: exactly that order, every epoch.
+    let rec = c.ok("GET", "/v1/jobs/rec/record/1", None).unwrap();
+    let order: Vec<u32> = rec["order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let other = consumer(
+        &env.server.url,
+        &json!({"name": "beside", "dataset": "imgs", "batch_size": 4, "epochs": 1}),
+        &[],
+    );
+    let s = finish(consumer(
+        &env.server.url,
+        &json!({"name": "again", "dataset": "imgs", "batch_size": 5, "epochs": 2,
+                "replay": {"job": "rec", "epoch": 1}}),
+        &[],
+    ));
+    assert_eq!(epoch_ids(&s, 0), order);
+    assert_eq!(epoch_ids(&s, 1), order);
+    finish(other);
+    for (replay, code) in [
+        (json!({"job": "rec", "epoch": 5}), "invalid_replay"),
+        (json!({"job": "nobody", "epoch": 0}), "invalid_replay"),
+    ] {
+        let body = json!({"name": "again2", "dataset": "imgs", "batch_size": 4, "replay": replay});
+        let (status, v) = c.call("POST", "/v1/jobs", Some(&body)).unwrap();
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{v}"
+        );
+    }
+    let body = json!({"name": "again3", "dataset": "imgs", "batch_size": 4,
+                      "subset": [1, 2], "replay": {"job": "rec", "epoch": 0}});
+    let (status, v) = c.call("POST", "/v1/jobs", Some(&body)).unwrap();
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (400, Some("invalid_replay"))
+    );
+}
