@@ -162,9 +162,28 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allowed_roots: Vec<PathBuf>,
-    /// Bearer token required by the REST API.
+    /// Bearer token required by the REST API (and sent to the leader by a follower).
     #[arg(long, env = "JOADER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Follow this leader (`http://HOST:PORT`): register this node, load and serve the
+    /// leader's samples of multi-node jobs. Without it the server is a leader.
+    #[arg(long, env = "JOADER_LEADER")]
+    pub leader: Option<String>,
+    /// This node's name in the cluster (default: `<hostname>-<instance>`; keep it stable).
+    #[arg(long, env = "JOADER_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The URL the leader and followers reach this server at (default: http:// + --bind).
+    #[arg(long, env = "JOADER_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// A leader that serves no ranks itself (its pod is not a training node).
+    #[arg(long, env = "JOADER_LEADER_ONLY")]
+    pub leader_only: bool,
+    /// Milliseconds between heartbeats (default 500).
+    #[arg(long, env = "JOADER_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+    /// A node (or the leader) silent this long is lost: its multi-node jobs fail (default 2500).
+    #[arg(long, env = "JOADER_NODE_TIMEOUT_MS")]
+    pub node_timeout_ms: Option<u64>,
 }
 
 impl ServeArgs {
@@ -222,6 +241,22 @@ impl ServeArgs {
         }
         if self.token.is_some() {
             c.token = self.token;
+        }
+        if self.leader.is_some() {
+            c.leader = self.leader;
+        }
+        if self.node_name.is_some() {
+            c.node_name = self.node_name;
+        }
+        if self.advertise.is_some() {
+            c.advertise = self.advertise;
+        }
+        c.leader_only |= self.leader_only;
+        if let Some(v) = self.heartbeat_ms {
+            c.heartbeat_ms = v;
+        }
+        if let Some(v) = self.node_timeout_ms {
+            c.node_timeout_ms = v;
         }
         c.validate()?;
         Ok(c)
@@ -304,7 +339,7 @@ fn consume(args: ConsumeArgs) -> Result<()> {
     eprintln!("registered ring={ring}");
     let per = Duration::from_micros(args.sample_us);
     let mut dump_err = None;
-    let got = crate::client::consume(
+    let got = match crate::client::consume(
         &instance,
         &ring,
         // Hold the unacknowledged batch until killed.
@@ -326,7 +361,26 @@ fn consume(args: ConsumeArgs) -> Result<()> {
                 }
             }
         },
-    )?;
+    ) {
+        Ok(got) => got,
+        Err(e) => {
+            // A closed ring: say why when the server failed the job (a multi-node job whose
+            // node or leader was lost is `job_failed`).
+            let closed = e
+                .downcast_ref::<dataplane::Error>()
+                .is_some_and(|d| d.code() == "ring_closed");
+            let name = body["name"].as_str().unwrap_or_default();
+            if closed
+                && let Ok(job) = client.ok("GET", &format!("/v1/jobs/{name}"), None)
+                && job["state"] == "failed"
+            {
+                let reason = job["reason"].as_str().unwrap_or("");
+                let reason = reason.strip_prefix("job_failed: ").unwrap_or(reason);
+                bail!("job_failed: job {name} failed: {reason}");
+            }
+            return Err(e);
+        }
+    };
     if let Some(e) = dump_err {
         return Err(e).context("cannot write a payload");
     }

@@ -56,6 +56,22 @@ pub struct Config {
     /// Seconds a job name's counters and metric series outlive its last job (keep it above
     /// the Prometheus scrape interval, so that the last values are scraped).
     pub metrics_retention_s: u64,
+    /// The leader's URL (`http://HOST:PORT`): this server is a follower node of that leader's
+    /// cluster. Unset: this server is a leader (and, alone, a standalone server as before).
+    pub leader: Option<String>,
+    /// This node's name in the cluster (default: `<hostname>-<instance>`); placement hashes it,
+    /// so keep it stable across restarts.
+    pub node_name: Option<String>,
+    /// The URL other servers reach this one at (default: `http://` + the bound address).
+    pub advertise: Option<String>,
+    /// A leader that serves no ranks itself (Kubernetes: the leader's pod is not a training
+    /// node); followers and a standalone leader serve ranks.
+    pub leader_only: bool,
+    /// Milliseconds between a node's heartbeats.
+    pub heartbeat_ms: u64,
+    /// A node silent this long is lost (the leader fails its multi-node jobs); a leader
+    /// unreachable this long makes a follower fail its multi-node jobs.
+    pub node_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -83,6 +99,12 @@ impl Default for Config {
             ended_jobs_kept: 100,
             ended_job_ttl_s: 24 * 3600,
             metrics_retention_s: 600,
+            leader: None,
+            node_name: None,
+            advertise: None,
+            leader_only: false,
+            heartbeat_ms: 500,
+            node_timeout_ms: 2500,
         }
     }
 }
@@ -110,6 +132,16 @@ impl Config {
         }
     }
 
+    /// This node's name in the cluster.
+    pub fn node_name(&self) -> String {
+        self.node_name.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "node".into());
+            format!("{host}-{}", self.instance)
+        })
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         dataplane::names::validate_instance(&self.instance)
             .map_err(|e| anyhow::anyhow!("instance: {e}"))?;
@@ -127,6 +159,17 @@ impl Config {
         anyhow::ensure!(
             self.sampler_tick_ms > 0 && self.cache_tick_ms > 0,
             "ticks must be positive"
+        );
+        if let Some(l) = &self.leader {
+            anyhow::ensure!(
+                l.starts_with("http://") || l.starts_with("https://"),
+                "leader must be a URL such as http://HOST:7480, not '{l}'"
+            );
+            anyhow::ensure!(!self.leader_only, "leader_only is for a leader: drop --leader");
+        }
+        anyhow::ensure!(
+            self.heartbeat_ms > 0 && self.node_timeout_ms > 2 * self.heartbeat_ms,
+            "node_timeout_ms must exceed two heartbeats (heartbeat_ms)"
         );
         self.default_pipeline
             .validate()

@@ -7,6 +7,7 @@
 //! `#[utoipa::path]`, so registering a route is documenting it. [`openapi`] builds the
 //! document from [`configure`], the same function that registers the routes of the server.
 
+pub mod cluster;
 pub mod dashboard;
 pub mod datasets;
 pub mod error;
@@ -186,7 +187,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
     .configure(dashboard::configure)
     .configure(stats::configure)
     .configure(datasets::configure)
-    .configure(jobs::configure);
+    .configure(jobs::configure)
+    .configure(cluster::configure);
 }
 
 #[cfg(test)]
