@@ -165,7 +165,10 @@ impl Config {
                 l.starts_with("http://") || l.starts_with("https://"),
                 "leader must be a URL such as http://HOST:7480, not '{l}'"
             );
-            anyhow::ensure!(!self.leader_only, "leader_only is for a leader: drop --leader");
+            anyhow::ensure!(
+                !self.leader_only,
+                "leader_only is for a leader: drop --leader"
+            );
         }
         anyhow::ensure!(
             self.heartbeat_ms > 0 && self.node_timeout_ms > 2 * self.heartbeat_ms,

@@ -5,8 +5,8 @@
 pub mod bench;
 pub mod catalog;
 pub mod cli;
-pub mod cluster;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod error;

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bounded;
+mod cluster;
 mod common;
 mod flow;
 mod observability;

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actix::prelude::*;
 use ::actors::service::{AddJob, Deliver, JobSignal, JobStats, RemoveJob, SamplerActor};
+use actix::prelude::*;
 use joader_core::cluster::{EpochPlacer, node_key};
 use joader_core::sampling::SamplerKind;
 use tokio::sync::Notify;
@@ -282,12 +282,12 @@ impl Leader {
                     .jobs
                     .iter()
                     .filter_map(|id| match inner.jobs.get(id) {
-                        Some(j) if j.nodes.contains_key(name) => j.failed.as_ref().map(|r| {
-                            JobFailure {
+                        Some(j) if j.nodes.contains_key(name) => {
+                            j.failed.as_ref().map(|r| JobFailure {
                                 job: *id,
                                 reason: r.clone(),
-                            }
-                        }),
+                            })
+                        }
                         _ => Some(JobFailure {
                             job: *id,
                             reason: "the leader does not know the job (it restarted)".into(),
@@ -317,7 +317,12 @@ impl Leader {
 
     /// `POST /v1/nodes/{name}/jobs`: a node's ranks of a multi-node job; sampling starts when
     /// every rank of the job has joined.
-    pub async fn join(&self, state: &AppState, node: &str, req: NodeJob) -> Result<NodeJobAccepted> {
+    pub async fn join(
+        &self,
+        state: &AppState,
+        node: &str,
+        req: NodeJob,
+    ) -> Result<NodeJobAccepted> {
         let mut identity = req.job.identity();
         identity.local_world_size = None;
         let world = identity.world_size.unwrap_or(1);
@@ -330,7 +335,10 @@ impl Leader {
             let index = d.index.clone().ok_or_else(|| {
                 Error::new(
                     Code::DatasetNotReady,
-                    format!("dataset '{}' is {} on the leader", identity.dataset, d.record.state),
+                    format!(
+                        "dataset '{}' is {} on the leader",
+                        identity.dataset, d.record.state
+                    ),
                 )
             })?;
             let len = index.len() as u64;
@@ -366,7 +374,10 @@ impl Leader {
         Self::node_mut(&mut inner, node)?;
         let id = match inner.names.get(&identity.name).copied() {
             Some(id) => {
-                let job = inner.jobs.get_mut(&id).ok_or_else(|| Error::internal("lost job"))?;
+                let job = inner
+                    .jobs
+                    .get_mut(&id)
+                    .ok_or_else(|| Error::internal("lost job"))?;
                 if job.request != identity {
                     return Err(Error::new(
                         Code::JobExists,
@@ -457,7 +468,10 @@ impl Leader {
                 })
             })
             .clone();
-        let job = inner.jobs.get_mut(&id).ok_or_else(|| Error::internal("lost job"))?;
+        let job = inner
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| Error::internal("lost job"))?;
         let names: Vec<String> = job.nodes.keys().cloned().collect();
         let keys = names.iter().map(|n| node_key(n)).collect();
         let ranks = job.nodes.values().map(|r| r.len() as u32).collect();

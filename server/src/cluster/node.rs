@@ -16,11 +16,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use actix::prelude::*;
 use ::actors::service::{
     CloseJob, DatasetId, Deliver, DeliverGroup, DeliverItem, EndAt, JobId, JobSignal, JobState,
     JobStats, RemoveJob,
 };
+use actix::prelude::*;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -153,7 +153,8 @@ impl NodeAgent {
         self.by_local.remove(&t.local);
         self.credits.remove(&cluster);
         tracing::warn!(job = t.local, reason, "multi-node job failed on this node");
-        t.stats.set_state(JobState::Failed(format!("job_failed: {reason}")));
+        t.stats
+            .set_state(JobState::Failed(format!("job_failed: {reason}")));
         if let Some(state) = self.state.upgrade() {
             state.cache.do_send(CloseJob { job: t.local });
         }
@@ -344,17 +345,18 @@ impl NodeAgent {
         };
         let mut out: HashMap<DatasetId, Deliver> = HashMap::new();
         let mut ends = reply.ends.iter().peekable();
-        let end_to = |out: &mut HashMap<DatasetId, Deliver>, jobs: &HashMap<u64, Tracked>, e: &WireEnd| {
-            if let Some(t) = jobs.get(&e.job) {
-                let d = out.entry(t.dataset).or_insert_with(|| empty(t.dataset));
-                d.ends.push(EndAt {
-                    after: d.groups.len(),
-                    job: t.local,
-                    epoch: e.epoch,
-                    finished: e.finished,
-                });
-            }
-        };
+        let end_to =
+            |out: &mut HashMap<DatasetId, Deliver>, jobs: &HashMap<u64, Tracked>, e: &WireEnd| {
+                if let Some(t) = jobs.get(&e.job) {
+                    let d = out.entry(t.dataset).or_insert_with(|| empty(t.dataset));
+                    d.ends.push(EndAt {
+                        after: d.groups.len(),
+                        job: t.local,
+                        epoch: e.epoch,
+                        finished: e.finished,
+                    });
+                }
+            };
         for (gi, g) in reply.groups.iter().enumerate() {
             while let Some(e) = ends.next_if(|e| e.after <= gi) {
                 end_to(&mut out, &self.jobs, e);
@@ -394,7 +396,8 @@ impl NodeAgent {
 
     /// Sends the credit and failures gathered so far (one report at a time).
     fn send_credits(&mut self, ctx: &mut Context<Self>) {
-        if self.sending || !self.registered || (self.credits.is_empty() && self.failures.is_empty()) {
+        if self.sending || !self.registered || (self.credits.is_empty() && self.failures.is_empty())
+        {
             return;
         }
         self.sending = true;
@@ -538,11 +541,7 @@ impl Handler<JobSignal> for NodeAgent {
             JobSignal::Credit { job, n } => {
                 // The Cache may grant credit before the registry tracks the job (its clients
                 // attached at once): kept under a placeholder key until `Track`.
-                let key = self
-                    .by_local
-                    .get(&job)
-                    .copied()
-                    .unwrap_or(u64::MAX - job);
+                let key = self.by_local.get(&job).copied().unwrap_or(u64::MAX - job);
                 *self.credits.entry(key).or_default() += n;
                 if self.by_local.contains_key(&job) {
                     self.send_credits(ctx);
@@ -586,7 +585,10 @@ pub async fn join_leader(state: &AppState, body: NodeJob) -> Result<u64> {
                 ),
                 (_, Some(Code::NodeNotFound)) => Error::new(
                     Code::LeaderUnreachable,
-                    format!("this node is not registered with the leader yet: {}", e.message),
+                    format!(
+                        "this node is not registered with the leader yet: {}",
+                        e.message
+                    ),
                 ),
                 (_, Some(c)) => Error::new(c, format!("the leader refused: {}", e.message)),
                 (_, None) => Error::new(Code::Internal, format!("the leader: {}", e.message)),

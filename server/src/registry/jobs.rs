@@ -512,18 +512,18 @@ pub async fn register_job<T>(
         Ok(())
     } else {
         sampler
-        .send(AddJob {
-            job: job_id,
-            subset: subset.clone(),
-            seed: req.seed,
-            epochs: req.epochs,
-            sampler: req.sampler.unwrap_or(SamplerKind::Dsa),
-            // The Cache grants the rings' capacity when every rank's client has attached.
-            credit: 0,
-            stats: stats.clone(),
-        })
-        .await
-        .map_err(Error::internal)?
+            .send(AddJob {
+                job: job_id,
+                subset: subset.clone(),
+                seed: req.seed,
+                epochs: req.epochs,
+                sampler: req.sampler.unwrap_or(SamplerKind::Dsa),
+                // The Cache grants the rings' capacity when every rank's client has attached.
+                credit: 0,
+                stats: stats.clone(),
+            })
+            .await
+            .map_err(Error::internal)?
     };
     if let Err(e) = added {
         state.cache.do_send(CloseJob { job: job_id });

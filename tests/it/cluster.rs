@@ -1,0 +1,275 @@
+//! Many nodes on one machine: a leader and followers as separate `joader serve` processes
+//! (distinct ports, instances and node names) over one shared ImageFolder; ranks are
+//! `joader consume` processes registered with their own node's server.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use crate::common::{TempDir, TestServer, consumer, finish, unique_instance, wait_for};
+use crate::server::{dataset, epoch_ids};
+
+struct Node {
+    server: TestServer,
+    _dir: TempDir,
+}
+
+/// A leader (`node-0`) and `followers` followers (`node-1`, …), the leader's dataset `imgs`
+/// indexed by every node.
+fn cluster(tag: &str, followers: usize, extra: &[&str]) -> Vec<Node> {
+    let root = dataset();
+    let start = |i: usize, leader: Option<&str>| {
+        let dir = TempDir::new(&format!("{tag}{i}"));
+        let name = format!("node-{i}");
+        let mut args = vec!["--node-name", name.as_str()];
+        if let Some(l) = leader {
+            args.extend(["--leader", l]);
+        }
+        args.extend(extra);
+        let server = TestServer::start(&unique_instance(&format!("{tag}{i}")), &dir.0, root, &args);
+        Node { server, _dir: dir }
+    };
+    let mut nodes = vec![start(0, None)];
+    let leader = nodes[0].server.url.clone();
+    for i in 1..=followers {
+        nodes.push(start(i, Some(&leader)));
+    }
+    let c = nodes[0].server.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    c.wait_ready("imgs", crate::common::DEADLINE).unwrap();
+    wait_for(
+        "every node alive at the leader with the dataset ready",
+        || {
+            let v = c.ok("GET", "/v1/nodes", None).ok()?;
+            let nodes = v["nodes"].as_array()?;
+            let ready = nodes.iter().filter(|n| {
+                n["state"] == "alive"
+                    && n["datasets"].as_array().is_some_and(|d| {
+                        d.iter()
+                            .any(|d| d["name"] == "imgs" && d["state"] == "ready")
+                    })
+            });
+            (ready.count() == followers + 1).then_some(())
+        },
+    );
+    nodes
+}
+
+fn job(name: &str, world: u32, local: u32, rank: u32, extra: Value) -> Value {
+    let mut j = json!({"name": name, "dataset": "imgs", "batch_size": 4, "world_size": world,
+        "local_world_size": local, "rank": rank, "pipeline": {"kind": "raw"}});
+    for (k, v) in extra.as_object().unwrap() {
+        j[k] = v.clone();
+    }
+    j
+}
+
+fn loads(nodes: &[Node]) -> u64 {
+    nodes
+        .iter()
+        .map(|n| {
+            n.server.client().ok("GET", "/v1/stats", None).unwrap()["loads"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum()
+}
+
+/// The first test: a 6-rank job, 2 ranks on each of 3 nodes, for 3 epochs: every
+/// rank receives ⌈N/W⌉ elements, the shares are disjoint and together are the epoch.
+#[test]
+fn a_six_rank_job_on_three_nodes_gets_equal_disjoint_shares_of_each_epoch() {
+    // A generous timeout: this test is about placement, not faults.
+    let nodes = cluster("ddp", 2, &["--node-timeout-ms", "60000"]);
+    let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
+    let ranks: Vec<_> = (0..6u32)
+        .map(|r| {
+            let url = &nodes[(r / 2) as usize].server.url;
+            consumer(
+                url,
+                &job("ddp", 6, 2, r, json!({"epochs": 3})),
+                &["--rank", &r.to_string()],
+            )
+        })
+        .collect();
+    let got: Vec<Value> = ranks.into_iter().map(finish).collect();
+    for e in 0..3 {
+        let mut all = Vec::new();
+        for (r, s) in got.iter().enumerate() {
+            let ids = epoch_ids(s, e);
+            assert_eq!(ids.len(), n / 6, "rank {r} epoch {e}: {ids:?}");
+            all.extend(ids);
+        }
+        let set: BTreeSet<u32> = all.iter().copied().collect();
+        assert_eq!(all.len(), n, "epoch {e}");
+        assert_eq!(
+            set,
+            (0..n as u32).collect(),
+            "epoch {e}: an exact permutation"
+        );
+    }
+    // Each element was read once per node that received it: at most once per epoch.
+    assert!(loads(&nodes) <= 3 * n as u64);
+}
+
+/// Two multi-node jobs on overlapping subsets, on the same three nodes: each element is
+/// loaded about once cluster-wide (the union), not once per job (the sum); exactly, at most
+/// the union plus the placements that overflowed a node's quota.
+#[test]
+fn overlapping_multi_node_jobs_load_each_element_about_once_cluster_wide() {
+    let nodes = cluster("overlap", 2, &["--node-timeout-ms", "60000"]);
+    let subsets = [(0u32, 36u32), (12, 48)];
+    let mut children = Vec::new();
+    for (j, (a, b)) in subsets.iter().enumerate() {
+        for r in 0..3u32 {
+            let body = job(
+                &format!("ov{j}"),
+                3,
+                1,
+                r,
+                json!({"epochs": 1, "subset": {"start": a, "end": b}}),
+            );
+            children.push(consumer(
+                &nodes[r as usize].server.url,
+                &body,
+                &["--rank", &r.to_string()],
+            ));
+        }
+    }
+    for c in children {
+        let s = finish(c);
+        assert_eq!(epoch_ids(&s, 0).len(), 12);
+    }
+    // Hash placement is a function of the ids and node names: the overflows (a node's
+    // hashed elements above its quota of 12) are known.
+    let keys: Vec<u64> = (0..3)
+        .map(|i| joader_core::cluster::node_key(&format!("node-{i}")))
+        .collect();
+    let overflow: u64 = subsets
+        .iter()
+        .map(|&(a, b)| {
+            let mut per = [0u64; 3];
+            for e in a..b {
+                per[joader_core::cluster::place(&keys, &keys, e).unwrap()] += 1;
+            }
+            per.iter().map(|&c| c.saturating_sub(12)).sum::<u64>()
+        })
+        .sum();
+    let total = wait_for("the loads counted", || Some(loads(&nodes)));
+    eprintln!("loads {total}, union 48, sum 72, bound {}", 48 + overflow);
+    assert!(
+        total >= 48,
+        "every element of the union was loaded: {total}"
+    );
+    assert!(
+        total <= 48 + overflow,
+        "loads {total} above the union + overflows {}",
+        48 + overflow
+    );
+}
+
+/// A follower killed mid-epoch: the leader fails the job and the ranks on the other nodes
+/// end with `job_failed` (printed: how long after the kill).
+#[test]
+fn a_killed_follower_fails_the_multi_node_job_on_the_other_nodes() {
+    let mut nodes = cluster("kill", 2, &[]);
+    let mut ranks: Vec<_> = (0..3u32)
+        .map(|r| {
+            consumer(
+                &nodes[r as usize].server.url,
+                &job("k", 3, 1, r, json!({})),
+                &["--rank", &r.to_string(), "--sample-us", "2000"],
+            )
+        })
+        .collect();
+    let c0 = nodes[0].server.client();
+    wait_for("the job to run on the leader's node", || {
+        let j = c0.ok("GET", "/v1/jobs/k", None).ok()?;
+        (j["acknowledged"].as_u64()? > 0).then_some(())
+    });
+    let mut victim = nodes[2].server.child.take().unwrap();
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let killed = Instant::now();
+    let _ = ranks[2].kill();
+    let _ = ranks.pop().unwrap().wait();
+    for (r, child) in ranks.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {r} went on");
+        assert!(
+            err.contains("job_failed") && err.contains("node-2"),
+            "rank {r}: {err}"
+        );
+        eprintln!("rank {r} failed {:?} after the kill", killed.elapsed());
+    }
+    let v = c0.ok("GET", "/v1/nodes", None).unwrap();
+    let lost = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "node-2")
+        .unwrap();
+    assert_eq!(lost["state"], "lost", "{v}");
+}
+
+/// The leader killed mid-epoch: the followers fail their multi-node job (`job_failed`) and
+/// keep serving a single-node job.
+#[test]
+fn a_killed_leader_fails_multi_node_jobs_and_single_node_jobs_go_on() {
+    let mut nodes = cluster("lead", 2, &[]);
+    let multi: Vec<_> = (0..2u32)
+        .map(|r| {
+            consumer(
+                &nodes[1 + r as usize].server.url,
+                &job("m", 2, 1, r, json!({})),
+                &["--rank", &r.to_string(), "--sample-us", "2000"],
+            )
+        })
+        .collect();
+    let mut single = consumer(
+        &nodes[1].server.url,
+        &json!({"name": "solo", "dataset": "imgs", "batch_size": 4, "pipeline": {"kind": "raw"}}),
+        &["--sample-us", "1000"],
+    );
+    let c1 = nodes[1].server.client();
+    wait_for("the multi-node job to run", || {
+        let j = c1.ok("GET", "/v1/jobs/m", None).ok()?;
+        (j["acknowledged"].as_u64()? > 0).then_some(())
+    });
+    let mut leader = nodes[0].server.child.take().unwrap();
+    leader.kill().unwrap();
+    leader.wait().unwrap();
+    let killed = Instant::now();
+    for (r, child) in multi.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("job_failed"),
+            "rank {r}: {err}"
+        );
+        assert!(err.contains("leader"), "rank {r}: {err}");
+        eprintln!(
+            "rank {r} failed {:?} after the leader was killed",
+            killed.elapsed()
+        );
+    }
+    // The single-node job reads on with the leader gone: another epoch after the failures.
+    let acked = |c: &server::client::Client| {
+        c.ok("GET", "/v1/jobs/solo", None).ok()?["acknowledged"].as_u64()
+    };
+    let before = acked(&c1).unwrap();
+    wait_for("the single-node job to read another epoch", || {
+        (acked(&c1)? >= before + 48).then_some(())
+    });
+    let j = c1.ok("GET", "/v1/jobs/solo", None).unwrap();
+    assert_eq!(j["state"], "running", "{j}");
+    single.kill().unwrap();
+    single.wait().unwrap();
+}
