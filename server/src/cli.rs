@@ -181,7 +181,7 @@ pub struct ServeArgs {
     /// Milliseconds between heartbeats (default 500).
     #[arg(long, env = "JOADER_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
-    /// A node (or the leader) silent this long is lost: its multi-node jobs fail (default 2500).
+    /// A node (or the leader) silent this long is lost: its multi-node jobs fail (default 2000).
     #[arg(long, env = "JOADER_NODE_TIMEOUT_MS")]
     pub node_timeout_ms: Option<u64>,
 }

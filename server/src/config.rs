@@ -104,7 +104,7 @@ impl Default for Config {
             advertise: None,
             leader_only: false,
             heartbeat_ms: 500,
-            node_timeout_ms: 2500,
+            node_timeout_ms: 2000,
         }
     }
 }
