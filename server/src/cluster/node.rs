@@ -396,16 +396,22 @@ impl NodeAgent {
 
     /// Sends the credit and failures gathered so far (one report at a time).
     fn send_credits(&mut self, ctx: &mut Context<Self>) {
-        if self.sending || !self.registered || (self.credits.is_empty() && self.failures.is_empty())
-        {
+        let tracked_credit = self.credits.keys().any(|k| self.jobs.contains_key(k));
+        if self.sending || !self.registered || (!tracked_credit && self.failures.is_empty()) {
             return;
         }
         self.sending = true;
+        // Credit of jobs not tracked yet (placeholder keys) waits for `Joined`.
+        let ready: Vec<u64> = self
+            .credits
+            .keys()
+            .copied()
+            .filter(|k| self.jobs.contains_key(k))
+            .collect();
         let body = CreditReport {
-            credits: self
-                .credits
-                .drain()
-                .map(|(job, n)| Credit { job, n })
+            credits: ready
+                .into_iter()
+                .filter_map(|job| self.credits.remove(&job).map(|n| Credit { job, n }))
                 .collect(),
             failed: std::mem::take(&mut self.failures),
         };
