@@ -107,7 +107,7 @@ pub async fn run(
     });
     registry::load_catalog(&state)?;
     if let Some(l) = &leader {
-        l.start();
+        l.start(state.samplers.clone());
     }
     if !config.leader_only {
         let leader_url = state.leader_url.clone().unwrap_or_default();

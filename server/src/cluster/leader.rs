@@ -45,6 +45,9 @@ struct ClusterJob {
     sampler: Option<Addr<SamplerActor>>,
     /// Credit returned before sampling started.
     pending_credit: u64,
+    /// Nodes whose every local rank has attached (they sent their first credit): sampling
+    /// starts when all have, so that no node's share is pushed into rings nobody reads yet.
+    attached: std::collections::BTreeSet<String>,
     /// Padding records delivered, whose credit the nodes will return but must not count.
     debt: u64,
     failed: Option<String>,
@@ -142,6 +145,8 @@ pub struct Leader {
     /// The cluster Samplers' pass interval.
     tick: Duration,
     dispatch: Mutex<Option<Addr<Dispatch>>>,
+    /// The arbiter the cluster Samplers run on (the server's samplers' arbiter).
+    arbiter: Mutex<Option<actix::ArbiterHandle>>,
 }
 
 fn lock(l: &Leader) -> Result<std::sync::MutexGuard<'_, Inner>> {
@@ -156,11 +161,15 @@ impl Leader {
             timeout: Duration::from_millis(config.node_timeout_ms),
             tick: Duration::from_millis(config.sampler_tick_ms),
             dispatch: Mutex::new(None),
+            arbiter: Mutex::new(None),
         })
     }
 
     /// Starts the dispatcher (and its watch of the nodes' heartbeats).
-    pub fn start(self: &Arc<Self>) {
+    pub fn start(self: &Arc<Self>, samplers: actix::ArbiterHandle) {
+        if let Ok(mut a) = self.arbiter.lock() {
+            *a = Some(samplers);
+        }
         let addr = Dispatch {
             leader: self.clone(),
         }
@@ -265,7 +274,13 @@ impl Leader {
             inner.fail(f.job, &format!("on node {name}: {}", f.reason));
         }
         for c in report.credits {
+            if let Some(j) = inner.jobs.get_mut(&c.job)
+                && j.nodes.contains_key(name)
+            {
+                j.attached.insert(name.to_string());
+            }
             inner.give_credit(c.job, u64::from(c.n));
+            self.start_if_complete(&mut inner, c.job)?;
         }
         Ok(())
     }
@@ -316,7 +331,7 @@ impl Leader {
     }
 
     /// `POST /v1/nodes/{name}/jobs`: a node's ranks of a multi-node job; sampling starts when
-    /// every rank of the job has joined.
+    /// every rank of the job has joined and every node's ranks have attached.
     pub async fn join(
         &self,
         state: &AppState,
@@ -422,6 +437,7 @@ impl Leader {
                         placer: None,
                         sampler: None,
                         pending_credit: 0,
+                        attached: Default::default(),
                         debt: 0,
                         failed: None,
                         finished: false,
@@ -430,19 +446,20 @@ impl Leader {
                 id
             }
         };
-        self.start_if_complete(&mut inner, id, &state.samplers)?;
+        self.start_if_complete(&mut inner, id)?;
         tracing::info!(job = %identity.name, node, ranks = ?req.ranks, "node joined a multi-node job");
         Ok(NodeJobAccepted { job: id })
     }
 
-    /// Once every rank has joined: the placer over the job's nodes, and the job in its
+    /// Once every rank has joined and attached: the placer over the job's nodes, and the job in its
     /// dataset's cluster Sampler.
-    fn start_if_complete(
-        &self,
-        inner: &mut Inner,
-        id: u64,
-        arbiter: &actix::ArbiterHandle,
-    ) -> Result<()> {
+    fn start_if_complete(&self, inner: &mut Inner, id: u64) -> Result<()> {
+        let arbiter = self
+            .arbiter
+            .lock()
+            .map_err(Error::internal)?
+            .clone()
+            .ok_or_else(|| Error::internal("the leader is not started"))?;
         let dispatch = self
             .dispatch
             .lock()
@@ -453,7 +470,7 @@ impl Leader {
             return Ok(());
         };
         let joined: u32 = job.nodes.values().map(|r| r.len() as u32).sum();
-        if joined < job.world || job.placer.is_some() {
+        if joined < job.world || job.attached.len() < job.nodes.len() || job.placer.is_some() {
             return Ok(());
         }
         let dataset = job.dataset.clone();
@@ -463,7 +480,7 @@ impl Leader {
             .or_insert_with(|| {
                 let tick = self.tick;
                 let stats = Arc::new(::actors::service::CacheStats::default());
-                SamplerActor::start_in_arbiter(arbiter, move |_| {
+                SamplerActor::start_in_arbiter(&arbiter, move |_| {
                     SamplerActor::new(0, dispatch.recipient(), tick, stats)
                 })
             })
