@@ -165,6 +165,13 @@ pub struct ServeArgs {
     /// Bearer token required by the REST API (and sent to the leader by a follower).
     #[arg(long, env = "JOADER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Mode (octal, such as 660) of the shared memory clients open: training processes of
+    /// another user open it through the group of `--shm-gid` (default 600).
+    #[arg(long, env = "JOADER_SHM_MODE", value_parser = parse_mode)]
+    pub shm_mode: Option<u32>,
+    /// Group id given to the shared memory clients open (the server's user must belong to it).
+    #[arg(long, env = "JOADER_SHM_GID")]
+    pub shm_gid: Option<u32>,
     /// Follow this leader (`http://HOST:PORT`): register this node, load and serve the
     /// leader's samples of multi-node jobs. Without it the server is a leader.
     #[arg(long, env = "JOADER_LEADER")]
@@ -184,6 +191,12 @@ pub struct ServeArgs {
     /// A node (or the leader) silent this long is lost: its multi-node jobs fail (default 2000).
     #[arg(long, env = "JOADER_NODE_TIMEOUT_MS")]
     pub node_timeout_ms: Option<u64>,
+}
+
+/// An octal mode: `660`, `0660` or `0o660`.
+fn parse_mode(s: &str) -> std::result::Result<u32, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    u32::from_str_radix(digits, 8).map_err(|_| format!("'{s}' is not an octal mode such as 660"))
 }
 
 impl ServeArgs {
@@ -241,6 +254,12 @@ impl ServeArgs {
         }
         if self.token.is_some() {
             c.token = self.token;
+        }
+        if let Some(m) = self.shm_mode {
+            c.shm_mode = m;
+        }
+        if self.shm_gid.is_some() {
+            c.shm_gid = self.shm_gid;
         }
         if self.leader.is_some() {
             c.leader = self.leader;

@@ -56,6 +56,12 @@ pub struct Config {
     /// Seconds a job name's counters and metric series outlive its last job (keep it above
     /// the Prometheus scrape interval, so that the last values are scraped).
     pub metrics_retention_s: u64,
+    /// Mode of the shared-memory objects clients open (the data segment and the rings), e.g.
+    /// `0o660` in TOML: training processes of another user open them through the group.
+    pub shm_mode: u32,
+    /// Group id given to those objects (the server's user must belong to it; Kubernetes: the
+    /// training pods' `supplementalGroups`). Default: the server's group.
+    pub shm_gid: Option<u32>,
     /// The leader's URL (`http://HOST:PORT`): this server is a follower node of that leader's
     /// cluster. Unset: this server is a leader (and, alone, a standalone server as before).
     pub leader: Option<String>,
@@ -99,6 +105,8 @@ impl Default for Config {
             ended_jobs_kept: 100,
             ended_job_ttl_s: 24 * 3600,
             metrics_retention_s: 600,
+            shm_mode: 0o600,
+            shm_gid: None,
             leader: None,
             node_name: None,
             advertise: None,
@@ -159,6 +167,13 @@ impl Config {
         anyhow::ensure!(
             self.sampler_tick_ms > 0 && self.cache_tick_ms > 0,
             "ticks must be positive"
+        );
+        anyhow::ensure!(
+            self.shm_mode & !0o777 == 0
+                && self.shm_mode & 0o600 == 0o600
+                && self.shm_mode & 0o111 == 0,
+            "shm_mode {:o}: read and write bits only, the owner's included (such as 600, 660, 666)",
+            self.shm_mode
         );
         if let Some(l) = &self.leader {
             anyhow::ensure!(

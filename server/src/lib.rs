@@ -49,6 +49,10 @@ pub async fn run(
         config.cache_bytes,
     );
     seg.reserve = true;
+    seg.access = dataplane::Access {
+        mode: config.shm_mode,
+        gid: config.shm_gid,
+    };
     let writer = Writer::create(&seg).with_context(|| {
         format!(
             "cannot create the shared-memory cache of instance '{}'",

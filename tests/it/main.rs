@@ -4,6 +4,7 @@ mod bench;
 mod bounded;
 mod cluster;
 mod common;
+mod deploy;
 mod flow;
 mod observability;
 mod openapi;
