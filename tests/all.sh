@@ -30,5 +30,6 @@ JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" bash tests/schemathesis.sh
 echo "== python package (installs maturin, numpy, pytest, mypy and torch when missing)"
 bash dataplane/python/ci.sh
 
-echo "== python client against the real server"
+echo "== python client against the real server, and the Kubernetes manifests (installs kubernetes-validate when missing)"
+python3 -c "import kubernetes_validate" 2>/dev/null || python3 -m pip install -q kubernetes-validate
 JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" python3 -m pytest -q -p no:cacheprovider tests/python
