@@ -53,6 +53,10 @@ pub enum BenchCommand {
     /// An ImageNet-size manifest and 64 jobs on real `joader serve` processes: index time and
     /// memory, memory per job, idle CPU, and fast jobs beside slow, paused and idle ones.
     Scale(bench::scale::ScaleArgs),
+    /// A leader and three followers as processes on this machine: decodes per epoch of
+    /// multi-node jobs against the union of their subsets, jobs on different node sets against
+    /// the placement rule, per-rank throughput against one standalone server, leader CPU.
+    Cluster(bench::cluster::ClusterArgs),
 }
 
 /// Simulate samplers and cache policies.
@@ -441,6 +445,7 @@ pub fn main() -> Result<()> {
         Command::Bench(BenchCommand::E2e(args)) => bench::e2e::run(args),
         Command::Bench(BenchCommand::Decode(args)) => bench::decode::decode(args),
         Command::Bench(BenchCommand::Scale(args)) => bench::scale::run(args),
+        Command::Bench(BenchCommand::Cluster(args)) => bench::cluster::run(args),
     }
 }
 

@@ -13,7 +13,7 @@
 //!    mid-epoch, never attached) on a server whose cache holds the paused jobs' rings plus two
 //!    batches per attached job. Each fast job's rate is compared with the rate alone.
 
-mod procs;
+pub(crate) mod procs;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

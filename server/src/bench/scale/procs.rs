@@ -64,6 +64,16 @@ pub struct ServerProc {
 
 impl ServerProc {
     pub fn start(tag: &str, roots: &[PathBuf], cache_bytes: u64) -> Result<Self> {
+        Self::start_with(tag, roots, cache_bytes, &[])
+    }
+
+    /// [`ServerProc::start`] with more `joader serve` arguments.
+    pub fn start_with(
+        tag: &str,
+        roots: &[PathBuf],
+        cache_bytes: u64,
+        extra: &[String],
+    ) -> Result<Self> {
         let instance = format!("bench_scale_{tag}_{}", std::process::id());
         let data = tempfile::Builder::new()
             .prefix("joader-bench-scale-catalog")
@@ -84,6 +94,7 @@ impl ServerProc {
         for r in roots {
             cmd.arg("--allowed-root").arg(r);
         }
+        cmd.args(extra);
         let mut child = cmd.spawn().context("cannot start joader serve")?;
         let stderr = child.stderr.take().context("no stderr")?;
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -187,9 +198,24 @@ impl Consumers {
             .as_str()
             .context("a job without a name")?
             .to_owned();
+        self.start_rank(&name, url, job, 0, sample_us, dir)
+    }
+
+    /// A consumer of rank `rank` of `job`, known (and its output files named) as `label`.
+    pub fn start_rank(
+        &mut self,
+        label: &str,
+        url: &str,
+        job: &Value,
+        rank: u32,
+        sample_us: u64,
+        dir: &Path,
+    ) -> Result<()> {
+        let name = label.to_owned();
         let out = dir.join(format!("{name}.out"));
         let child = Command::new(std::env::current_exe()?)
             .args(["consume", "--server", url, "--job", &job.to_string()])
+            .args(["--rank", &rank.to_string()])
             .args(["--sample-us", &sample_us.to_string()])
             .stdout(Stdio::from(File::create(&out)?))
             .stderr(Stdio::from(File::create(dir.join(format!("{name}.err")))?))
