@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::common::{TempDir, TestServer, consumer, finish, unique_instance, wait_for};
+use crate::common::{
+    TempDir, TestServer, consumer, finish, shm_objects, unique_instance, wait_for,
+};
 use crate::server::{dataset, epoch_ids};
 
 struct Node {
@@ -272,4 +274,179 @@ fn a_killed_leader_fails_multi_node_jobs_and_single_node_jobs_go_on() {
     assert_eq!(j["state"], "running", "{j}");
     single.kill().unwrap();
     single.wait().unwrap();
+}
+
+/// The leader killed and restarted on its address (same catalog, same instance): its start-up
+/// removes the segments the killed process left, the follower registers again by itself, and a
+/// new multi-node job across both nodes reads an exact epoch.
+#[test]
+fn a_restarted_leader_cleans_its_stale_segments_and_the_follower_rejoins() {
+    let mut nodes = cluster("rejoin", 1, &[]);
+    let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
+    // A multi-node job running when the leader dies: its rings are in /dev/shm.
+    let before: Vec<_> = (0..2u32)
+        .map(|r| {
+            consumer(
+                &nodes[r as usize].server.url,
+                &job("old", 2, 1, r, json!({})),
+                &["--rank", &r.to_string(), "--sample-us", "2000"],
+            )
+        })
+        .collect();
+    let c0 = nodes[0].server.client();
+    wait_for("the job to run", || {
+        let j = c0.ok("GET", "/v1/jobs/old", None).ok()?;
+        (j["acknowledged"].as_u64()? > 0).then_some(())
+    });
+    let instance = {
+        let log = nodes[0].server.log.lock().unwrap().clone();
+        let i = log.find("instance=").expect("the server logs its instance") + 9;
+        log[i..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '.')
+            .collect::<String>()
+    };
+    let stale: Vec<String> = shm_objects(&instance)
+        .into_iter()
+        .filter(|o| o.contains("-ring-old"))
+        .collect();
+    assert!(!stale.is_empty(), "{:?}", shm_objects(&instance));
+    let addr = nodes[0]
+        .server
+        .url
+        .trim_start_matches("http://")
+        .to_string();
+    let mut leader = nodes[0].server.child.take().unwrap();
+    leader.kill().unwrap();
+    leader.wait().unwrap();
+    for (r, child) in before.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "rank {r} of the old job went on");
+    }
+    assert!(
+        stale
+            .iter()
+            .all(|o| std::path::Path::new(&format!("/dev/shm/{o}")).exists()),
+        "a killed server leaves its segments"
+    );
+    // Restarted on the same address, catalog and instance.
+    let root = dataset();
+    let restarted = TestServer::start(
+        &instance,
+        &nodes[0]._dir.0,
+        root,
+        &["--node-name", "node-0", "--bind", &addr],
+    );
+    assert!(
+        stale
+            .iter()
+            .all(|o| !std::path::Path::new(&format!("/dev/shm/{o}")).exists()),
+        "stale segments left: {:?}",
+        shm_objects(&instance)
+    );
+    nodes[0].server = restarted;
+    let c0 = nodes[0].server.client();
+    c0.wait_ready("imgs", crate::common::DEADLINE).unwrap();
+    wait_for("both nodes registered with the restarted leader", || {
+        let v = c0.ok("GET", "/v1/nodes", None).ok()?;
+        let alive = v["nodes"]
+            .as_array()?
+            .iter()
+            .filter(|n| n["state"] == "alive")
+            .count();
+        (alive == 2).then_some(())
+    });
+    let ranks: Vec<_> = (0..2u32)
+        .map(|r| {
+            consumer(
+                &nodes[r as usize].server.url,
+                &job("new", 2, 1, r, json!({"epochs": 1})),
+                &["--rank", &r.to_string()],
+            )
+        })
+        .collect();
+    let mut all: Vec<u32> = ranks
+        .into_iter()
+        .flat_map(|c| epoch_ids(&finish(c), 0))
+        .collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
+}
+
+/// A follower that cannot read a dataset's source (here: outside its `--allowed-root`) reports
+/// the dataset as failed, with the reason, in the leader's `GET /v1/nodes`.
+#[test]
+fn a_follower_that_cannot_read_the_source_reports_the_dataset_failed() {
+    let root = dataset();
+    let (d0, d1) = (TempDir::new("srcfail0"), TempDir::new("srcfail1"));
+    let elsewhere = TempDir::new("srcfail-root");
+    let leader = TestServer::start(
+        &unique_instance("srcfail0"),
+        &d0.0,
+        root,
+        &["--node-name", "node-0"],
+    );
+    let _follower = TestServer::start(
+        &unique_instance("srcfail1"),
+        &d1.0,
+        &elsewhere.0,
+        &["--node-name", "node-1", "--leader", &leader.url],
+    );
+    let c = leader.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    let failed = wait_for("node-1 to report the dataset", || {
+        let v = c.ok("GET", "/v1/nodes", None).ok()?;
+        let node = v["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == "node-1")?
+            .clone();
+        node["datasets"]
+            .as_array()?
+            .iter()
+            .find(|d| d["name"] == "imgs" && d["state"] == "failed")
+            .cloned()
+    });
+    let reason = failed["error"].as_str().unwrap_or_default();
+    assert!(reason.contains("allowed"), "{failed}");
+}
+
+/// Ranks of one job on one server at different speeds: the fast rank reads its share, leaves,
+/// and the slow ranks still read theirs to the end (a rank that left after the end of its
+/// share used to close the job's every ring).
+#[test]
+fn a_fast_rank_that_leaves_first_does_not_cut_the_slow_ranks_short() {
+    let dir = TempDir::new("ranks");
+    let root = dataset();
+    let server = TestServer::start(&unique_instance("ranks"), &dir.0, root, &[]);
+    let c = server.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    c.wait_ready("imgs", crate::common::DEADLINE).unwrap();
+    let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
+    let ranks: Vec<_> = (0..3u32)
+        .map(|r| {
+            let pace = if r == 0 { "0" } else { "20000" };
+            consumer(
+                &server.url,
+                &job("speeds", 3, 3, r, json!({"epochs": 1})),
+                &["--rank", &r.to_string(), "--sample-us", pace],
+            )
+        })
+        .collect();
+    let mut all: Vec<u32> = ranks
+        .into_iter()
+        .flat_map(|c| epoch_ids(&finish(c), 0))
+        .collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
 }

@@ -147,7 +147,10 @@ impl TestServer {
         extra: &[&str],
     ) -> TestServer {
         let mut cmd = Command::new(joader_bin());
-        cmd.args(["serve", "--bind", "127.0.0.1:0", "--instance", instance]);
+        cmd.args(["serve", "--instance", instance]);
+        if !extra.contains(&"--bind") {
+            cmd.args(["--bind", "127.0.0.1:0"]);
+        }
         // Defaults a test may override through `extra`.
         if !extra.contains(&"--cache-bytes") {
             cmd.args(["--cache-bytes", "256MiB"]); // a size as users write it (bytesize)

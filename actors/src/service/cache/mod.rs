@@ -318,6 +318,8 @@ impl CacheActor {
         for (&id, job) in &mut self.jobs {
             let mut credit = 0u32;
             let mut alive = false;
+            // Rings whose client read to the end and left (the job ends when every one has).
+            let mut finished_rings = 0;
             for rr in &mut job.rings {
                 match rr.ring.poll_acks() {
                     Ok(refs) => released.extend(refs),
@@ -361,10 +363,14 @@ impl CacheActor {
                     ReaderStatus::Detached if job.stats.state() != JobState::Finished => {
                         gone.push((id, "client detached before the end of the job".into()));
                     }
-                    // Finished and read: free the reader index and the ring.
-                    ReaderStatus::Detached => done.push(id),
+                    // Finished and read: once every rank's client has (a fast rank that
+                    // left must not close the rings its job's slower ranks still read).
+                    ReaderStatus::Detached => finished_rings += 1,
                     ReaderStatus::NotAttached => {}
                 }
+            }
+            if probe && finished_rings == job.rings.len() {
+                done.push(id);
             }
             if alive {
                 job.stats.set_state(JobState::Running);
