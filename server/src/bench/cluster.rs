@@ -41,8 +41,9 @@ pub struct ClusterArgs {
     /// Multi-node jobs on the same nodes in part 1 (K).
     #[arg(long, default_value_t = 4)]
     pub jobs: u32,
-    /// Epochs of the throughput part.
-    #[arg(long, default_value_t = 3)]
+    /// Epochs of the throughput part (enough for the leader's CPU time to be measured over
+    /// seconds).
+    #[arg(long, default_value_t = 20)]
     pub epochs: u32,
     /// Where the generated images are written and reused by later runs.
     #[arg(long, default_value = "joader-bench-data/cluster")]
