@@ -450,3 +450,57 @@ fn a_fast_rank_that_leaves_first_does_not_cut_the_slow_ranks_short() {
     all.sort_unstable();
     assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
 }
+
+/// A follower that stops heartbeating without dying (SIGSTOP): the leader marks it lost and the
+/// ranks on the other nodes end with `job_failed`; resumed, the follower learns that the leader
+/// lost it (404), fails its own rank of the job and registers again.
+#[test]
+fn a_frozen_follower_is_lost_then_rejoins_when_it_resumes() {
+    use rustix::process::{Pid, Signal, kill_process};
+    let nodes = cluster("frozen", 2, &[]);
+    let mut ranks: Vec<_> = (0..3u32)
+        .map(|r| {
+            consumer(
+                &nodes[r as usize].server.url,
+                &job("fz", 3, 1, r, json!({})),
+                &["--rank", &r.to_string(), "--sample-us", "2000"],
+            )
+        })
+        .collect();
+    let c0 = nodes[0].server.client();
+    wait_for("the job to run on the leader's node", || {
+        let j = c0.ok("GET", "/v1/jobs/fz", None).ok()?;
+        (j["acknowledged"].as_u64()? > 0).then_some(())
+    });
+    let frozen = nodes[2].server.child.as_ref().unwrap().id();
+    let pid = Pid::from_raw(frozen as i32).unwrap();
+    kill_process(pid, Signal::STOP).unwrap();
+    let stopped = Instant::now();
+    let third = ranks.pop().unwrap();
+    for (r, child) in ranks.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {r} went on");
+        assert!(
+            err.contains("job_failed") && err.contains("node-2"),
+            "rank {r}: {err}"
+        );
+        eprintln!("rank {r} failed {:?} after the stop", stopped.elapsed());
+    }
+    let state = |name: &str| {
+        let v = c0.ok("GET", "/v1/nodes", None).ok()?;
+        let n = v["nodes"].as_array()?.iter().find(|n| n["name"] == name)?;
+        n["state"].as_str().map(String::from)
+    };
+    assert_eq!(state("node-2").as_deref(), Some("lost"));
+    kill_process(pid, Signal::CONT).unwrap();
+    let out = third.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("job_failed"),
+        "rank 2: {err}"
+    );
+    wait_for("node-2 alive again", || {
+        (state("node-2")?.as_str() == "alive").then_some(())
+    });
+}
