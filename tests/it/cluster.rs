@@ -386,7 +386,7 @@ fn a_follower_that_cannot_read_the_source_reports_the_dataset_failed() {
         root,
         &["--node-name", "node-0"],
     );
-    let _follower = TestServer::start(
+    let follower = TestServer::start(
         &unique_instance("srcfail1"),
         &d1.0,
         &elsewhere.0,
@@ -503,4 +503,99 @@ fn a_frozen_follower_is_lost_then_rejoins_when_it_resumes() {
     wait_for("node-2 alive again", || {
         (state("node-2")?.as_str() == "alive").then_some(())
     });
+}
+
+/// With a bearer token, the follower sends it to the leader (`--token`): it registers, learns
+/// the dataset and serves a multi-node job; a follower with another token never registers.
+#[test]
+fn followers_send_the_token_to_the_leader() {
+    let root = dataset();
+    let dirs: Vec<TempDir> = (0..3).map(|i| TempDir::new(&format!("tok{i}"))).collect();
+    let start = |i: usize, token: &str, leader: Option<&str>| {
+        let name = format!("node-{i}");
+        let mut args = vec!["--node-name", name.as_str(), "--token", token];
+        if let Some(l) = leader {
+            args.extend(["--leader", l]);
+        }
+        TestServer::start(
+            &unique_instance(&format!("tok{i}")),
+            &dirs[i].0,
+            root,
+            &args,
+        )
+    };
+    let leader = start(0, "s3cret", None);
+    let follower = start(1, "s3cret", Some(&leader.url));
+    let _impostor = start(2, "wrong", Some(&leader.url));
+    let anonymous = leader.client();
+    let (status, _) = anonymous.call("GET", "/v1/nodes", None).unwrap();
+    assert_eq!(status, 401);
+    let c = leader.client().with_token(Some("s3cret".into()));
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    wait_for("node-1 ready with the dataset", || {
+        let v = c.ok("GET", "/v1/nodes", None).ok()?;
+        v["nodes"]
+            .as_array()?
+            .iter()
+            .any(|n| {
+                n["name"] == "node-1"
+                    && n["datasets"]
+                        .as_array()
+                        .is_some_and(|d| d.iter().any(|d| d["state"] == "ready"))
+            })
+            .then_some(())
+    });
+    let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
+    let urls = [&leader.url, &follower.url];
+    let ranks: Vec<_> = (0..2u32)
+        .map(|r| {
+            consumer(
+                urls[r as usize],
+                &job("tk", 2, 1, r, json!({"epochs": 1})),
+                &["--rank", &r.to_string(), "--token", "s3cret"],
+            )
+        })
+        .collect();
+    let mut all: Vec<u32> = ranks
+        .into_iter()
+        .flat_map(|c| epoch_ids(&finish(c), 0))
+        .collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
+    let v = c.ok("GET", "/v1/nodes", None).unwrap();
+    let names: Vec<&str> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert!(!names.contains(&"node-2"), "{v}");
+}
+
+/// A multi-node job whose ranks read their last records slowly, long after the leader sampled
+/// the end of the job (and forgot it): they read the whole epoch, no failure.
+#[test]
+fn slow_ranks_read_a_multi_node_job_to_its_end() {
+    let nodes = cluster("slowend", 1, &[]);
+    let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
+    let ranks: Vec<_> = (0..2u32)
+        .map(|r| {
+            consumer(
+                &nodes[r as usize].server.url,
+                &job("slow", 2, 1, r, json!({"epochs": 1})),
+                &["--rank", &r.to_string(), "--sample-us", "60000"],
+            )
+        })
+        .collect();
+    let mut all: Vec<u32> = ranks
+        .into_iter()
+        .flat_map(|c| epoch_ids(&finish(c), 0))
+        .collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
 }

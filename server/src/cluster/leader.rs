@@ -422,6 +422,15 @@ impl Leader {
                 id
             }
             None => {
+                // Ids do not repeat across the leader's restarts (they start at the first
+                // job's time in s × 2^20, below 2^53 for JSON readers), so a node's job the
+                // leader does not know is one it forgot.
+                if inner.next_id == 0 {
+                    let secs = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(1, |d| d.as_secs());
+                    inner.next_id = secs << 20;
+                }
                 inner.next_id += 1;
                 let id = inner.next_id;
                 inner.names.insert(identity.name.clone(), id);

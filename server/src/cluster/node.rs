@@ -336,10 +336,23 @@ impl NodeAgent {
     }
 
     /// Hands fetched placements to the Cache, one `Deliver` per local dataset, in order.
+    /// A job whose end (`finished`) is handed over is no longer tracked: the leader forgets it,
+    /// and its ranks may read their last records long after. Failures come last, so that a
+    /// job that finished in this reply is not failed by the leader's not knowing it any more.
     fn apply(&mut self, reply: FetchReply) {
+        self.deliver(&reply);
+        for e in reply.ends.iter().filter(|e| e.finished) {
+            if let Some(t) = self.jobs.remove(&e.job) {
+                self.by_local.remove(&t.local);
+                self.credits.remove(&e.job);
+            }
+        }
         for f in &reply.failed {
             self.fail_local(f.job, &f.reason);
         }
+    }
+
+    fn deliver(&mut self, reply: &FetchReply) {
         let Some(state) = self.state.upgrade() else {
             return;
         };
