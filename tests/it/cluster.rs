@@ -386,7 +386,7 @@ fn a_follower_that_cannot_read_the_source_reports_the_dataset_failed() {
         root,
         &["--node-name", "node-0"],
     );
-    let follower = TestServer::start(
+    let _follower = TestServer::start(
         &unique_instance("srcfail1"),
         &d1.0,
         &elsewhere.0,
