@@ -42,6 +42,7 @@ JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" bash tests/schemathesis.sh
 echo "== python package (installs maturin, numpy, pytest, mypy and torch when missing)"
 bash dataplane/python/ci.sh
 
-echo "== python client against the real server (installs scikit-learn and Pillow for the training-parity test)"
+echo "== python client against the real server, and the Kubernetes manifests (installs scikit-learn and Pillow for the training-parity test, kubernetes-validate for the manifests)"
 python3 -c "import sklearn, PIL" 2>/dev/null || python3 -m pip install -q scikit-learn pillow
+python3 -c "import kubernetes_validate" 2>/dev/null || python3 -m pip install -q kubernetes-validate
 JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" python3 -m pytest -q -p no:cacheprovider tests/python

@@ -48,6 +48,7 @@ pub use reader::{
 };
 pub use ring::{ReaderStatus, RingWriter};
 pub use segment::{SegmentConfig, SlotMeta, SlotRef, Writer};
+pub use shm::Access;
 
 /// Free bytes in `/dev/shm` (what [`Writer::create`] checks against).
 pub fn shm_free_space() -> Result<u64> {

@@ -66,7 +66,8 @@ impl RingWriter {
         let reader = shared.alloc_reader()?;
         let segment = names::ring_segment(&shared.instance, name);
         let made = (|| {
-            let fd = shm::create_exclusive(&segment, layout.total_size, shared.reserve)?;
+            let fd =
+                shm::create_exclusive(&segment, layout.total_size, shared.reserve, shared.access)?;
             match Mapping::map(&fd, &segment, 0, layout.total_size as usize, true) {
                 Ok(map) => Ok((fd, map)),
                 Err(e) => {

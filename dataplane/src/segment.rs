@@ -29,6 +29,9 @@ pub struct SegmentConfig {
     /// Allocate all pages at creation (`fallocate`), so that a full `/dev/shm`
     /// is an error at start-up rather than a `SIGBUS` later. Default true.
     pub reserve: bool,
+    /// Mode and group of the data segment and the rings (clients open them). Default 0600,
+    /// the server's group.
+    pub access: shm::Access,
 }
 
 impl SegmentConfig {
@@ -40,6 +43,7 @@ impl SegmentConfig {
             arena_bytes,
             read_words: 2,
             reserve: true,
+            access: shm::Access::default(),
         }
     }
 }
@@ -132,6 +136,7 @@ pub(crate) struct Shared {
     pub(crate) layout: DataLayout,
     pub(crate) boot_id: u64,
     pub(crate) reserve: bool,
+    pub(crate) access: shm::Access,
     state: Mutex<State>,
     // Held with an exclusive flock for the server's lifetime: clients probe it
     // with a shared non-blocking flock to detect a dead server.
@@ -257,14 +262,14 @@ impl Writer {
     /// Takes the instance lock first (fails with `instance_in_use` when a live
     /// server holds it), then removes every stale object of the instance left
     /// by a dead server, checks `/dev/shm` free space, creates the segment
-    /// exclusively with mode 0600 and publishes its header, layout version last.
+    /// exclusively with `cfg.access` (mode 0600 by default) and publishes its header, layout version last.
     pub fn create(cfg: &SegmentConfig) -> Result<Writer> {
         names::validate_instance(&cfg.instance)?;
         let layout = DataLayout::compute(cfg.slots, cfg.read_words, cfg.arena_bytes, page_size())?;
         let lock = InstanceLock::acquire(&cfg.instance)?;
         let stale_removed = remove_stale_objects(&cfg.instance, &lock.name);
         let name = names::data_segment(&cfg.instance);
-        let fd = shm::create_exclusive(&name, layout.total_size, cfg.reserve)?;
+        let fd = shm::create_exclusive(&name, layout.total_size, cfg.reserve, cfg.access)?;
         let created = (|| {
             // Fresh object: nobody else can hold its lock yet.
             shm::try_flock(&fd, true).map_err(|e| Error::io("flock", &name, e))?;
@@ -315,6 +320,7 @@ impl Writer {
                 layout,
                 boot_id,
                 reserve: cfg.reserve,
+                access: cfg.access,
                 state: Mutex::new(state),
                 _data_fd: fd,
                 _lock: lock,

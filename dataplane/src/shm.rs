@@ -27,11 +27,38 @@ use rustix::shm::OFlags;
 use crate::error::{Error, Result};
 use crate::names::SHM_DIR;
 
-/// Creates `name` exclusively (`O_CREAT | O_EXCL`, mode 0600) with `size`
-/// bytes, after checking that `/dev/shm` has room for it. With `reserve`,
+/// Who may open the objects clients open (the data segment and the rings) besides the
+/// server's user: their mode (`0o600` by default; `0o660` lets a group in) and their group
+/// (the server's own by default). Training processes that run under another user open them
+/// through the group (Kubernetes: `supplementalGroups`) or the mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// Permission bits; the owner's read and write are always kept.
+    pub mode: u32,
+    /// Group id the objects are given (`fchown`); the server's user must belong to it.
+    pub gid: Option<u32>,
+}
+
+impl Default for Access {
+    fn default() -> Self {
+        Access {
+            mode: 0o600,
+            gid: None,
+        }
+    }
+}
+
+/// Creates `name` exclusively (`O_CREAT | O_EXCL`) with `size` bytes, after
+/// checking that `/dev/shm` has room for it, then gives it `access`'s mode
+/// (`fchmod`, so the umask does not narrow it) and group. With `reserve`,
 /// the pages are allocated up front (`fallocate`), so later stores cannot
 /// fault with `SIGBUS` when `/dev/shm` fills up.
-pub(crate) fn create_exclusive(name: &str, size: u64, reserve: bool) -> Result<OwnedFd> {
+pub(crate) fn create_exclusive(
+    name: &str,
+    size: u64,
+    reserve: bool,
+    access: Access,
+) -> Result<OwnedFd> {
     check_free_space(name, size)?;
     let fd = rustix::shm::open(
         name,
@@ -42,6 +69,22 @@ pub(crate) fn create_exclusive(name: &str, size: u64, reserve: bool) -> Result<O
         Errno::EXIST => Error::AlreadyExists { name: name.into() },
         e => Error::io("shm_open(create)", name, e),
     })?;
+    let permitted = (|| {
+        if access.mode != 0o600 {
+            let mode = Mode::from_bits_truncate((access.mode | 0o600) & 0o666);
+            rustix::fs::fchmod(&fd, mode).map_err(|e| Error::io("fchmod", name, e))?;
+        }
+        if let Some(gid) = access.gid {
+            // The kernel checks that the server's user belongs to the group (EPERM).
+            let gid = rustix::fs::Gid::from_raw(gid);
+            rustix::fs::fchown(&fd, None, Some(gid)).map_err(|e| Error::io("fchown", name, e))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = permitted {
+        let _ = rustix::shm::unlink(name);
+        return Err(e);
+    }
     let sized = rustix::fs::ftruncate(&fd, size)
         .map_err(|e| Error::io("ftruncate", name, e))
         .and_then(|()| {

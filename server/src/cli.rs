@@ -25,7 +25,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server: REST API, sampler, loader and shared-memory cache.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Generate an ImageNet-like dataset and run four jobs against an in-process server.
     Demo(demo::DemoArgs),
     /// Register a job with a running server and read it to the end (a debugging client; the
@@ -53,6 +53,10 @@ pub enum BenchCommand {
     /// An ImageNet-size manifest and 64 jobs on real `joader serve` processes: index time and
     /// memory, memory per job, idle CPU, and fast jobs beside slow, paused and idle ones.
     Scale(bench::scale::ScaleArgs),
+    /// A leader and three followers as processes on this machine: decodes per epoch of
+    /// multi-node jobs against the union of their subsets, jobs on different node sets against
+    /// the placement rule, per-rank throughput against one standalone server, leader CPU.
+    Cluster(bench::cluster::ClusterArgs),
 }
 
 /// Simulate samplers and cache policies.
@@ -184,9 +188,41 @@ pub struct ServeArgs {
     /// Keys per object-store listing page (default 1000, the most S3 returns).
     #[arg(long, env = "JOADER_S3_LIST_PAGE")]
     pub s3_list_page: Option<usize>,
-    /// Bearer token required by the REST API.
+    /// Bearer token required by the REST API (and sent to the leader by a follower).
     #[arg(long, env = "JOADER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Mode (octal, such as 660) of the shared memory clients open: training processes of
+    /// another user open it through the group of `--shm-gid` (default 600).
+    #[arg(long, env = "JOADER_SHM_MODE", value_parser = parse_mode)]
+    pub shm_mode: Option<u32>,
+    /// Group id given to the shared memory clients open (the server's user must belong to it).
+    #[arg(long, env = "JOADER_SHM_GID")]
+    pub shm_gid: Option<u32>,
+    /// Follow this leader (`http://HOST:PORT`): register this node, load and serve the
+    /// leader's samples of multi-node jobs. Without it the server is a leader.
+    #[arg(long, env = "JOADER_LEADER")]
+    pub leader: Option<String>,
+    /// This node's name in the cluster (default: `<hostname>-<instance>`; keep it stable).
+    #[arg(long, env = "JOADER_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The URL the leader and followers reach this server at (default: http:// + --bind).
+    #[arg(long, env = "JOADER_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// A leader that serves no ranks itself (its pod is not a training node).
+    #[arg(long, env = "JOADER_LEADER_ONLY")]
+    pub leader_only: bool,
+    /// Milliseconds between heartbeats (default 500).
+    #[arg(long, env = "JOADER_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+    /// A node (or the leader) silent this long is lost: its multi-node jobs fail (default 2000).
+    #[arg(long, env = "JOADER_NODE_TIMEOUT_MS")]
+    pub node_timeout_ms: Option<u64>,
+}
+
+/// An octal mode: `660`, `0660` or `0o660`.
+fn parse_mode(s: &str) -> std::result::Result<u32, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    u32::from_str_radix(digits, 8).map_err(|_| format!("'{s}' is not an octal mode such as 660"))
 }
 
 impl ServeArgs {
@@ -259,6 +295,28 @@ impl ServeArgs {
         }
         if self.token.is_some() {
             c.token = self.token;
+        }
+        if let Some(m) = self.shm_mode {
+            c.shm_mode = m;
+        }
+        if self.shm_gid.is_some() {
+            c.shm_gid = self.shm_gid;
+        }
+        if self.leader.is_some() {
+            c.leader = self.leader;
+        }
+        if self.node_name.is_some() {
+            c.node_name = self.node_name;
+        }
+        if self.advertise.is_some() {
+            c.advertise = self.advertise;
+        }
+        c.leader_only |= self.leader_only;
+        if let Some(v) = self.heartbeat_ms {
+            c.heartbeat_ms = v;
+        }
+        if let Some(v) = self.node_timeout_ms {
+            c.node_timeout_ms = v;
         }
         c.validate()?;
         Ok(c)
@@ -341,7 +399,7 @@ fn consume(args: ConsumeArgs) -> Result<()> {
     eprintln!("registered ring={ring}");
     let per = Duration::from_micros(args.sample_us);
     let mut dump_err = None;
-    let got = crate::client::consume(
+    let got = match crate::client::consume(
         &instance,
         &ring,
         // Hold the unacknowledged batch until killed.
@@ -363,7 +421,26 @@ fn consume(args: ConsumeArgs) -> Result<()> {
                 }
             }
         },
-    )?;
+    ) {
+        Ok(got) => got,
+        Err(e) => {
+            // A closed ring: say why when the server failed the job (a multi-node job whose
+            // node or leader was lost is `job_failed`).
+            let closed = e
+                .downcast_ref::<dataplane::Error>()
+                .is_some_and(|d| d.code() == "ring_closed");
+            let name = body["name"].as_str().unwrap_or_default();
+            if closed
+                && let Ok(job) = client.ok("GET", &format!("/v1/jobs/{name}"), None)
+                && job["state"] == "failed"
+            {
+                let reason = job["reason"].as_str().unwrap_or("");
+                let reason = reason.strip_prefix("job_failed: ").unwrap_or(reason);
+                bail!("job_failed: job {name} failed: {reason}");
+            }
+            return Err(e);
+        }
+    };
     if let Some(e) = dump_err {
         return Err(e).context("cannot write a payload");
     }
@@ -391,7 +468,7 @@ fn serve(args: ServeArgs) -> Result<()> {
 pub fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Demo(args) => demo::run(args),
         Command::Consume(args) => consume(args),
         Command::GenDataset(args) => gen_dataset(args),
@@ -405,6 +482,7 @@ pub fn main() -> Result<()> {
         Command::Bench(BenchCommand::E2e(args)) => bench::e2e::run(args),
         Command::Bench(BenchCommand::Decode(args)) => bench::decode::decode(args),
         Command::Bench(BenchCommand::Scale(args)) => bench::scale::run(args),
+        Command::Bench(BenchCommand::Cluster(args)) => bench::cluster::run(args),
     }
 }
 

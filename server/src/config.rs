@@ -70,6 +70,28 @@ pub struct Config {
     /// Seconds a job name's counters and metric series outlive its last job (keep it above
     /// the Prometheus scrape interval, so that the last values are scraped).
     pub metrics_retention_s: u64,
+    /// Mode of the shared-memory objects clients open (the data segment and the rings), e.g.
+    /// `0o660` in TOML: training processes of another user open them through the group.
+    pub shm_mode: u32,
+    /// Group id given to those objects (the server's user must belong to it; Kubernetes: the
+    /// training pods' `supplementalGroups`). Default: the server's group.
+    pub shm_gid: Option<u32>,
+    /// The leader's URL (`http://HOST:PORT`): this server is a follower node of that leader's
+    /// cluster. Unset: this server is a leader (and, alone, a standalone server as before).
+    pub leader: Option<String>,
+    /// This node's name in the cluster (default: `<hostname>-<instance>`); placement hashes it,
+    /// so keep it stable across restarts.
+    pub node_name: Option<String>,
+    /// The URL other servers reach this one at (default: `http://` + the bound address).
+    pub advertise: Option<String>,
+    /// A leader that serves no ranks itself (Kubernetes: the leader's pod is not a training
+    /// node); followers and a standalone leader serve ranks.
+    pub leader_only: bool,
+    /// Milliseconds between a node's heartbeats.
+    pub heartbeat_ms: u64,
+    /// A node silent this long is lost (the leader fails its multi-node jobs); a leader
+    /// unreachable this long makes a follower fail its multi-node jobs.
+    pub node_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -103,6 +125,14 @@ impl Default for Config {
             ended_jobs_kept: 100,
             ended_job_ttl_s: 24 * 3600,
             metrics_retention_s: 600,
+            shm_mode: 0o600,
+            shm_gid: None,
+            leader: None,
+            node_name: None,
+            advertise: None,
+            leader_only: false,
+            heartbeat_ms: 500,
+            node_timeout_ms: 2000,
         }
     }
 }
@@ -140,6 +170,16 @@ impl Config {
         }
     }
 
+    /// This node's name in the cluster.
+    pub fn node_name(&self) -> String {
+        self.node_name.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "node".into());
+            format!("{host}-{}", self.instance)
+        })
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         actors::storage::s3::S3Allow::parse(&self.allowed_s3, &self.allowed_s3_endpoints)
             .map_err(|e| anyhow::anyhow!("allowed_s3 / allowed_s3_endpoints: {e}"))?;
@@ -170,6 +210,27 @@ impl Config {
         anyhow::ensure!(
             self.sampler_tick_ms > 0 && self.cache_tick_ms > 0,
             "ticks must be positive"
+        );
+        anyhow::ensure!(
+            self.shm_mode & !0o777 == 0
+                && self.shm_mode & 0o600 == 0o600
+                && self.shm_mode & 0o111 == 0,
+            "shm_mode {:o}: read and write bits only, the owner's included (such as 600, 660, 666)",
+            self.shm_mode
+        );
+        if let Some(l) = &self.leader {
+            anyhow::ensure!(
+                l.starts_with("http://") || l.starts_with("https://"),
+                "leader must be a URL such as http://HOST:7480, not '{l}'"
+            );
+            anyhow::ensure!(
+                !self.leader_only,
+                "leader_only is for a leader: drop --leader"
+            );
+        }
+        anyhow::ensure!(
+            self.heartbeat_ms > 0 && self.node_timeout_ms > 2 * self.heartbeat_ms,
+            "node_timeout_ms must exceed two heartbeats (heartbeat_ms)"
         );
         self.default_pipeline
             .validate()

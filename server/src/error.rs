@@ -65,6 +65,8 @@ codes! {
          `AWS_ENDPOINT_URL` and `--allowed-s3-endpoint`): the server sends its credentials only \
          there"),
     DatasetNotFound = ("dataset_not_found", 404, "no dataset has this name"),
+    NodeNotFound = ("node_not_found", 404,
+        "the leader knows no node of this name (it restarted or lost the node): register again"),
     JobNotFound = ("job_not_found", 404, "no job has this name"),
     RecordNotFound = ("record_not_found", 404,
         "no complete record of this job's epoch: the job did not set `record`, has not reached \
@@ -82,6 +84,14 @@ codes! {
         "the dataset is still indexing (retry when its state is ready) or its indexing failed"),
     VersionMismatch = ("version_mismatch", 409,
         "the client speaks another shared-memory layout version: upgrade the client or the server"),
+    NotALeader = ("not_a_leader", 409,
+        "this server follows a leader (`--leader`): send cluster requests to the leader"),
+    NodeMismatch = ("node_mismatch", 409,
+        "a node's view of a multi-node job disagrees with the leader's (another dataset size, \
+         overlapping ranks): every node must index the same source and ranks must be disjoint"),
+    JobFailed = ("job_failed", 409,
+        "the multi-node job failed (a node died or stopped heartbeating, the leader was lost, \
+         or a rank left): DDP cannot go on without a rank; restart the job"),
     TooLarge = ("too_large", 422,
         "the request can never succeed on this server (a ring above the record limit, more \
          ranks than allowed, rings needing more slots than `--cache-slots`, one batch larger than \
@@ -89,6 +99,9 @@ codes! {
     CacheFull = ("cache_full", 503,
         "transient: no reader index is free or `/dev/shm` has no room for a new ring until \
          running jobs end; retry later"),
+    LeaderUnreachable = ("leader_unreachable", 503,
+        "transient: a multi-node job needs the leader and this follower cannot reach it; \
+         retry when the leader is back"),
     ShuttingDown = ("shutting_down", 503,
         "transient: the server is draining after SIGTERM; register with the one that replaces it"),
     Internal = ("internal", 500, "a bug in the server: report it with the server's log"),

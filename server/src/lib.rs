@@ -6,6 +6,7 @@ pub mod bench;
 pub mod catalog;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod error;
@@ -48,6 +49,10 @@ pub async fn run(
         config.cache_bytes,
     );
     seg.reserve = true;
+    seg.access = dataplane::Access {
+        mode: config.shm_mode,
+        gid: config.shm_gid,
+    };
     let writer = Writer::create(&seg).with_context(|| {
         format!(
             "cannot create the shared-memory cache of instance '{}'",
@@ -89,6 +94,20 @@ pub async fn run(
         CacheActor::new(writer, &cache_cfg, loader.recipient(), st)
     });
     let samplers = actix::Arbiter::new();
+    let addr = listener.local_addr()?;
+    // How the leader and the followers reach this server.
+    let own_url = config.advertise.clone().unwrap_or_else(|| {
+        let ip = if addr.ip().is_unspecified() {
+            std::net::IpAddr::from([127, 0, 0, 1])
+        } else {
+            addr.ip()
+        };
+        format!("http://{}", std::net::SocketAddr::new(ip, addr.port()))
+    });
+    let leader = config
+        .leader
+        .is_none()
+        .then(|| cluster::leader::Leader::new(&config));
     let state = Arc::new(AppState {
         config: config.clone(),
         catalog: Arc::new(catalog),
@@ -99,11 +118,28 @@ pub async fn run(
         objects,
         inner: Mutex::new(registry::Inner::default()),
         started: Instant::now(),
+        leader: leader.clone(),
+        leader_url: Some(
+            config
+                .leader
+                .clone()
+                .unwrap_or_else(|| own_url.clone())
+                .trim_end_matches('/')
+                .to_string(),
+        ),
+        node: Default::default(),
     });
     registry::load_catalog(&state)?;
+    if let Some(l) = &leader {
+        l.start(state.samplers.clone());
+    }
+    if !config.leader_only {
+        let leader_url = state.leader_url.clone().unwrap_or_default();
+        let agent = cluster::node::NodeAgent::new(&state, leader_url, own_url).start();
+        let _ = state.node.set(agent);
+    }
     let data = web::Data::from(state.clone());
     let token = config.token.clone();
-    let addr = listener.local_addr()?;
     // The recorder lives beside the registry (it reads the registry, never the reverse).
     let recorder = Arc::new(metrics::Metrics::new());
     let metrics_data = web::Data::from(recorder.clone());

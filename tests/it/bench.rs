@@ -106,3 +106,44 @@ fn bench_scale_quick_prints_every_figure() {
         .collect();
     assert!(leftover.is_empty(), "left in /dev/shm: {leftover:?}");
 }
+
+/// A tiny `joader bench cluster`: a leader and three followers as processes; it prints every
+/// row and a JSON line whose counts are consistent (decodes between the union and the sum of
+/// the subsets; the placement rule's count between N and 2N). The speed figures are the
+/// benchmark's business.
+#[test]
+fn bench_cluster_quick_prints_every_figure() {
+    let dir = TempDir::new("bench-cluster");
+    let o = std::process::Command::new(joader_bin())
+        .args(["bench", "cluster", "--quick", "--data"])
+        .arg(dir.0.join("data"))
+        .output()
+        .expect("run joader bench cluster");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for row in [
+        "| 4 multi-node jobs on the same nodes: decodes per epoch / union |",
+        "| jobs on nodes {0,1} and {1,2}: decodes per epoch |",
+        "| per-rank samples/s: 3-rank job on 3 nodes / on one server |",
+        "| leader CPU |",
+    ] {
+        assert!(stdout.contains(row), "missing {row} in\n{stdout}");
+    }
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["bench"], "cluster");
+    let (loads, union, sum) = (
+        v["same_nodes_loads"].as_u64().unwrap(),
+        v["same_nodes_union"].as_u64().unwrap(),
+        v["same_nodes_sum"].as_u64().unwrap(),
+    );
+    assert_eq!(union, 105, "{v}");
+    assert!(union <= loads && loads <= sum, "{v}");
+    let rule = v["node_sets_rule"].as_u64().unwrap();
+    assert!((120..=240).contains(&rule), "{v}");
+    assert!(v["node_sets_loads"].as_u64().unwrap() >= 120, "{v}");
+    assert_eq!(v["cluster_rank_samples_per_s"].as_array().unwrap().len(), 3);
+}

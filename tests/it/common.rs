@@ -165,7 +165,10 @@ impl TestServer {
             }
         }
         cmd.envs(env.iter().copied());
-        cmd.args(["serve", "--bind", "127.0.0.1:0", "--instance", instance]);
+        cmd.args(["serve", "--instance", instance]);
+        if !extra.contains(&"--bind") {
+            cmd.args(["--bind", "127.0.0.1:0"]);
+        }
         // Defaults a test may override through `extra`.
         if !extra.contains(&"--cache-bytes") {
             cmd.args(["--cache-bytes", "256MiB"]); // a size as users write it (bytesize)

@@ -2,8 +2,10 @@
 
 mod bench;
 mod bounded;
+mod cluster;
 mod common;
 mod decode;
+mod deploy;
 mod flow;
 mod observability;
 mod openapi;

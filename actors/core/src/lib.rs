@@ -7,5 +7,6 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod cluster;
 pub mod sampling;
 pub mod sim;

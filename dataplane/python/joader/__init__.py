@@ -324,11 +324,18 @@ def register_job(
     resume: Optional[Dict[str, Any]] = None,
     record: bool = False,
     replay: Optional[Dict[str, Any]] = None,
+    local_world_size: Optional[int] = None,
 ) -> Dict[str, Any]:
     """``POST {server}/v1/jobs`` (see dataplane/DESIGN.md, "Job registration") and returns the response.
     ``resume`` is ``{"epoch", "consumed"}`` of a `Loader.state_dict()`; ``record`` keeps the
     job's delivery orders (``GET /v1/jobs/{name}/record/{epoch}``); ``replay`` is
-    ``{"job", "epoch"}`` of a recorded epoch to receive again, in its order."""
+    ``{"job", "epoch"}`` of a recorded epoch to receive again, in its order.
+
+    ``local_world_size`` (default: ``$LOCAL_WORLD_SIZE`` as torchrun sets it, else all
+    ranks) is the number of the job's ranks on this node; below ``world_size`` the job is a
+    multi-node job, sampled by the cluster's leader (README, "Running a cluster")."""
+    if local_world_size is None and "LOCAL_WORLD_SIZE" in os.environ:
+        local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
     body = {
         "name": name,
         "dataset": dataset,
@@ -337,6 +344,7 @@ def register_job(
         "seed": seed,
         "rank": rank,
         "world_size": world_size,
+        "local_world_size": local_world_size,
         "epochs": epochs,
         "pipeline": pipeline,
         "client": {"pid": os.getpid(), "version": __version__, "layout_version": LAYOUT_VERSION},

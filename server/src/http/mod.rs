@@ -7,6 +7,7 @@
 //! `#[utoipa::path]`, so registering a route is documenting it. [`openapi`] builds the
 //! document from [`configure`], the same function that registers the routes of the server.
 
+pub mod cluster;
 pub mod dashboard;
 pub mod datasets;
 pub mod error;
@@ -182,6 +183,9 @@ pub fn configure(cfg: &mut ServiceConfig) {
             Error::new(Code::InvalidRequest, format!("invalid path: {err}")).into()
         }),
     )
+    // The nodes' routes first: the leader answers hundreds of their requests a second, and
+    // routing (twice with the metrics' `match_pattern`) tries the routes in this order.
+    .configure(cluster::configure)
     .service(openapi_json)
     .configure(dashboard::configure)
     .configure(stats::configure)

@@ -29,8 +29,10 @@ pub struct ClientInfo {
     pub layout_version: Option<u32>,
 }
 
-/// The most ranks a job may have.
+/// The most ranks a job may have on one server.
 pub const MAX_WORLD_SIZE: u32 = 64;
+/// The most ranks a multi-node job may have.
+pub const MAX_CLUSTER_WORLD_SIZE: u32 = 4096;
 /// The most records a delivery ring may hold (64 bytes each: a 4 MiB ring).
 pub const MAX_RING_CAPACITY: u32 = 1 << 16;
 
@@ -65,7 +67,7 @@ fn ring_capacity(config: &crate::config::Config, req: &JobRequest) -> Result<u32
             ),
         ));
     }
-    let world = u64::from(req.world_size.unwrap_or(1));
+    let world = u64::from(req.local_world_size.or(req.world_size).unwrap_or(1));
     let needed = u64::from(capacity) * world;
     if needed > u64::from(config.cache_slots) {
         return Err(Error::new(
@@ -140,6 +142,12 @@ pub struct JobRequest {
     pub rank: Option<u32>,
     #[serde(default)]
     pub world_size: Option<u32>,
+    /// Ranks of the job on this node (torchrun's `LOCAL_WORLD_SIZE`; `null`: all of them). A
+    /// job with fewer local ranks than `world_size` is a multi-node job: its ranks on this node
+    /// are the block of `local_world_size` ranks that holds `rank` (torchrun numbers a node's
+    /// ranks consecutively), and the leader samples it for every node.
+    #[serde(default)]
+    pub local_world_size: Option<u32>,
     /// `null`: until deleted.
     #[serde(default)]
     pub epochs: Option<u32>,
@@ -368,10 +376,20 @@ pub async fn register_job<T>(
             "world_size must be at least 1",
         ));
     }
-    if world > MAX_WORLD_SIZE {
+    let local_world = req.local_world_size.unwrap_or(world);
+    if local_world == 0 || local_world > world {
+        return Err(Error::new(
+            Code::InvalidRequest,
+            format!("local_world_size {local_world} must lie in 1..=world_size ({world})"),
+        ));
+    }
+    if local_world > MAX_WORLD_SIZE || world > MAX_CLUSTER_WORLD_SIZE {
         return Err(Error::new(
             Code::TooLarge,
-            format!("world_size {world} is above this server's limit of {MAX_WORLD_SIZE} ranks"),
+            format!(
+                "{local_world} ranks on this server (world_size {world}) are above the limit \
+                 of {MAX_WORLD_SIZE} ranks per server and {MAX_CLUSTER_WORLD_SIZE} per job"
+            ),
         ));
     }
     if let Some(r) = req.rank
@@ -382,6 +400,27 @@ pub async fn register_job<T>(
             format!("rank {r} is not below world_size {world}"),
         ));
     }
+    // A multi-node job: this node serves the block of `local_world` ranks holding `rank`.
+    let multi = local_world < world;
+    let first_rank = req.rank.unwrap_or(0) / local_world * local_world;
+    let local_ranks = local_world.min(world - first_rank);
+    let agent = if multi {
+        if req.rank.is_none() {
+            return Err(Error::new(
+                Code::InvalidRequest,
+                "a multi-node job (local_world_size below world_size) needs each rank's `rank`",
+            ));
+        }
+        Some(state.node.get().cloned().ok_or_else(|| {
+            Error::new(
+                Code::InvalidRequest,
+                "this leader serves no ranks (--leader-only): register multi-node ranks with \
+                 the follower on their node",
+            )
+        })?)
+    } else {
+        None
+    };
     let capacity = ring_capacity(&state.config, &req)?;
     let pipeline = req
         .pipeline
@@ -492,6 +531,13 @@ pub async fn register_job<T>(
             .clone();
         (d.id, index, source, sampler, pipeline_id)
     };
+    if multi && (req.resume.is_some() || req.replay.is_some() || req.record) {
+        return Err(Error::new(
+            Code::InvalidRequest,
+            "resume, replay and record are for jobs on one server: a multi-node job \
+             (local_world_size below world_size) cannot use them yet",
+        ));
+    }
     if req.replay.is_some() && (req.subset.is_some() || req.resume.is_some()) {
         return Err(Error::new(
             Code::InvalidReplay,
@@ -560,11 +606,14 @@ pub async fn register_job<T>(
             prepare,
             subset: subset.clone(),
             ring_prefix: req.name.clone(),
-            ranks: world,
+            ranks: local_ranks,
             capacity,
             batch: req.batch_size,
             stats: stats.clone(),
-            sampler: sampler.clone().recipient(),
+            sampler: match &agent {
+                Some(a) => a.clone().recipient(),
+                None => sampler.clone().recipient(),
+            },
             resume: resume.as_ref().map(|(_, remaining)| remaining.clone()),
         })
         .await
@@ -575,6 +624,44 @@ pub async fn register_job<T>(
             // Out of reader indices or shared memory for a ring: transient, jobs end.
             OpenJobError::Ring { .. } => Error::new(Code::CacheFull, e.to_string()),
         })?;
+    let mut rings = rings;
+    let remover: actix::Recipient<RemoveJob> = match &agent {
+        None => sampler.clone().recipient(),
+        Some(agent) => {
+            // The rings are the node's block of global ranks.
+            for r in &mut rings {
+                r.rank += first_rank;
+            }
+            let items = {
+                let inner = state.inner.lock().map_err(Error::internal)?;
+                inner
+                    .datasets
+                    .get(&req.dataset)
+                    .and_then(|d| d.index.as_ref())
+                    .map_or(0, |i| i.len() as u64)
+            };
+            let body = crate::cluster::NodeJob {
+                job: req.identity(),
+                ranks: (first_rank..first_rank + local_ranks).collect(),
+                items,
+            };
+            use crate::cluster::node::{Joined, Joining, Track, join_leader};
+            agent.send(Joining).await.map_err(Error::internal)?;
+            let joined = join_leader(state, body).await;
+            let track = joined.as_ref().ok().map(|&cluster| Track {
+                cluster,
+                local: job_id,
+                dataset: dataset_id,
+                stats: stats.clone(),
+            });
+            agent.send(Joined(track)).await.map_err(Error::internal)?;
+            if let Err(e) = joined {
+                state.cache.do_send(CloseJob { job: job_id });
+                return Err(e);
+            }
+            agent.clone().recipient()
+        }
+    };
     let record = if req.record {
         let dir = super::record::dir(&state.config.data_dir, &req.name);
         match actix_web::rt::task::spawn_blocking(move || super::record::start(dir, world))
@@ -590,23 +677,27 @@ pub async fn register_job<T>(
     } else {
         None
     };
-    let added = sampler
-        .send(AddJob {
-            job: job_id,
-            subset: subset.clone(),
-            seed: req.seed,
-            epochs: req.epochs,
-            sampler: req.sampler.unwrap_or(SamplerKind::Dsa),
-            // The Cache grants the rings' capacity when every rank's client has attached.
-            credit: 0,
-            lookahead: req.batch_size * world,
-            stats: stats.clone(),
-            resume,
-            replay,
-            record,
-        })
-        .await
-        .map_err(Error::internal)?;
+    let added = if agent.is_some() {
+        Ok(())
+    } else {
+        sampler
+            .send(AddJob {
+                job: job_id,
+                subset: subset.clone(),
+                seed: req.seed,
+                epochs: req.epochs,
+                sampler: req.sampler.unwrap_or(SamplerKind::Dsa),
+                // The Cache grants the rings' capacity when every rank's client has attached.
+                credit: 0,
+                lookahead: req.batch_size * world,
+                stats: stats.clone(),
+                resume,
+                replay,
+                record,
+            })
+            .await
+            .map_err(Error::internal)?
+    };
     if let Err(e) = added {
         state.cache.do_send(CloseJob { job: job_id });
         return Err(Error::internal(e));
@@ -620,7 +711,7 @@ pub async fn register_job<T>(
         request: req.identity(),
         stats,
         rings,
-        sampler,
+        sampler: remover,
         created: Instant::now(),
         rate: Default::default(),
         ended_at: Default::default(),
@@ -632,7 +723,7 @@ pub async fn register_job<T>(
         .map_err(Error::internal)?
         .jobs
         .insert(req.name.clone(), entry);
-    tracing::info!(job = %req.name, dataset = %req.dataset, world, capacity, "job registered");
+    tracing::info!(job = %req.name, dataset = %req.dataset, world, local_ranks, multi, capacity, "job registered");
     Ok((body, true))
 }
 

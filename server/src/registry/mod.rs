@@ -39,6 +39,12 @@ pub struct AppState {
     pub objects: Option<Arc<ObjectStores>>,
     pub inner: Mutex<Inner>,
     pub started: Instant,
+    /// This server's leader role (a server without `--leader`).
+    pub leader: Option<Arc<crate::cluster::leader::Leader>>,
+    /// The leader's URL (this server's own for a leader).
+    pub leader_url: Option<String>,
+    /// This node's agent in the cluster (every server but a `--leader-only` leader).
+    pub node: std::sync::OnceLock<Addr<crate::cluster::node::NodeAgent>>,
 }
 
 #[derive(Default)]
@@ -200,7 +206,8 @@ pub struct JobEntry {
     pub request: JobRequest,
     pub stats: Arc<JobStats>,
     pub rings: Vec<RingInfo>,
-    pub sampler: Addr<SamplerActor>,
+    /// What samples the job: its dataset's Sampler, or the node's agent (multi-node jobs).
+    pub sampler: actix::Recipient<actors::service::RemoveJob>,
     pub created: Instant,
     /// (time, acknowledged, rate) of the last rate estimate.
     pub rate: Mutex<Option<(Instant, u64, f64)>>,

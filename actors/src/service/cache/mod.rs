@@ -320,8 +320,8 @@ impl CacheActor {
         for (&id, job) in &mut self.jobs {
             let mut credit = 0u32;
             let mut alive = false;
-            // Rings whose client read the finished job and left.
-            let mut left = 0;
+            // Rings whose client read to the end and left (the job ends when every one has).
+            let mut finished_rings = 0;
             for rr in &mut job.rings {
                 match rr.ring.poll_acks() {
                     Ok(refs) => released.extend(refs),
@@ -365,13 +365,13 @@ impl CacheActor {
                     ReaderStatus::Detached if job.stats.state() != JobState::Finished => {
                         gone.push((id, "client detached before the end of the job".into()));
                     }
-                    // Finished and read: once every rank has left (another may still be
-                    // reading its last batches), free the reader indices and the rings.
-                    ReaderStatus::Detached => left += 1,
+                    // Finished and read: once every rank's client has (a fast rank that
+                    // left must not close the rings its job's slower ranks still read).
+                    ReaderStatus::Detached => finished_rings += 1,
                     ReaderStatus::NotAttached => {}
                 }
             }
-            if left == job.rings.len() {
+            if probe && finished_rings == job.rings.len() {
                 done.push(id);
             }
             if alive {

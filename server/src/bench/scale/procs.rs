@@ -205,9 +205,24 @@ impl Consumers {
             .as_str()
             .context("a job without a name")?
             .to_owned();
+        self.start_rank(&name, url, job, 0, sample_us, dir)
+    }
+
+    /// A consumer of rank `rank` of `job`, known (and its output files named) as `label`.
+    pub fn start_rank(
+        &mut self,
+        label: &str,
+        url: &str,
+        job: &Value,
+        rank: u32,
+        sample_us: u64,
+        dir: &Path,
+    ) -> Result<()> {
+        let name = label.to_owned();
         let out = dir.join(format!("{name}.out"));
         let child = Command::new(std::env::current_exe()?)
             .args(["consume", "--server", url, "--job", &job.to_string()])
+            .args(["--rank", &rank.to_string()])
             .args(["--sample-us", &sample_us.to_string()])
             .stdout(Stdio::from(File::create(&out)?))
             .stderr(Stdio::from(File::create(dir.join(format!("{name}.err")))?))

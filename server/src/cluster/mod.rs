@@ -1,0 +1,198 @@
+//! Many nodes (seed 000, §E.4, Figure 8): one leader samples, every node loads and serves.
+//!
+//! - **Roles.** A server started without `--leader` is a leader: it keeps the node registry
+//!   (`leader.rs`: nodes, their heartbeats, the multi-node jobs) and samples every multi-node
+//!   job of a dataset with one DSA tree. A server started with `--leader URL` is a follower.
+//!   Every server but a `--leader-only` leader is also a *node*: its agent (`node.rs`)
+//!   registers with the leader (itself, for a leader), heartbeats, forwards its local ranks of
+//!   multi-node jobs, fetches the leader's placements for them and hands them to its own
+//!   Cache as `Deliver`s, exactly as its local Sampler would. Single-node jobs never leave
+//!   their node.
+//! - **What crosses the network.** Control and sample ids only, as REST/JSON: registrations,
+//!   heartbeats (cache use, dataset states), credits (records the node's rings freed) and
+//!   long-polled fetches of placed samples (element, job, epoch, position). Pixels never do:
+//!   each node reads the shared source itself.
+//! - **Placement** is `joader_core::cluster`: hashing twice, equal counts per rank.
+//!
+//! The wire types below are the bodies of the `/v1/nodes` routes (`http/cluster.rs`).
+
+pub mod leader;
+pub mod node;
+
+use actors::storage::SourceSpec;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::registry::jobs::JobRequest;
+
+/// `POST /v1/nodes`: a node announces itself to the leader.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRegistration {
+    /// The node's name (stable across its restarts; placement hashes it).
+    #[schema(example = "host-a-default")]
+    pub name: String,
+    /// Where the node's REST API is reached.
+    #[schema(example = "http://10.0.0.2:7480")]
+    pub address: String,
+    /// Its shared-memory instance name.
+    #[schema(example = "default")]
+    pub instance: String,
+}
+
+/// The leader's answer to a registration: how often to heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeRegistered {
+    pub name: String,
+    pub heartbeat_ms: u64,
+    pub timeout_ms: u64,
+}
+
+/// A dataset as a node sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct NodeDataset {
+    pub name: String,
+    /// `indexing`, `ready` or `failed`.
+    pub state: String,
+    /// Why it failed on this node.
+    pub error: Option<String>,
+}
+
+/// `POST /v1/nodes/{name}/heartbeat`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Heartbeat {
+    #[serde(default)]
+    pub cache_bytes_in_use: u64,
+    #[serde(default)]
+    pub cache_capacity_bytes: u64,
+    #[serde(default)]
+    pub datasets: Vec<NodeDataset>,
+}
+
+/// A dataset of the leader, which every node indexes from the same source.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ClusterDataset {
+    pub name: String,
+    pub source: SourceSpec,
+}
+
+/// The leader's answer to a heartbeat: its datasets.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HeartbeatReply {
+    pub datasets: Vec<ClusterDataset>,
+}
+
+/// `POST /v1/nodes/{name}/jobs`: a node's ranks of a multi-node job.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeJob {
+    pub job: JobRequest,
+    /// The job's global ranks on this node.
+    pub ranks: Vec<u32>,
+    /// Items of the dataset as this node indexed it (must equal the leader's).
+    pub items: u64,
+}
+
+/// The leader's id of a multi-node job (the same on every node).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeJobAccepted {
+    pub job: u64,
+}
+
+/// Records a node's rings freed for a job (its readers acknowledged them).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Credit {
+    pub job: u64,
+    pub n: u32,
+}
+
+/// A multi-node job that failed, and why.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct JobFailure {
+    pub job: u64,
+    pub reason: String,
+}
+
+/// `POST /v1/nodes/{name}/credits`: credit returned and jobs that failed on the node.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreditReport {
+    #[serde(default)]
+    pub credits: Vec<Credit>,
+    #[serde(default)]
+    pub failed: Vec<JobFailure>,
+}
+
+/// `POST /v1/nodes/{name}/fetch`: the placements waiting for the node (long poll).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Fetch {
+    /// The multi-node jobs the node serves (the leader answers `failed` for unknown ones).
+    #[serde(default)]
+    pub jobs: Vec<u64>,
+    /// How long to wait for a placement when none is waiting (at most 2000).
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+/// One job's share of a placed element: its epoch and its position in the node's share.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct WireItem {
+    pub job: u64,
+    pub epoch: u32,
+    pub position: u32,
+}
+
+/// An element placed on the node, with every job it goes to there.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct WireGroup {
+    pub element: u32,
+    /// Jobs that still need the element this epoch (the cache's RefCnt).
+    pub need: u32,
+    pub items: Vec<WireItem>,
+}
+
+/// An end of epoch (or of the job) after `groups[..after]`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct WireEnd {
+    pub after: usize,
+    pub job: u64,
+    pub epoch: u32,
+    pub finished: bool,
+}
+
+/// The placements for a node, in order.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct FetchReply {
+    pub groups: Vec<WireGroup>,
+    pub ends: Vec<WireEnd>,
+    /// Multi-node jobs of the node that failed (elsewhere, or unknown to the leader).
+    pub failed: Vec<JobFailure>,
+}
+
+/// A node as the leader sees it (`GET /v1/nodes`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NodeView {
+    pub name: String,
+    pub address: String,
+    pub instance: String,
+    /// `alive`, or `lost` (no heartbeat within the timeout).
+    pub state: String,
+    /// Milliseconds since the node was last heard from.
+    pub last_heartbeat_ms_ago: u64,
+    /// Multi-node jobs with ranks on the node.
+    pub jobs: Vec<String>,
+    pub cache_bytes_in_use: u64,
+    pub cache_capacity_bytes: u64,
+    /// The leader's datasets as the node indexed them (a failed one says why).
+    pub datasets: Vec<NodeDataset>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NodeList {
+    /// This server's role: `leader` or `follower`.
+    pub role: String,
+    pub leader: Option<String>,
+    pub nodes: Vec<NodeView>,
+}

@@ -1,0 +1,601 @@
+//! Many nodes on one machine: a leader and followers as separate `joader serve` processes
+//! (distinct ports, instances and node names) over one shared ImageFolder; ranks are
+//! `joader consume` processes registered with their own node's server.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use crate::common::{
+    TempDir, TestServer, consumer, finish, shm_objects, unique_instance, wait_for,
+};
+use crate::server::{dataset, epoch_ids};
+
+struct Node {
+    server: TestServer,
+    _dir: TempDir,
+}
+
+/// A leader (`node-0`) and `followers` followers (`node-1`, …), the leader's dataset `imgs`
+/// indexed by every node.
+fn cluster(tag: &str, followers: usize, extra: &[&str]) -> Vec<Node> {
+    let root = dataset();
+    let start = |i: usize, leader: Option<&str>| {
+        let dir = TempDir::new(&format!("{tag}{i}"));
+        let name = format!("node-{i}");
+        let mut args = vec!["--node-name", name.as_str()];
+        if let Some(l) = leader {
+            args.extend(["--leader", l]);
+        }
+        args.extend(extra);
+        let server = TestServer::start(&unique_instance(&format!("{tag}{i}")), &dir.0, root, &args);
+        Node { server, _dir: dir }
+    };
+    let mut nodes = vec![start(0, None)];
+    let leader = nodes[0].server.url.clone();
+    for i in 1..=followers {
+        nodes.push(start(i, Some(&leader)));
+    }
+    let c = nodes[0].server.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    c.wait_ready("imgs", crate::common::DEADLINE).unwrap();
+    wait_for(
+        "every node alive at the leader with the dataset ready",
+        || {
+            let v = c.ok("GET", "/v1/nodes", None).ok()?;
+            let nodes = v["nodes"].as_array()?;
+            let ready = nodes.iter().filter(|n| {
+                n["state"] == "alive"
+                    && n["datasets"].as_array().is_some_and(|d| {
+                        d.iter()
+                            .any(|d| d["name"] == "imgs" && d["state"] == "ready")
+                    })
+            });
+            (ready.count() == followers + 1).then_some(())
+        },
+    );
+    nodes
+}
+
+fn job(name: &str, world: u32, local: u32, rank: u32, extra: Value) -> Value {
+    let mut j = json!({"name": name, "dataset": "imgs", "batch_size": 4, "world_size": world,
+        "local_world_size": local, "rank": rank, "pipeline": {"kind": "raw"}});
+    for (k, v) in extra.as_object().unwrap() {
+        j[k] = v.clone();
+    }
+    j
+}
+
+fn loads(nodes: &[Node]) -> u64 {
+    nodes
+        .iter()
+        .map(|n| {
+            n.server.client().ok("GET", "/v1/stats", None).unwrap()["loads"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum()
+}
+
+/// The first test: a 6-rank job, 2 ranks on each of 3 nodes, for 3 epochs: every
+/// rank receives ⌈N/W⌉ elements, the shares are disjoint and together are the epoch.
+#[test]
+fn a_six_rank_job_on_three_nodes_gets_equal_disjoint_shares_of_each_epoch() {
+    // A generous timeout: this test is about placement, not faults.
+    let nodes = cluster("ddp", 2, &["--node-timeout-ms", "60000"]);
+    let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
+    let ranks: Vec<_> = (0..6u32)
+        .map(|r| {
+            let url = &nodes[(r / 2) as usize].server.url;
+            consumer(
+                url,
+                &job("ddp", 6, 2, r, json!({"epochs": 3})),
+                &["--rank", &r.to_string()],
+            )
+        })
+        .collect();
+    let got: Vec<Value> = ranks.into_iter().map(finish).collect();
+    for e in 0..3 {
+        let mut all = Vec::new();
+        for (r, s) in got.iter().enumerate() {
+            let ids = epoch_ids(s, e);
+            assert_eq!(ids.len(), n / 6, "rank {r} epoch {e}: {ids:?}");
+            all.extend(ids);
+        }
+        let set: BTreeSet<u32> = all.iter().copied().collect();
+        assert_eq!(all.len(), n, "epoch {e}");
+        assert_eq!(
+            set,
+            (0..n as u32).collect(),
+            "epoch {e}: an exact permutation"
+        );
+    }
+    // Each element was read once per node that received it: at most once per epoch.
+    assert!(loads(&nodes) <= 3 * n as u64);
+}
+
+/// Two multi-node jobs on overlapping subsets, on the same three nodes: each element is
+/// loaded about once cluster-wide (the union), not once per job (the sum); exactly, at most
+/// the union plus the placements that overflowed a node's quota.
+#[test]
+fn overlapping_multi_node_jobs_load_each_element_about_once_cluster_wide() {
+    let nodes = cluster("overlap", 2, &["--node-timeout-ms", "60000"]);
+    let subsets = [(0u32, 36u32), (12, 48)];
+    let mut children = Vec::new();
+    for (j, (a, b)) in subsets.iter().enumerate() {
+        for r in 0..3u32 {
+            let body = job(
+                &format!("ov{j}"),
+                3,
+                1,
+                r,
+                json!({"epochs": 1, "subset": {"start": a, "end": b}}),
+            );
+            children.push(consumer(
+                &nodes[r as usize].server.url,
+                &body,
+                &["--rank", &r.to_string()],
+            ));
+        }
+    }
+    for c in children {
+        let s = finish(c);
+        assert_eq!(epoch_ids(&s, 0).len(), 12);
+    }
+    // Hash placement is a function of the ids and node names: the overflows (a node's
+    // hashed elements above its quota of 12) are known.
+    let keys: Vec<u64> = (0..3)
+        .map(|i| joader_core::cluster::node_key(&format!("node-{i}")))
+        .collect();
+    let overflow: u64 = subsets
+        .iter()
+        .map(|&(a, b)| {
+            let mut per = [0u64; 3];
+            for e in a..b {
+                per[joader_core::cluster::place(&keys, &keys, e).unwrap()] += 1;
+            }
+            per.iter().map(|&c| c.saturating_sub(12)).sum::<u64>()
+        })
+        .sum();
+    let total = wait_for("the loads counted", || Some(loads(&nodes)));
+    eprintln!("loads {total}, union 48, sum 72, bound {}", 48 + overflow);
+    assert!(
+        total >= 48,
+        "every element of the union was loaded: {total}"
+    );
+    assert!(
+        total <= 48 + overflow,
+        "loads {total} above the union + overflows {}",
+        48 + overflow
+    );
+}
+
+/// A follower killed mid-epoch: the leader fails the job and the ranks on the other nodes
+/// end with `job_failed` (printed: how long after the kill).
+#[test]
+fn a_killed_follower_fails_the_multi_node_job_on_the_other_nodes() {
+    let mut nodes = cluster("kill", 2, &[]);
+    let mut ranks: Vec<_> = (0..3u32)
+        .map(|r| {
+            consumer(
+                &nodes[r as usize].server.url,
+                &job("k", 3, 1, r, json!({})),
+                &["--rank", &r.to_string(), "--sample-us", "2000"],
+            )
+        })
+        .collect();
+    let c0 = nodes[0].server.client();
+    wait_for("the job to run on the leader's node", || {
+        let j = c0.ok("GET", "/v1/jobs/k", None).ok()?;
+        (j["acknowledged"].as_u64()? > 0).then_some(())
+    });
+    let mut victim = nodes[2].server.child.take().unwrap();
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let killed = Instant::now();
+    let _ = ranks[2].kill();
+    let _ = ranks.pop().unwrap().wait();
+    for (r, child) in ranks.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {r} went on");
+        assert!(
+            err.contains("job_failed") && err.contains("node-2"),
+            "rank {r}: {err}"
+        );
+        eprintln!("rank {r} failed {:?} after the kill", killed.elapsed());
+    }
+    let v = c0.ok("GET", "/v1/nodes", None).unwrap();
+    let lost = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "node-2")
+        .unwrap();
+    assert_eq!(lost["state"], "lost", "{v}");
+}
+
+/// The leader killed mid-epoch: the followers fail their multi-node job (`job_failed`) and
+/// keep serving a single-node job.
+#[test]
+fn a_killed_leader_fails_multi_node_jobs_and_single_node_jobs_go_on() {
+    let mut nodes = cluster("lead", 2, &[]);
+    let multi: Vec<_> = (0..2u32)
+        .map(|r| {
+            consumer(
+                &nodes[1 + r as usize].server.url,
+                &job("m", 2, 1, r, json!({})),
+                &["--rank", &r.to_string(), "--sample-us", "2000"],
+            )
+        })
+        .collect();
+    let mut single = consumer(
+        &nodes[1].server.url,
+        &json!({"name": "solo", "dataset": "imgs", "batch_size": 4, "pipeline": {"kind": "raw"}}),
+        &["--sample-us", "1000"],
+    );
+    let c1 = nodes[1].server.client();
+    wait_for("the multi-node job to run", || {
+        let j = c1.ok("GET", "/v1/jobs/m", None).ok()?;
+        (j["acknowledged"].as_u64()? > 0).then_some(())
+    });
+    let mut leader = nodes[0].server.child.take().unwrap();
+    leader.kill().unwrap();
+    leader.wait().unwrap();
+    let killed = Instant::now();
+    for (r, child) in multi.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("job_failed"),
+            "rank {r}: {err}"
+        );
+        assert!(err.contains("leader"), "rank {r}: {err}");
+        eprintln!(
+            "rank {r} failed {:?} after the leader was killed",
+            killed.elapsed()
+        );
+    }
+    // The single-node job reads on with the leader gone: another epoch after the failures.
+    let acked = |c: &server::client::Client| {
+        c.ok("GET", "/v1/jobs/solo", None).ok()?["acknowledged"].as_u64()
+    };
+    let before = acked(&c1).unwrap();
+    wait_for("the single-node job to read another epoch", || {
+        (acked(&c1)? >= before + 48).then_some(())
+    });
+    let j = c1.ok("GET", "/v1/jobs/solo", None).unwrap();
+    assert_eq!(j["state"], "running", "{j}");
+    single.kill().unwrap();
+    single.wait().unwrap();
+}
+
+/// The leader killed and restarted on its address (same catalog, same instance): its start-up
+/// removes the segments the killed process left, the follower registers again by itself, and a
+/// new multi-node job across both nodes reads an exact epoch.
+#[test]
+fn a_restarted_leader_cleans_its_stale_segments_and_the_follower_rejoins() {
+    let mut nodes = cluster("rejoin", 1, &[]);
+    let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
+    // A multi-node job running when the leader dies: its rings are in /dev/shm.
+    let before: Vec<_> = (0..2u32)
+        .map(|r| {
+            consumer(
+                &nodes[r as usize].server.url,
+                &job("old", 2, 1, r, json!({})),
+                &["--rank", &r.to_string(), "--sample-us", "2000"],
+            )
+        })
+        .collect();
+    let c0 = nodes[0].server.client();
+    wait_for("the job to run", || {
+        let j = c0.ok("GET", "/v1/jobs/old", None).ok()?;
+        (j["acknowledged"].as_u64()? > 0).then_some(())
+    });
+    let instance = {
+        let log = nodes[0].server.log.lock().unwrap().clone();
+        let i = log.find("instance=").expect("the server logs its instance") + 9;
+        log[i..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '.')
+            .collect::<String>()
+    };
+    let stale: Vec<String> = shm_objects(&instance)
+        .into_iter()
+        .filter(|o| o.contains("-ring-old"))
+        .collect();
+    assert!(!stale.is_empty(), "{:?}", shm_objects(&instance));
+    let addr = nodes[0]
+        .server
+        .url
+        .trim_start_matches("http://")
+        .to_string();
+    let mut leader = nodes[0].server.child.take().unwrap();
+    leader.kill().unwrap();
+    leader.wait().unwrap();
+    for (r, child) in before.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "rank {r} of the old job went on");
+    }
+    assert!(
+        stale
+            .iter()
+            .all(|o| std::path::Path::new(&format!("/dev/shm/{o}")).exists()),
+        "a killed server leaves its segments"
+    );
+    // Restarted on the same address, catalog and instance.
+    let root = dataset();
+    let restarted = TestServer::start(
+        &instance,
+        &nodes[0]._dir.0,
+        root,
+        &["--node-name", "node-0", "--bind", &addr],
+    );
+    assert!(
+        stale
+            .iter()
+            .all(|o| !std::path::Path::new(&format!("/dev/shm/{o}")).exists()),
+        "stale segments left: {:?}",
+        shm_objects(&instance)
+    );
+    nodes[0].server = restarted;
+    let c0 = nodes[0].server.client();
+    c0.wait_ready("imgs", crate::common::DEADLINE).unwrap();
+    wait_for("both nodes registered with the restarted leader", || {
+        let v = c0.ok("GET", "/v1/nodes", None).ok()?;
+        let alive = v["nodes"]
+            .as_array()?
+            .iter()
+            .filter(|n| n["state"] == "alive")
+            .count();
+        (alive == 2).then_some(())
+    });
+    let ranks: Vec<_> = (0..2u32)
+        .map(|r| {
+            consumer(
+                &nodes[r as usize].server.url,
+                &job("new", 2, 1, r, json!({"epochs": 1})),
+                &["--rank", &r.to_string()],
+            )
+        })
+        .collect();
+    let mut all: Vec<u32> = ranks
+        .into_iter()
+        .flat_map(|c| epoch_ids(&finish(c), 0))
+        .collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
+}
+
+/// A follower that cannot read a dataset's source (here: outside its `--allowed-root`) reports
+/// the dataset as failed, with the reason, in the leader's `GET /v1/nodes`.
+#[test]
+fn a_follower_that_cannot_read_the_source_reports_the_dataset_failed() {
+    let root = dataset();
+    let (d0, d1) = (TempDir::new("srcfail0"), TempDir::new("srcfail1"));
+    let elsewhere = TempDir::new("srcfail-root");
+    let leader = TestServer::start(
+        &unique_instance("srcfail0"),
+        &d0.0,
+        root,
+        &["--node-name", "node-0"],
+    );
+    let _follower = TestServer::start(
+        &unique_instance("srcfail1"),
+        &d1.0,
+        &elsewhere.0,
+        &["--node-name", "node-1", "--leader", &leader.url],
+    );
+    let c = leader.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    let failed = wait_for("node-1 to report the dataset", || {
+        let v = c.ok("GET", "/v1/nodes", None).ok()?;
+        let node = v["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == "node-1")?
+            .clone();
+        node["datasets"]
+            .as_array()?
+            .iter()
+            .find(|d| d["name"] == "imgs" && d["state"] == "failed")
+            .cloned()
+    });
+    let reason = failed["error"].as_str().unwrap_or_default();
+    assert!(reason.contains("allowed"), "{failed}");
+}
+
+/// Ranks of one job on one server at different speeds: the fast rank reads its share, leaves,
+/// and the slow ranks still read theirs to the end (a rank that left after the end of its
+/// share used to close the job's every ring).
+#[test]
+fn a_fast_rank_that_leaves_first_does_not_cut_the_slow_ranks_short() {
+    let dir = TempDir::new("ranks");
+    let root = dataset();
+    let server = TestServer::start(&unique_instance("ranks"), &dir.0, root, &[]);
+    let c = server.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    c.wait_ready("imgs", crate::common::DEADLINE).unwrap();
+    let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
+    let ranks: Vec<_> = (0..3u32)
+        .map(|r| {
+            let pace = if r == 0 { "0" } else { "20000" };
+            consumer(
+                &server.url,
+                &job("speeds", 3, 3, r, json!({"epochs": 1})),
+                &["--rank", &r.to_string(), "--sample-us", pace],
+            )
+        })
+        .collect();
+    let mut all: Vec<u32> = ranks
+        .into_iter()
+        .flat_map(|c| epoch_ids(&finish(c), 0))
+        .collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
+}
+
+/// A follower that stops heartbeating without dying (SIGSTOP): the leader marks it lost and the
+/// ranks on the other nodes end with `job_failed`; resumed, the follower learns that the leader
+/// lost it (404), fails its own rank of the job and registers again.
+#[test]
+fn a_frozen_follower_is_lost_then_rejoins_when_it_resumes() {
+    use rustix::process::{Pid, Signal, kill_process};
+    let nodes = cluster("frozen", 2, &[]);
+    let mut ranks: Vec<_> = (0..3u32)
+        .map(|r| {
+            consumer(
+                &nodes[r as usize].server.url,
+                &job("fz", 3, 1, r, json!({})),
+                &["--rank", &r.to_string(), "--sample-us", "2000"],
+            )
+        })
+        .collect();
+    let c0 = nodes[0].server.client();
+    wait_for("the job to run on the leader's node", || {
+        let j = c0.ok("GET", "/v1/jobs/fz", None).ok()?;
+        (j["acknowledged"].as_u64()? > 0).then_some(())
+    });
+    let frozen = nodes[2].server.child.as_ref().unwrap().id();
+    let pid = Pid::from_raw(frozen as i32).unwrap();
+    kill_process(pid, Signal::STOP).unwrap();
+    let stopped = Instant::now();
+    let third = ranks.pop().unwrap();
+    for (r, child) in ranks.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {r} went on");
+        assert!(
+            err.contains("job_failed") && err.contains("node-2"),
+            "rank {r}: {err}"
+        );
+        eprintln!("rank {r} failed {:?} after the stop", stopped.elapsed());
+    }
+    let state = |name: &str| {
+        let v = c0.ok("GET", "/v1/nodes", None).ok()?;
+        let n = v["nodes"].as_array()?.iter().find(|n| n["name"] == name)?;
+        n["state"].as_str().map(String::from)
+    };
+    assert_eq!(state("node-2").as_deref(), Some("lost"));
+    kill_process(pid, Signal::CONT).unwrap();
+    let out = third.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("job_failed"),
+        "rank 2: {err}"
+    );
+    wait_for("node-2 alive again", || {
+        (state("node-2")?.as_str() == "alive").then_some(())
+    });
+}
+
+/// With a bearer token, the follower sends it to the leader (`--token`): it registers, learns
+/// the dataset and serves a multi-node job; a follower with another token never registers.
+#[test]
+fn followers_send_the_token_to_the_leader() {
+    let root = dataset();
+    let dirs: Vec<TempDir> = (0..3).map(|i| TempDir::new(&format!("tok{i}"))).collect();
+    let start = |i: usize, token: &str, leader: Option<&str>| {
+        let name = format!("node-{i}");
+        let mut args = vec!["--node-name", name.as_str(), "--token", token];
+        if let Some(l) = leader {
+            args.extend(["--leader", l]);
+        }
+        TestServer::start(
+            &unique_instance(&format!("tok{i}")),
+            &dirs[i].0,
+            root,
+            &args,
+        )
+    };
+    let leader = start(0, "s3cret", None);
+    let follower = start(1, "s3cret", Some(&leader.url));
+    let _impostor = start(2, "wrong", Some(&leader.url));
+    let anonymous = leader.client();
+    let (status, _) = anonymous.call("GET", "/v1/nodes", None).unwrap();
+    assert_eq!(status, 401);
+    let c = leader.client().with_token(Some("s3cret".into()));
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    wait_for("node-1 ready with the dataset", || {
+        let v = c.ok("GET", "/v1/nodes", None).ok()?;
+        v["nodes"]
+            .as_array()?
+            .iter()
+            .any(|n| {
+                n["name"] == "node-1"
+                    && n["datasets"]
+                        .as_array()
+                        .is_some_and(|d| d.iter().any(|d| d["state"] == "ready"))
+            })
+            .then_some(())
+    });
+    let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
+    let urls = [&leader.url, &follower.url];
+    let ranks: Vec<_> = (0..2u32)
+        .map(|r| {
+            consumer(
+                urls[r as usize],
+                &job("tk", 2, 1, r, json!({"epochs": 1})),
+                &["--rank", &r.to_string(), "--token", "s3cret"],
+            )
+        })
+        .collect();
+    let mut all: Vec<u32> = ranks
+        .into_iter()
+        .flat_map(|c| epoch_ids(&finish(c), 0))
+        .collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
+    let v = c.ok("GET", "/v1/nodes", None).unwrap();
+    let names: Vec<&str> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert!(!names.contains(&"node-2"), "{v}");
+}
+
+/// A multi-node job whose ranks read their last records slowly, long after the leader sampled
+/// the end of the job (and forgot it): they read the whole epoch, no failure.
+#[test]
+fn slow_ranks_read_a_multi_node_job_to_its_end() {
+    let nodes = cluster("slowend", 1, &[]);
+    let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
+    let ranks: Vec<_> = (0..2u32)
+        .map(|r| {
+            consumer(
+                &nodes[r as usize].server.url,
+                &job("slow", 2, 1, r, json!({"epochs": 1})),
+                &["--rank", &r.to_string(), "--sample-us", "60000"],
+            )
+        })
+        .collect();
+    let mut all: Vec<u32> = ranks
+        .into_iter()
+        .flat_map(|c| epoch_ids(&finish(c), 0))
+        .collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
+}
