@@ -28,12 +28,13 @@ def server() -> Iterator[Dict[str, Any]]:
     assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p server"
     tmp = Path(tempfile.mkdtemp(prefix="joader-py-"))
     data = tmp / "data"
+    (tmp / "more").mkdir()
     subprocess.run([str(BIN), "gen-dataset", "--out", str(data), "--classes", str(CLASSES), "--per-class",
                     str(PER_CLASS), "--width", "64", "--height", "48"], check=True, capture_output=True)
     instance = f"py_{os.getpid()}"
     proc = subprocess.Popen(
         [str(BIN), "serve", "--bind", "127.0.0.1:0", "--instance", instance, "--data-dir", str(tmp / "state"),
-         "--allowed-root", str(data), "--cache-bytes", str(64 << 20), "--cache-slots", "1024"],
+         "--allowed-root", str(data), "--allowed-root", str(tmp / "more"), "--cache-bytes", str(64 << 20), "--cache-slots", "1024"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "JOADER_LOG": "info"})
     assert proc.stderr is not None
     url = None
@@ -49,7 +50,7 @@ def server() -> Iterator[Dict[str, Any]]:
     while get(url, "/v1/datasets/imgs")["state"] != "ready":
         assert time.monotonic() < deadline, "the dataset was not indexed within 120 s"
         time.sleep(0.05)
-    yield {"url": url, "instance": instance}
+    yield {"url": url, "instance": instance, "more": tmp / "more"}
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"joader-{instance}-")], "segments left behind"
@@ -266,3 +267,50 @@ def test_a_recorded_epoch_is_traced_and_replayed_by_the_loader(server: Dict[str,
                        replay={"job": "traced", "epoch": 0}) as again:
         order = sum(([int(i) for i in again.last_ids] for _ in again), [])
     assert order == rec["order"]
+
+
+def test_webp_lossy_and_lossless_decode_like_pillow(server: Dict[str, Any]) -> None:
+    """WebP (image-webp) on a real photo: lossless exactly, lossy within 2 levels of Pillow's libwebp."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_sample_image
+    photo = load_sample_image("china.jpg")[:240, :320]  # a real photo, 320x240
+    folder = server["more"] / "webp"
+    (folder / "c").mkdir(parents=True)
+    Image.fromarray(photo).save(folder / "c" / "lossless.webp", lossless=True)
+    Image.fromarray(photo).save(folder / "c" / "lossy.webp", quality=80)
+    url = server["url"]
+    post(url, "/v1/datasets", {"name": "webp", "source": {"kind": "image_folder", "path": str(folder)}})
+    import time
+    deadline = time.monotonic() + 60
+    while get(url, "/v1/datasets/webp")["state"] != "ready":
+        assert time.monotonic() < deadline, "the dataset was not indexed within 60 s"
+        time.sleep(0.05)
+    job = run_python(f"""
+        import json, joader
+        import numpy as np
+        info = joader.register_job({url!r}, name="webp", dataset="webp", batch_size=2, epochs=1,
+                                   pipeline={{"kind": "decode", "resize_shorter": None, "center_crop": None}})
+        r = joader.RingReader(info["ranks"][0]["instance"], info["ranks"][0]["ring"])
+        out = {{}}
+        while True:
+            b = r.next_batch(2, 30.0)
+            assert not b.errors, b.errors
+            for i, v in zip(b.element_ids.tolist(), b.views()):
+                out[i] = np.asarray(v).reshape(-1).tolist()
+            done = b.end_of_stream
+            r.ack()
+            if done:
+                break
+        print(json.dumps(out))
+    """)
+    got = result(job)
+    # ImageFolder order: ids by sorted path (lossless.webp, lossy.webp).
+    lossless = np.array(got["0"], dtype=np.uint8)
+    lossy = np.array(got["1"], dtype=np.uint8)
+    assert lossless.size == photo.size and lossy.size == photo.size
+    assert np.array_equal(lossless, photo.reshape(-1))
+    pillow = np.asarray(Image.open(folder / "c" / "lossy.webp").convert("RGB")).reshape(-1)
+    diff = float(np.abs(lossy.astype(np.int16) - pillow.astype(np.int16)).mean())
+    assert diff <= 2.0, diff
+    assert float(np.abs(lossy.astype(np.int16) - photo.reshape(-1).astype(np.int16)).mean()) > 0  # really lossy

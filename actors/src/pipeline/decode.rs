@@ -1,6 +1,7 @@
-//! Format sniffing and decoding of JPEG and PNG to RGB8, with the pixel limit checked on the
+//! Format sniffing and decoding of JPEG, PNG and WebP to RGB8, with the pixel limit checked on the
 //! header before any pixel is decoded.
 
+use image_webp::WebPDecoder;
 use zune_core::bit_depth::BitDepth;
 use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
@@ -43,6 +44,7 @@ impl Rgb {
 enum Format {
     Jpeg,
     Png,
+    Webp,
 }
 
 const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
@@ -56,10 +58,11 @@ fn sniff(bytes: &[u8]) -> Result<Format, PipelineError> {
     if bytes.starts_with(PNG_MAGIC) {
         return Ok(Format::Png);
     }
+    if bytes.len() >= 12 && bytes.starts_with(b"RIFF") && &bytes[8..12] == b"WEBP" {
+        return Ok(Format::Webp);
+    }
     let other = if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
         "gif"
-    } else if bytes.len() >= 12 && bytes.starts_with(b"RIFF") && &bytes[8..12] == b"WEBP" {
-        "webp"
     } else if bytes.starts_with(b"II*\0") || bytes.starts_with(b"MM\0*") {
         "tiff"
     } else if bytes.len() >= 26 && bytes.starts_with(b"BM") {
@@ -68,7 +71,7 @@ fn sniff(bytes: &[u8]) -> Result<Format, PipelineError> {
         return Err(PipelineError::NotAnImage);
     };
     Err(PipelineError::Unsupported(format!(
-        "{other} images are not supported (only jpeg and png)"
+        "{other} images are not supported (only jpeg, png and webp)"
     )))
 }
 
@@ -96,7 +99,7 @@ fn check_pixels(width: usize, height: usize, limits: &Limits) -> Result<(), Pipe
     Ok(())
 }
 
-/// Decodes a JPEG or PNG to RGB8.
+/// Decodes a JPEG, PNG or WebP to RGB8.
 ///
 /// With `resize_shorter`, a JPEG is decoded at the largest DCT scale (1/1, 1/2, 1/4, 1/8)
 /// whose output is still at least as large as the resize's (see [`super::scaled`]); `None`
@@ -109,6 +112,7 @@ pub(super) fn decode_rgb(
     match sniff(bytes)? {
         Format::Jpeg => decode_jpeg(bytes, limits, resize_shorter),
         Format::Png => decode_png(bytes, limits),
+        Format::Webp => decode_webp(bytes, limits),
     }
 }
 
@@ -124,6 +128,10 @@ pub(super) fn dimensions(bytes: &[u8]) -> Result<(u32, u32), PipelineError> {
             let mut dec = PngDecoder::new_with_options(ZCursor::new(bytes), decoder_options());
             dec.decode_headers().map_err(png_error)?;
             dec.dimensions()
+        }
+        Format::Webp => {
+            let (w, h) = webp_decoder(bytes)?.dimensions();
+            Some((w as usize, h as usize))
         }
     }
     .ok_or_else(|| PipelineError::Corrupt("no image header".into()))?;
@@ -221,6 +229,46 @@ fn decode_png(bytes: &[u8], limits: &Limits) -> Result<Rgb, PipelineError> {
         return Err(PipelineError::Corrupt("png: short pixel data".into()));
     }
     Ok(Rgb::full(data, w as u32, h as u32))
+}
+
+fn webp_error(e: image_webp::DecodingError) -> PipelineError {
+    match e {
+        image_webp::DecodingError::UnsupportedFeature(f) => {
+            PipelineError::Unsupported(format!("webp: {f}").to_lowercase())
+        }
+        other => PipelineError::Corrupt(format!("webp: {other}").to_lowercase()),
+    }
+}
+
+fn webp_decoder(bytes: &[u8]) -> Result<WebPDecoder<std::io::Cursor<&[u8]>>, PipelineError> {
+    WebPDecoder::new(std::io::Cursor::new(bytes)).map_err(webp_error)
+}
+
+/// Lossy or lossless WebP (image-webp, pure Rust); an animation is refused, alpha dropped.
+fn decode_webp(bytes: &[u8], limits: &Limits) -> Result<Rgb, PipelineError> {
+    let mut dec = webp_decoder(bytes)?;
+    if dec.is_animated() {
+        return Err(PipelineError::Unsupported(
+            "webp: unsupported animated webp".into(),
+        ));
+    }
+    let (w, h) = dec.dimensions();
+    check_pixels(w as usize, h as usize, limits)?;
+    let size = dec
+        .output_buffer_size()
+        .ok_or_else(|| PipelineError::Corrupt("webp: image too large".into()))?;
+    let mut raw = vec![0u8; size];
+    dec.read_image(&mut raw).map_err(webp_error)?;
+    let n = w as usize * h as usize;
+    let data = if dec.has_alpha() {
+        rgb_from(&raw, 4, n, |p| [p[0], p[1], p[2]])
+    } else {
+        raw
+    };
+    if data.len() < n * 3 {
+        return Err(PipelineError::Corrupt("webp: short pixel data".into()));
+    }
+    Ok(Rgb::full(data, w, h))
 }
 
 /// Converts `n` pixels of `channels` bytes each into RGB8 (drops alpha, replicates gray).

@@ -1,4 +1,4 @@
-//! Tests of the shared pipeline on generated JPEGs and PNGs (the comparison of the DCT-scaled
+//! Tests of the shared pipeline on generated JPEGs, PNGs and WebPs (the comparison of the DCT-scaled
 //! path with the full one on real photos is in the integration tests, `tests/it/decode.rs`).
 
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
@@ -263,6 +263,46 @@ fn truncated_jpeg_is_corrupt() {
     }
     let err = run(&decode(None, None), &img[..3], &Limits::default()).unwrap_err();
     assert_eq!(err.code(), "corrupt_image");
+}
+
+fn webp_lossless(data: &[u8], width: u32, height: u32, color: image_webp::ColorType) -> Vec<u8> {
+    let mut out = Vec::new();
+    image_webp::WebPEncoder::new(&mut out)
+        .encode(data, width, height, color)
+        .unwrap();
+    out
+}
+
+#[test]
+fn webp_lossless_round_trip_is_exact_and_alpha_dropped() {
+    let (w, h) = (37, 21);
+    let src = pattern(w, h, 3);
+    let img = webp_lossless(&src, w, h, image_webp::ColorType::Rgb8);
+    let (data, height, width) = hwc(&decode(None, None), &img);
+    assert_eq!((height, width), (h, w));
+    assert_eq!(data, src);
+    assert_eq!(dimensions(&img).unwrap(), (w, h));
+
+    let rgba = pattern(w, h, 4);
+    let img = webp_lossless(&rgba, w, h, image_webp::ColorType::Rgba8);
+    let (data, _, _) = hwc(&decode(None, None), &img);
+    let expected: Vec<u8> = rgba.chunks(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
+    assert_eq!(data, expected);
+}
+
+#[test]
+fn truncated_webp_is_corrupt_and_its_pixels_are_limited() {
+    let (w, h) = (64, 48);
+    let img = webp_lossless(&pattern(w, h, 3), w, h, image_webp::ColorType::Rgb8);
+    let err = run(
+        &decode(None, None),
+        &img[..img.len() / 2],
+        &Limits::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), "corrupt_image", "{err}");
+    let err = run(&decode(None, None), &img, &Limits { max_pixels: 100 }).unwrap_err();
+    assert!(matches!(err, PipelineError::TooLarge { .. }), "{err}");
 }
 
 #[test]

@@ -360,7 +360,7 @@ fn is_hidden(name: &std::ffi::OsStr) -> bool {
     name.as_encoded_bytes().first() == Some(&b'.')
 }
 
-/// True if the path has an image extension we decode (`.jpg`, `.jpeg`, `.png`, any case).
+/// True if the path has an image extension we decode (`.jpg`, `.jpeg`, `.png`, `.webp`, any case).
 fn has_image_extension(path: &Path) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
@@ -368,7 +368,7 @@ fn has_image_extension(path: &Path) -> bool {
 }
 
 fn is_image_extension(ext: &str) -> bool {
-    ["jpg", "jpeg", "png"]
+    ["jpg", "jpeg", "png", "webp"]
         .iter()
         .any(|e| e.eq_ignore_ascii_case(ext))
 }
