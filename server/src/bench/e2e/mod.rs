@@ -29,8 +29,8 @@ use crate::synth::{SynthSpec, generate_image_folder};
 use report::{chart, markdown};
 use scenarios::{Scenario, scenarios};
 use systems::{
-    Outcome, python_client_available, run_independent, run_joader, run_python, run_torch,
-    torch_available,
+    Outcome, python_client_available, run_cached_step, run_independent, run_joader, run_python,
+    run_torch, torch_available,
 };
 
 #[derive(Debug, Args)]
@@ -70,6 +70,9 @@ pub struct E2eArgs {
     /// package in python3 (`pip install ./dataplane/python`).
     #[arg(long)]
     pub python: bool,
+    /// Run only the scenarios whose name contains this (`sync`, `overlap`, `cached`, …).
+    #[arg(long)]
+    pub only: Option<String>,
 }
 
 /// What every system of a run shares: the dataset, its index, the threads and the pipeline.
@@ -158,7 +161,11 @@ pub fn run(args: E2eArgs) -> Result<()> {
     let started = Instant::now();
     let mut rows: Vec<(Scenario, Vec<Outcome>)> = Vec::new();
     let mut epoch_alone_s = 0.0;
-    for (i, sc) in scenarios(n, args.quick).into_iter().enumerate() {
+    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
+    let chosen = scenarios(n, args.quick)
+        .into_iter()
+        .filter(|sc| wanted(&sc.name));
+    for (i, sc) in chosen.enumerate() {
         eprintln!("scenario {}: {} job(s)", sc.name, sc.jobs.len());
         // Interleaved: the systems run one after the other on the same scenario.
         let mut outs = vec![run_joader(&sc, &ctx, i)?, run_independent(&sc, &ctx)?];
@@ -178,7 +185,20 @@ pub fn run(args: E2eArgs) -> Result<()> {
         }
         rows.push((sc, outs));
     }
+    // The training loop from cache (the Python client only): cheap, a few seconds.
+    let cached = if python && wanted("cached step") {
+        eprintln!("scenario cached step: 1 job, 2 epochs");
+        Some(run_cached_step(&ctx, 64, 100.0)?)
+    } else {
+        None
+    };
     let mut table = markdown(&rows, workers, args.cache_bytes, n);
+    if let Some(line) = report::independent_by_k(&rows) {
+        table.push_str(&line);
+    }
+    if let Some(c) = &cached {
+        table.push_str(&report::cached_step(c));
+    }
     if let Some(store) = &store {
         table.push_str(&store.report(&s3_rows));
     }
