@@ -2,8 +2,9 @@
 //! (decode, resize the shorter side to 256, then per job RandomResizedCrop(224) + flip):
 //! joader (an in-process server, one Rust consumer thread per job that augments what it
 //! reads), the Python client (one `joader.Loader` process per job, same server), independent
-//! loading (each job reads, decodes, resizes and augments its own order with the same code and
-//! threads) and PyTorch's DataLoader, tuned.
+//! loading (each job's own order read, decoded and resized by the same code on the same shared
+//! threads, augmented on the job's thread) and PyTorch's DataLoader, tuned; and the Python
+//! client's training loop from cache.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
