@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use super::scenarios::Scenario;
-use super::systems::Outcome;
+use super::systems::{CachedStep, Outcome};
 
 pub(super) fn markdown(
     rows: &[(Scenario, Vec<Outcome>)],
@@ -55,6 +55,52 @@ fn ratios(o: &Outcome, outs: &[Outcome], base: &str) -> (String, String) {
             )
         },
     )
+}
+
+/// The training loop from cache, as a small table of its own.
+pub(super) fn cached_step(c: &CachedStep) -> String {
+    let cache = bytesize::ByteSize(c.cache_bytes).display().iec();
+    format!(
+        "\nTraining loop from cache: the Python client, one job over the {} images, batches of {}, \
+         a {:.0} ms sleep per batch standing for the GPU step; epoch 1 fills a {cache} cache, epoch 2 is timed.\n\n\
+         | cached step {:.0} ms/{} | measured | target |\n|---|---:|---:|\n\
+         | wait in next() / loop time | {:.1}% ({:.3} s of {:.2} s, {} samples) | <= 5% |\n\
+         | server decodes per image over both epochs | {:.2} | 1.00 |\n\
+         | client CPU ms/sample in epoch 2 | {:.3} | |\n",
+        c.images,
+        c.batch,
+        c.step_ms,
+        c.step_ms,
+        c.batch,
+        c.wait_s * 100.0 / c.loop_s.max(1e-9),
+        c.wait_s,
+        c.loop_s,
+        c.samples,
+        c.decodes_per_image,
+        c.client_cpu_ms,
+    )
+}
+
+/// Independent loading's aggregate over the synchronous scenarios (K = 1, 2, …): on a
+/// decode-bound machine it must stay flat, since every K has the same threads at full use.
+pub(super) fn independent_by_k(rows: &[(Scenario, Vec<Outcome>)]) -> Option<String> {
+    let by_k: Vec<(usize, f64)> = rows
+        .iter()
+        .filter(|(sc, _)| sc.name.starts_with("sync K="))
+        .filter_map(|(sc, outs)| {
+            let o = outs.iter().find(|o| o.system == "independent")?;
+            Some((sc.jobs.len(), o.aggregate))
+        })
+        .collect();
+    let first = by_k.first()?.1.max(1e-9);
+    let cells: Vec<String> = by_k
+        .iter()
+        .map(|(k, a)| format!("K={k} {a:.0}/s ({:.2}x)", a / first))
+        .collect();
+    Some(format!(
+        "\nIndependent loading, aggregate by K (vs K=1): {}\n",
+        cells.join(", ")
+    ))
 }
 
 /// Against independent loading (the same decode code on the same threads), a throughput

@@ -2,15 +2,16 @@
 //! (decode, resize the shorter side to 256, then per job RandomResizedCrop(224) + flip):
 //! joader (an in-process server, one Rust consumer thread per job that augments what it
 //! reads), the Python client (one `joader.Loader` process per job, same server), independent
-//! loading (each job reads, decodes, resizes and augments its own order with the same code and
-//! threads) and PyTorch's DataLoader, tuned.
+//! loading (each job's own order read, decoded and resized by the same code on the same shared
+//! threads, augmented on the job's thread) and PyTorch's DataLoader, tuned; and the Python
+//! client's training loop from cache.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use actors::pipeline::{self, Limits};
 use anyhow::{Context, Result};
-use crossbeam_channel::{bounded, unbounded};
+use crossbeam_channel::unbounded;
 use dataplane::Format;
 use dataplane::augment::{Augmenter, ItemOut, Output as AugOutput, RandomResizedCrop, item_key};
 use rand::seq::SliceRandom;
@@ -94,12 +95,20 @@ fn summarize_secs(
 
 /// An in-process server with the dataset registered and indexed.
 fn start_server(ctx: &Ctx, tag: &str) -> Result<(ServerHandle, Client, tempfile::TempDir)> {
+    start_server_with(ctx, tag, ctx.cache_bytes)
+}
+
+fn start_server_with(
+    ctx: &Ctx,
+    tag: &str,
+    cache_bytes: u64,
+) -> Result<(ServerHandle, Client, tempfile::TempDir)> {
     let state = tempfile::Builder::new().prefix("joader-e2e-").tempdir()?;
     let config = Config {
         bind: "127.0.0.1:0".parse()?,
         data_dir: state.path().to_path_buf(),
         instance: format!("e2e_{}_{tag}", std::process::id()),
-        cache_bytes: ctx.cache_bytes,
+        cache_bytes,
         cache_slots: 8192,
         allowed_roots: vec![ctx.root.clone()],
         loader_workers: ctx.workers,
@@ -202,12 +211,17 @@ pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<(u64, Insta
     spans.into_iter().collect()
 }
 
-/// Independent loading: each job shuffles its subset and decodes every element itself; all
-/// jobs share `workers` threads, each job keeps at most 32 elements in flight (like its ring).
+/// Independent loading, built like joader's side of the comparison: each job shuffles its
+/// subset and has every element of it read, decoded and resized by `workers` threads that
+/// all jobs share (joader's Loader threads), then augments it on its own thread (joader's
+/// consumer thread), with at most two batches in flight per job (what its ring holds). The
+/// jobs submit to one FIFO queue, so the workers stay busy at any K and serve the jobs in
+/// turn, and each system has the same threads: `workers` + one per job.
 pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
-    let (task_tx, task_rx) = unbounded::<(usize, u32, u64)>();
+    type Prepared = Option<(Vec<u8>, (u32, u32, u32))>;
+    let (task_tx, task_rx) = unbounded::<(usize, u32)>();
     let k = sc.jobs.len();
-    let done_tx: Vec<_> = (0..k).map(|_| unbounded::<bool>()).collect();
+    let done: Vec<_> = (0..k).map(|_| unbounded::<Prepared>()).collect();
     let decodes = AtomicU64::new(0);
     let lead = AtomicU64::new(0);
     let lead_done = AtomicU64::new(0);
@@ -217,41 +231,25 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
     let cpu0 = process_cpu();
     let spans = std::thread::scope(|s| -> Result<Vec<(u64, Instant, Instant)>> {
         for _ in 0..ctx.workers {
-            let (task_rx, done_tx, decodes, limits) =
-                (task_rx.clone(), &done_tx, &decodes, &limits);
+            let (task_rx, done, decodes, limits) = (task_rx.clone(), &done, &decodes, &limits);
             s.spawn(move || {
-                let (aug, mut augmenter) = (recipe_aug(), Augmenter::default());
-                let mut out = vec![0u8; 224 * 224 * 3];
-                while let Ok((job, e, position)) = task_rx.recv() {
+                while let Ok((job, e)) = task_rx.recv() {
                     let prepared = ctx
                         .index
                         .read(e)
                         .ok()
                         .and_then(|b| pipeline::run(&ctx.pipeline, &b, limits).ok());
-                    let ok = match prepared {
+                    decodes.fetch_add(1, Relaxed);
+                    let out = match prepared {
                         Some(pipeline::Output::Hwc {
                             data,
                             height,
                             width,
                             channels,
-                        }) => {
-                            let key = item_key(job as u64, 0, position);
-                            augmenter
-                                .write(
-                                    &data,
-                                    (height, width, channels),
-                                    Some(&aug),
-                                    key,
-                                    &AugOutput::U8Nhwc,
-                                    ItemOut::U8(&mut out[..(224 * 224 * channels) as usize]),
-                                    false,
-                                )
-                                .is_ok()
-                        }
-                        _ => false,
+                        }) => Some((data, (height, width, channels))),
+                        _ => None,
                     };
-                    decodes.fetch_add(1, Relaxed);
-                    let _ = done_tx[job].0.send(ok);
+                    let _ = done[job].0.send(out);
                 }
             });
         }
@@ -261,8 +259,10 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
             .enumerate()
             .map(|(i, job)| {
                 let (task_tx, done_rx, lead, lead_done) =
-                    (task_tx.clone(), done_tx[i].1.clone(), &lead, &lead_done);
-                s.spawn(move || -> (u64, Instant, Instant) {
+                    (task_tx.clone(), done[i].1.clone(), &lead, &lead_done);
+                s.spawn(move || -> Result<(u64, Instant, Instant)> {
+                    // Job 0 releases the late jobs however it ends.
+                    let _release = (i == 0).then(|| Release(lead_done));
                     wait_start(
                         job.start_frac,
                         lead,
@@ -272,47 +272,48 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
                     let start = Instant::now();
                     let mut order: Vec<u32> = job.subset.clone().collect();
                     order.shuffle(&mut Xoshiro256PlusPlus::seed_from_u64(i as u64));
-                    let (tokens_tx, tokens_rx) = bounded::<()>(32);
-                    for _ in 0..32 {
-                        let _ = tokens_tx.send(());
-                    }
                     let n = order.len() as u64;
-                    // The feeder keeps at most 32 elements of this job in flight.
-                    std::thread::scope(|f| {
-                        f.spawn(|| {
-                            for (position, e) in order.into_iter().enumerate() {
-                                if tokens_rx.recv().is_err()
-                                    || task_tx.send((i, e, position as u64)).is_err()
-                                {
-                                    break;
-                                }
-                            }
-                        });
-                        let per = Duration::from_secs_f64(job.sleep_ms / 1e3);
-                        for got in 1..=n {
-                            if done_rx.recv().is_err() {
-                                break;
-                            }
-                            if !per.is_zero() {
-                                std::thread::sleep(per);
-                            }
-                            let _ = tokens_tx.send(());
-                            if i == 0 {
-                                lead.store(got, Relaxed);
-                            }
-                        }
-                    });
-                    if i == 0 {
-                        lead_done.store(1, Relaxed);
+                    let mut next = order.into_iter();
+                    for e in next.by_ref().take(2 * sc.batch) {
+                        task_tx.send((i, e))?;
                     }
-                    (n, start, Instant::now())
+                    let (aug, mut augmenter) = (recipe_aug(), Augmenter::default());
+                    let mut out = vec![0u8; 224 * 224 * 3];
+                    let per = Duration::from_secs_f64(job.sleep_ms / 1e3);
+                    for got in 0..n {
+                        let (data, (h, w, c)) = done_rx
+                            .recv()?
+                            .context("an element could not be read or decoded")?;
+                        if let Some(e) = next.next() {
+                            task_tx.send((i, e))?;
+                        }
+                        augmenter.write(
+                            &data,
+                            (h, w, c),
+                            Some(&aug),
+                            item_key(i as u64, 0, got),
+                            &AugOutput::U8Nhwc,
+                            ItemOut::U8(&mut out[..(224 * 224 * c) as usize]),
+                            false,
+                        )?;
+                        if !per.is_zero() {
+                            std::thread::sleep(per);
+                        }
+                        if i == 0 {
+                            lead.store(got + 1, Relaxed);
+                        }
+                    }
+                    Ok((n, start, Instant::now()))
                 })
             })
             .collect();
         drop(task_tx);
         handles
             .into_iter()
-            .map(|h| h.join().map_err(|_| anyhow::anyhow!("a job panicked")))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a job panicked")))
+            })
             .collect()
     })?;
     let cpu = process_cpu() - cpu0;
@@ -323,6 +324,15 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
         decodes.load(Relaxed) as f64,
         None,
     ))
+}
+
+/// Marks job 0 as done when dropped.
+struct Release<'a>(&'a AtomicU64);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.store(1, Relaxed);
+    }
 }
 
 /// The shared part of the recipe, as a job's `pipeline`.
@@ -470,4 +480,72 @@ pub(super) fn run_torch(sc: &Scenario, ctx: &Ctx, epoch_alone_s: f64) -> Result<
     })?;
     let total: u64 = runs.iter().map(|v| v["n"].as_u64().unwrap_or(0)).sum();
     Ok(outcome_of("pytorch", &runs, 0.0, total as f64, None))
+}
+
+/// The training loop from cache: what [`run_cached_step`] measured.
+#[derive(Debug, Clone)]
+pub(super) struct CachedStep {
+    pub(super) images: u64,
+    pub(super) batch: usize,
+    pub(super) step_ms: f64,
+    pub(super) cache_bytes: u64,
+    /// Samples of the timed epoch.
+    pub(super) samples: u64,
+    /// The timed epoch's wall time, from its first `next()` to its end.
+    pub(super) loop_s: f64,
+    pub(super) wait_s: f64,
+    /// The server's decodes over both epochs, per image of the dataset.
+    pub(super) decodes_per_image: f64,
+    /// The client's CPU over the timed epoch, per sample (ms).
+    pub(super) client_cpu_ms: f64,
+}
+
+/// One Python client job, batches of `batch`, with a training step simulated by a sleep of
+/// `step_ms` per batch, over the whole dataset from a cache that holds all of it: a first
+/// epoch without a step fills the cache, the second is timed (the share of its time spent
+/// waiting in `next()`).
+pub(super) fn run_cached_step(ctx: &Ctx, batch: usize, step_ms: f64) -> Result<CachedStep> {
+    let images = ctx.index.len() as u64;
+    // 500x375 resized to 256 on its shorter side is 342x256x3 bytes; room to spare.
+    let cache_bytes = (images * 342 * 256 * 3 * 3 / 2).max(ctx.cache_bytes);
+    let (server, client, _state) = start_server_with(ctx, "cached", cache_bytes)?;
+    let sc = Scenario {
+        name: "cached step".into(),
+        jobs: vec![super::scenarios::JobPlan {
+            subset: 0..images as u32,
+            sleep_ms: step_ms / batch as f64,
+            start_frac: 0.0,
+        }],
+        batch,
+    };
+    let runs = run_processes(&sc, 0.0, |_, job| {
+        vec![
+            "-c".into(),
+            PYTHON_SCRIPT.into(),
+            server.url.clone(),
+            job.subset.start.to_string(),
+            job.subset.end.to_string(),
+            job.sleep_ms.to_string(),
+            batch.to_string(),
+            "0".into(),
+            "cached".into(),
+            "1".into(),
+        ]
+    })?;
+    let stats = client.ok("GET", "/v1/stats", None)?;
+    server.stop()?;
+    let v = runs.first().context("no output from the Python job")?;
+    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    let samples = v["n"].as_u64().unwrap_or(0);
+    Ok(CachedStep {
+        images,
+        batch,
+        step_ms,
+        cache_bytes,
+        samples,
+        loop_s: f("end") - f("first"),
+        wait_s: f("wait"),
+        decodes_per_image: stats["decodes"].as_f64().unwrap_or(0.0) / images.max(1) as f64,
+        client_cpu_ms: f("cpu") * 1e3 / samples.max(1) as f64,
+    })
 }
