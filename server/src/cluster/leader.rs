@@ -177,15 +177,14 @@ impl Leader {
         })
     }
 
-    /// Starts the dispatcher (and its watch of the nodes' heartbeats).
+    /// Starts the dispatcher (and its watch of the nodes' heartbeats) on the cluster
+    /// Samplers' arbiter: a pass's `Deliver` reaches it without waking another thread.
     pub fn start(self: &Arc<Self>, samplers: actix::ArbiterHandle) {
         if let Ok(mut a) = self.arbiter.lock() {
-            *a = Some(samplers);
+            *a = Some(samplers.clone());
         }
-        let addr = Dispatch {
-            leader: self.clone(),
-        }
-        .start();
+        let leader = self.clone();
+        let addr = Dispatch::start_in_arbiter(&samplers, move |_| Dispatch { leader });
         if let Ok(mut d) = self.dispatch.lock() {
             *d = Some(addr);
         }

@@ -85,6 +85,23 @@ async fn post<T: DeserializeOwned>(
     })
 }
 
+/// awc's client with `TCP_NODELAY` on its connections: a stream writes small frames back to
+/// back, which Nagle's algorithm would hold until the leader acknowledged the previous one
+/// (a request waits for its answer, so requests never met it).
+fn client() -> awc::Client {
+    use actix_service::ServiceExt;
+    use actix_tls::connect::{Connection, ConnectorService};
+    let tcp = ConnectorService::default().map(
+        |c: Connection<awc::http::Uri, actix_web::rt::net::TcpStream>| {
+            let _ = c.io_ref().set_nodelay(true);
+            c
+        },
+    );
+    awc::Client::builder()
+        .connector(awc::Connector::new().connector(tcp))
+        .finish()
+}
+
 struct Tracked {
     local: JobId,
     dataset: DatasetId,
@@ -138,7 +155,7 @@ impl NodeAgent {
             token: c.token.clone(),
             heartbeat: Duration::from_millis(c.heartbeat_ms),
             timeout: Duration::from_millis(c.node_timeout_ms),
-            client: awc::Client::default(),
+            client: client(),
             registered: false,
             last_contact: Instant::now(),
             jobs: HashMap::new(),
