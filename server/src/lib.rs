@@ -180,6 +180,8 @@ pub async fn run(
             .default_service(web::to(http::unrouted))
     })
     .workers(config.http_workers)
+    // Streams (the node streams) write small frames back to back: Nagle would hold them.
+    .tcp_nodelay(true)
     // Signals are ours: SIGTERM drains (see `drain`), it does not cut running jobs off.
     .disable_signals()
     .listen(listener)?

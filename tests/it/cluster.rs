@@ -118,6 +118,27 @@ fn a_six_rank_job_on_three_nodes_gets_equal_disjoint_shares_of_each_epoch() {
     }
     // Each element was read once per node that received it: at most once per epoch.
     assert!(loads(&nodes) <= 3 * n as u64);
+    // The leader's metrics: three nodes alive, and each node's 2 ranks × n/6 × 3 epochs
+    // placed on it (n is a multiple of 6: no padding).
+    let url = format!("{}/metrics", nodes[0].server.url);
+    let (status, text) = crate::observability::get_text(&url, None);
+    assert_eq!(status, 200, "{text}");
+    let (types, samples) = crate::observability::parse_prometheus(&text);
+    assert_eq!(types["joader_cluster_nodes"], "gauge");
+    assert_eq!(types["joader_cluster_placements_total"], "counter");
+    let v = |name: &str, labels: &[(&str, &str)]| {
+        crate::observability::value(&samples, name, labels).unwrap_or_else(|| panic!("{name}"))
+    };
+    assert_eq!(v("joader_cluster_nodes", &[("state", "alive")]), 3.0);
+    assert_eq!(v("joader_cluster_nodes", &[("state", "lost")]), 0.0);
+    for i in 0..3 {
+        let node = format!("node-{i}");
+        assert_eq!(
+            v("joader_cluster_placements_total", &[("node", &node)]),
+            n as f64,
+            "{node}"
+        );
+    }
 }
 
 /// Two multi-node jobs on overlapping subsets, on the same three nodes: each element is

@@ -100,13 +100,13 @@ fn try_get_text(url: &str, token: Option<&str>) -> Result<(u16, String), ureq::E
     Ok((status, res.body_mut().read_to_string()?))
 }
 
-fn get_text(url: &str, token: Option<&str>) -> (u16, String) {
+pub(crate) fn get_text(url: &str, token: Option<&str>) -> (u16, String) {
     try_get_text(url, token).unwrap_or_else(|e| panic!("GET {url}: {e}"))
 }
 
 /// One sample of the Prometheus text format.
 #[derive(Debug, Clone)]
-struct Sample {
+pub(crate) struct Sample {
     name: String,
     labels: BTreeMap<String, String>,
     value: f64,
@@ -115,7 +115,7 @@ struct Sample {
 /// Parses the Prometheus text exposition format strictly enough to catch malformed output:
 /// every sample belongs to a family with a `# TYPE`, label sets are well-formed, values are
 /// numbers, and no family is declared twice.
-fn parse_prometheus(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
+pub(crate) fn parse_prometheus(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
     let mut types = BTreeMap::new();
     let mut samples = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -216,7 +216,7 @@ fn parse_prometheus(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
 }
 
 /// The value of `name` with `labels` (a subset of its labels), summed over the other labels.
-fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+pub(crate) fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     let matching: Vec<f64> = samples
         .iter()
         .filter(|s| {
@@ -298,6 +298,7 @@ fn metrics_count_what_the_jobs_did() {
         ("joader_job_samples_per_second", "gauge"),
         ("joader_job_epoch", "gauge"),
         ("joader_jobs", "gauge"),
+        ("joader_cluster_nodes", "gauge"),
     ] {
         assert_eq!(
             types.get(family).map(String::as_str),
@@ -417,13 +418,14 @@ fn metrics_count_what_the_jobs_did() {
             &[("route", "/v1/jobs/{name}")]
         ) >= 2.0
     );
-    // Low cardinality: no raw paths, no element ids.
+    // Low cardinality: no raw paths, no element ids (a node label names one of the
+    // cluster's nodes).
     for sample in &s {
         for (k, val) in &sample.labels {
             assert!(
                 [
                     "job_name", "dataset", "kind", "state", "method", "route", "status", "le",
-                    "version", "reason"
+                    "version", "reason", "node"
                 ]
                 .contains(&k.as_str()),
                 "unexpected label {k} on {}",

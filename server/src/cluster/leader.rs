@@ -1,7 +1,14 @@
 //! The leader: the registry of nodes and multi-node jobs, one cluster Sampler per dataset
 //! (DSA across every multi-node job of the dataset), and the [`Dispatch`] actor that places
 //! each sampled delivery on a node (`joader_core::cluster`) into that node's outbox, which
-//! the node drains with long-polled fetches.
+//! the node's stream ([`Leader::serve_stream`]) drains as passes happen.
+//!
+//! A node's stream is a WebSocket it opens while it has multi-node jobs: the leader writes a
+//! frame per drain of the outbox (a ping when idle for a heartbeat, so that the node can tell
+//! a silent leader from an idle one) and reads the node's credit reports from it. A stream
+//! that ends or breaks may have lost frames either way, so the leader fails the node's
+//! multi-node jobs, as for a silent node, and the node does the same on its side; a node
+//! that opens a new stream starts clean.
 //!
 //! Credit: a multi-node job's credit in its Sampler is what its nodes' rings have room for.
 //! Nodes return credit as their readers acknowledge; padding records (which the Sampler never
@@ -28,8 +35,12 @@ struct Node {
     last: Instant,
     lost: bool,
     report: Heartbeat,
-    outbox: FetchReply,
+    outbox: Placements,
     notify: Arc<Notify>,
+    /// The id of the node's open stream (0: none); only that one drains the outbox.
+    stream: u64,
+    /// Samples placed on the node (for `/metrics`).
+    placed: u64,
 }
 
 struct ClusterJob {
@@ -68,6 +79,7 @@ struct Inner {
     names: HashMap<String, u64>,
     next_id: u64,
     samplers: HashMap<String, Addr<SamplerActor>>,
+    next_stream: u64,
 }
 
 impl Inner {
@@ -165,15 +177,14 @@ impl Leader {
         })
     }
 
-    /// Starts the dispatcher (and its watch of the nodes' heartbeats).
+    /// Starts the dispatcher (and its watch of the nodes' heartbeats) on the cluster
+    /// Samplers' arbiter: a pass's `Deliver` reaches it without waking another thread.
     pub fn start(self: &Arc<Self>, samplers: actix::ArbiterHandle) {
         if let Ok(mut a) = self.arbiter.lock() {
-            *a = Some(samplers);
+            *a = Some(samplers.clone());
         }
-        let addr = Dispatch {
-            leader: self.clone(),
-        }
-        .start();
+        let leader = self.clone();
+        let addr = Dispatch::start_in_arbiter(&samplers, move |_| Dispatch { leader });
         if let Ok(mut d) = self.dispatch.lock() {
             *d = Some(addr);
         }
@@ -183,6 +194,8 @@ impl Leader {
     pub fn register(&self, reg: NodeRegistration) -> Result<NodeRegistered> {
         crate::registry::check_name("node", &reg.name)?;
         let mut inner = lock(self)?;
+        // The node's count goes on across its restarts (a counter never goes down).
+        let placed = inner.nodes.get(&reg.name).map_or(0, |n| n.placed);
         if inner.nodes.contains_key(&reg.name) {
             inner.fail_jobs_of(
                 &reg.name,
@@ -198,8 +211,10 @@ impl Leader {
                 last: Instant::now(),
                 lost: false,
                 report: Heartbeat::default(),
-                outbox: FetchReply::default(),
+                outbox: Placements::default(),
                 notify: Arc::new(Notify::new()),
+                stream: 0,
+                placed,
             },
         );
         Ok(NodeRegistered {
@@ -266,8 +281,8 @@ impl Leader {
             .collect())
     }
 
-    /// `POST /v1/nodes/{name}/credits`.
-    pub fn credits(&self, name: &str, report: CreditReport) -> Result<()> {
+    /// Credit returned by a node and the jobs that failed there (a frame of its stream).
+    fn credits(&self, name: &str, report: CreditReport) -> Result<()> {
         let mut inner = lock(self)?;
         Self::node_mut(&mut inner, name)?.last = Instant::now();
         for f in report.failed {
@@ -285,49 +300,141 @@ impl Leader {
         Ok(())
     }
 
-    /// `POST /v1/nodes/{name}/fetch`: what is placed for the node, waiting up to `wait_ms`
-    /// for something when nothing is.
-    pub async fn fetch(&self, name: &str, req: Fetch) -> Result<FetchReply> {
-        let wait = Duration::from_millis(req.wait_ms.min(2000));
-        let deadline = Instant::now() + wait;
-        loop {
-            let notify = {
-                let mut inner = lock(self)?;
-                let unknown: Vec<JobFailure> = req
-                    .jobs
-                    .iter()
-                    .filter_map(|id| match inner.jobs.get(id) {
-                        Some(j) if j.nodes.contains_key(name) => {
-                            j.failed.as_ref().map(|r| JobFailure {
-                                job: *id,
-                                reason: r.clone(),
-                            })
-                        }
-                        _ => Some(JobFailure {
-                            job: *id,
-                            reason: "the leader does not know the job (it restarted)".into(),
-                        }),
-                    })
-                    .collect();
-                let node = Self::node_mut(&mut inner, name)?;
-                node.last = Instant::now();
-                for u in unknown {
-                    if !node.outbox.failed.contains(&u) {
-                        node.outbox.failed.push(u);
-                    }
-                }
-                let o = &node.outbox;
-                if !o.groups.is_empty() || !o.ends.is_empty() || !o.failed.is_empty() {
-                    return Ok(std::mem::take(&mut node.outbox));
-                }
-                node.notify.clone()
-            };
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(FetchReply::default());
+    /// Refuses a stream for a node the leader does not know (before the WebSocket upgrade).
+    pub fn check_node(&self, name: &str) -> Result<()> {
+        let mut inner = lock(self)?;
+        Self::node_mut(&mut inner, name).map(|_| ())
+    }
+
+    /// Opens a stream for the node: its id, and what wakes it when placements are queued. A
+    /// stream that replaces an open one (the node lost it without the leader noticing) fails
+    /// the node's jobs first, since frames sent into the old one may be lost; what was queued
+    /// for them is dropped, not the notices of jobs that failed.
+    pub fn open_stream(&self, name: &str) -> Result<(u64, Arc<Notify>)> {
+        let mut inner = lock(self)?;
+        Self::node_mut(&mut inner, name)?;
+        if inner.nodes.get(name).is_some_and(|n| n.stream != 0) {
+            inner.fail_jobs_of(name, &format!("node {name} opened a new stream"));
+            if let Some(n) = inner.nodes.get_mut(name) {
+                n.outbox.groups.clear();
+                n.outbox.ends.clear();
             }
-            let _ = tokio::time::timeout(left, notify.notified()).await;
         }
+        inner.next_stream += 1;
+        let id = inner.next_stream;
+        let node = Self::node_mut(&mut inner, name)?;
+        node.stream = id;
+        node.last = Instant::now();
+        // Its own wake-ups: an old stream still waiting must not take the new one's.
+        node.notify = Arc::new(Notify::new());
+        Ok((id, node.notify.clone()))
+    }
+
+    /// What is queued for stream `id` of the node (`None` once the stream is not the node's).
+    fn take(&self, name: &str, id: u64) -> Option<Placements> {
+        let mut inner = self.inner.lock().ok()?;
+        let node = inner.nodes.get_mut(name).filter(|n| n.stream == id)?;
+        node.placed += node
+            .outbox
+            .groups
+            .iter()
+            .map(|g| g.items.len() as u64)
+            .sum::<u64>();
+        Some(std::mem::take(&mut node.outbox))
+    }
+
+    /// The node's stream `id` ended: when it is still the node's, its jobs fail; a stream
+    /// that broke (the node's process died, or the connection) makes the node lost, as a
+    /// silent one: it registers again to go on.
+    fn stream_ended(&self, name: &str, id: u64, why: &str, broke: bool) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        let Some(node) = inner.nodes.get_mut(name).filter(|n| n.stream == id) else {
+            return;
+        };
+        node.stream = 0;
+        if broke {
+            tracing::warn!(node = name, why, "node lost: its stream broke");
+            node.lost = true;
+            inner.fail_jobs_of(name, &format!("node {name} lost: its stream {why}"));
+        } else {
+            tracing::info!(node = name, why, "node stream ended");
+            inner.fail_jobs_of(name, &format!("the stream of node {name} ended: {why}"));
+        }
+    }
+
+    /// Serves the node's stream `id` until it ends: writes the outbox as passes fill it, reads
+    /// the node's credit reports. Runs on the HTTP worker that upgraded the request.
+    pub async fn serve_stream(
+        self: Arc<Self>,
+        state: Arc<AppState>,
+        name: String,
+        id: u64,
+        notify: Arc<Notify>,
+        mut session: actix_ws::Session,
+        mut frames: actix_ws::MessageStream,
+    ) {
+        use actix_ws::Message;
+        let mut sent = Instant::now();
+        // Why it ended, and whether it broke (rather than the node closing it).
+        let (why, broke) = loop {
+            let Some(out) = self.take(&name, id) else {
+                break ("replaced".to_string(), false);
+            };
+            if !out.is_empty() {
+                let text = match serde_json::to_string(&out) {
+                    Ok(t) => t,
+                    Err(e) => break (format!("cannot encode placements: {e}"), false),
+                };
+                if session.text(text).await.is_err() {
+                    break ("it broke".into(), true);
+                }
+                sent = Instant::now();
+                continue;
+            }
+            if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+                break ("the leader is stopping".into(), false);
+            }
+            let idle = (sent + self.heartbeat).saturating_duration_since(Instant::now());
+            tokio::select! {
+                _ = notify.notified() => {}
+                m = frames.recv() => match m {
+                    Some(Ok(Message::Text(t))) => {
+                        if let Err(e) = self.report(&name, t.as_bytes()) {
+                            break (e, true);
+                        }
+                    }
+                    Some(Ok(Message::Binary(b))) => {
+                        if let Err(e) = self.report(&name, &b) {
+                            break (e, true);
+                        }
+                    }
+                    Some(Ok(Message::Ping(p))) => {
+                        let _ = session.pong(&p).await;
+                    }
+                    Some(Ok(Message::Close(_))) => break ("the node closed it".into(), false),
+                    None => break ("it broke".into(), true),
+                    Some(Err(e)) => break (format!("it broke: {e}"), true),
+                    Some(Ok(_)) => {}
+                },
+                _ = tokio::time::sleep(idle) => {
+                    if session.ping(b"").await.is_err() {
+                        break ("it broke".into(), true);
+                    }
+                    sent = Instant::now();
+                }
+            }
+        };
+        self.stream_ended(&name, id, &why, broke);
+        let _ = session.close(None).await;
+    }
+
+    /// One credit report read from a node's stream.
+    fn report(&self, name: &str, frame: &[u8]) -> std::result::Result<(), String> {
+        let report: CreditReport = serde_json::from_slice(frame)
+            .map_err(|e| format!("the node sent an unreadable report: {e}"))?;
+        self.credits(name, report).map_err(|e| e.message)
     }
 
     /// `POST /v1/nodes/{name}/jobs`: a node's ranks of a multi-node job; sampling starts when
@@ -524,6 +631,21 @@ impl Leader {
         job.sampler = Some(sampler);
         tracing::info!(job = %job.name, nodes = job.nodes.len(), world = job.world, "multi-node job sampling");
         Ok(())
+    }
+
+    /// The cluster's figures for `/metrics`: nodes by state, samples placed per node.
+    pub fn record_metrics(&self) {
+        let Ok(inner) = self.inner.lock() else {
+            return;
+        };
+        let alive = inner.nodes.values().filter(|n| !n.lost).count();
+        metrics::gauge!("joader_cluster_nodes", "state" => "alive").set(alive as f64);
+        metrics::gauge!("joader_cluster_nodes", "state" => "lost")
+            .set((inner.nodes.len() - alive) as f64);
+        for (name, n) in &inner.nodes {
+            metrics::counter!("joader_cluster_placements_total", "node" => name.clone())
+                .absolute(n.placed);
+        }
     }
 
     /// Marks nodes silent for longer than the timeout lost, failing their jobs.

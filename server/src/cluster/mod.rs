@@ -5,16 +5,21 @@
 //!   job of a dataset with one DSA tree. A server started with `--leader URL` is a follower.
 //!   Every server but a `--leader-only` leader is also a *node*: its agent (`node.rs`)
 //!   registers with the leader (itself, for a leader), heartbeats, forwards its local ranks of
-//!   multi-node jobs, fetches the leader's placements for them and hands them to its own
+//!   multi-node jobs, receives the leader's placements for them on its stream and hands them to its own
 //!   Cache as `Deliver`s, exactly as its local Sampler would. Single-node jobs never leave
 //!   their node.
-//! - **What crosses the network.** Control and sample ids only, as REST/JSON: registrations,
-//!   heartbeats (cache use, dataset states), credits (records the node's rings freed) and
-//!   long-polled fetches of placed samples (element, job, epoch, position). Pixels never do:
-//!   each node reads the shared source itself.
+//! - **What crosses the network.** Control and sample ids only: registrations, heartbeats
+//!   (cache use, dataset states) and job forwarding as REST/JSON requests, and, while a node
+//!   has multi-node jobs, one WebSocket per node (`GET /v1/nodes/{name}/stream`) on which the
+//!   leader writes each pass's placements for the node (element, job, epoch, position) as it
+//!   happens and the node writes the credit its readers return (records its rings freed) and
+//!   the jobs that failed there. One long exchange instead of a request per pass and per
+//!   acknowledged batch: the leader's cost per sample is a frame, not an HTTP request. Pixels
+//!   never cross: each node reads the shared source itself.
 //! - **Placement** is `joader_core::cluster`: hashing twice, equal counts per rank.
 //!
-//! The wire types below are the bodies of the `/v1/nodes` routes (`http/cluster.rs`).
+//! The wire types below are the bodies of the `/v1/nodes` routes (`http/cluster.rs`) and the
+//! frames of the node streams.
 
 pub mod leader;
 pub mod node;
@@ -114,7 +119,9 @@ pub struct JobFailure {
     pub reason: String,
 }
 
-/// `POST /v1/nodes/{name}/credits`: credit returned and jobs that failed on the node.
+/// What a node sends on its stream: credit returned and jobs that failed on the node (one
+/// WebSocket text frame each; what accumulated while a frame was being written goes in the
+/// next, summed per job).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreditReport {
@@ -124,16 +131,21 @@ pub struct CreditReport {
     pub failed: Vec<JobFailure>,
 }
 
-/// `POST /v1/nodes/{name}/fetch`: the placements waiting for the node (long poll).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Fetch {
-    /// The multi-node jobs the node serves (the leader answers `failed` for unknown ones).
-    #[serde(default)]
-    pub jobs: Vec<u64>,
-    /// How long to wait for a placement when none is waiting (at most 2000).
-    #[serde(default)]
-    pub wait_ms: u64,
+impl CreditReport {
+    /// Adds `other` to this report (credit summed per job).
+    pub fn merge(&mut self, other: CreditReport) {
+        for c in other.credits {
+            match self.credits.iter_mut().find(|x| x.job == c.job) {
+                Some(x) => x.n = x.n.saturating_add(c.n),
+                None => self.credits.push(c),
+            }
+        }
+        self.failed.extend(other.failed);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.credits.is_empty() && self.failed.is_empty()
+    }
 }
 
 /// One job's share of a placed element: its epoch and its position in the node's share.
@@ -162,13 +174,23 @@ pub struct WireEnd {
     pub finished: bool,
 }
 
-/// The placements for a node, in order.
+/// What the leader sends on a node's stream: the placements for the node since the last
+/// frame, in order (one WebSocket text frame per drain of the node's outbox).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-pub struct FetchReply {
+pub struct Placements {
+    #[serde(default)]
     pub groups: Vec<WireGroup>,
+    #[serde(default)]
     pub ends: Vec<WireEnd>,
-    /// Multi-node jobs of the node that failed (elsewhere, or unknown to the leader).
+    /// Multi-node jobs of the node that failed elsewhere.
+    #[serde(default)]
     pub failed: Vec<JobFailure>,
+}
+
+impl Placements {
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty() && self.ends.is_empty() && self.failed.is_empty()
+    }
 }
 
 /// A node as the leader sees it (`GET /v1/nodes`).

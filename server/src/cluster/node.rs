@@ -1,15 +1,19 @@
 //! A node's agent: registers the node with the leader and heartbeats, forwards the node's
-//! ranks of multi-node jobs ([`join_leader`]), fetches the leader's placements for them and
+//! ranks of multi-node jobs ([`join_leader`]), receives the leader's placements for them and
 //! gives them to the node's Cache as `Deliver`s (it stands where a local Sampler stands: the
 //! Cache returns credit to it, and it returns the credit to the leader).
 //!
-//! It speaks to the leader with `awc`, actix's asynchronous HTTP client: every request is a
-//! future the actor waits for without blocking (one fetch at a time, so that placements
-//! arrive in order; credits and heartbeats beside it).
+//! It speaks to the leader with `awc`, actix's asynchronous HTTP client, never blocking the
+//! actor: registration, heartbeats and forwarding are requests; placements and credit travel
+//! on the node's stream, one WebSocket opened while the node has multi-node jobs (or is
+//! joining one) and closed when it has had none for two heartbeats. The stream's task
+//! ([`run_link`]) turns the leader's frames into [`Placed`] messages, in order, and writes the
+//! credit the actor hands it, merging what accumulated while it was writing into one frame.
 //!
-//! Faults: a leader not heard from for `node_timeout_ms` (or that no longer knows this node)
-//! fails the node's multi-node jobs with the reason; single-node jobs never depend on it. The
-//! agent keeps registering, and rejoins when the leader is back.
+//! Faults: a leader not heard from for `node_timeout_ms` (or that no longer knows this node),
+//! or a stream that breaks, ends or stays silent as long (the leader pings an idle one every
+//! heartbeat), fails the node's multi-node jobs with the reason; single-node jobs never depend
+//! on it. The agent keeps registering, and rejoins when the leader is back.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
@@ -28,8 +32,9 @@ use super::*;
 use crate::error::{Code, Error, Result};
 use crate::registry::AppState;
 
-/// How long a fetch waits at the leader for placements.
-const FETCH_WAIT_MS: u64 = 500;
+/// The largest frame of a node stream (a drain of an outbox the node was slow to read can be
+/// large; the leader's requests' bodies had the same bound).
+pub const MAX_FRAME: usize = 256 << 20;
 
 /// An error of a call to the leader: the leader's code, or unreachable.
 #[derive(Debug, Clone)]
@@ -80,6 +85,23 @@ async fn post<T: DeserializeOwned>(
     })
 }
 
+/// awc's client with `TCP_NODELAY` on its connections: a stream writes small frames back to
+/// back, which Nagle's algorithm would hold until the leader acknowledged the previous one
+/// (a request waits for its answer, so requests never met it).
+fn client() -> awc::Client {
+    use actix_service::ServiceExt;
+    use actix_tls::connect::{Connection, ConnectorService};
+    let tcp = ConnectorService::default().map(
+        |c: Connection<awc::http::Uri, actix_web::rt::net::TcpStream>| {
+            let _ = c.io_ref().set_nodelay(true);
+            c
+        },
+    );
+    awc::Client::builder()
+        .connector(awc::Connector::new().connector(tcp))
+        .finish()
+}
+
 struct Tracked {
     local: JobId,
     dataset: DatasetId,
@@ -102,14 +124,24 @@ pub struct NodeAgent {
     by_local: HashMap<JobId, u64>,
     credits: HashMap<u64, u32>,
     failures: Vec<JobFailure>,
-    sending: bool,
-    fetching: bool,
+    /// The node's stream while it is open.
+    link: Option<Link>,
+    links: u64,
+    /// Heartbeats the open stream has had nothing to carry.
+    idle: u32,
     beating: bool,
     tried: HashSet<String>,
     dataset_errors: HashMap<String, String>,
     /// Registrations being forwarded, and the fetched placements held back meanwhile.
     joining: u32,
-    held: Vec<FetchReply>,
+    held: Vec<Placements>,
+}
+
+/// The node's open stream: its task, and where the actor hands it credit reports.
+struct Link {
+    id: u64,
+    reports: tokio::sync::mpsc::UnboundedSender<CreditReport>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl NodeAgent {
@@ -123,15 +155,16 @@ impl NodeAgent {
             token: c.token.clone(),
             heartbeat: Duration::from_millis(c.heartbeat_ms),
             timeout: Duration::from_millis(c.node_timeout_ms),
-            client: awc::Client::default(),
+            client: client(),
             registered: false,
             last_contact: Instant::now(),
             jobs: HashMap::new(),
             by_local: HashMap::new(),
             credits: HashMap::new(),
             failures: Vec::new(),
-            sending: false,
-            fetching: false,
+            link: None,
+            links: 0,
+            idle: 0,
             beating: false,
             tried: HashSet::new(),
             dataset_errors: HashMap::new(),
@@ -173,7 +206,19 @@ impl NodeAgent {
                 let reason = format!("the leader {} is unreachable", self.leader);
                 self.fail_all(&reason);
             }
-            self.registered = false;
+            self.unregistered();
+        }
+        if self.registered {
+            if self.needs_link() {
+                self.idle = 0;
+                self.connect(ctx);
+            } else if self.link.is_some() {
+                self.idle += 1;
+                if self.idle >= 2 {
+                    // Graceful: what is queued is still written, then a close frame.
+                    self.link = None;
+                }
+            }
         }
         if self.beating {
             return;
@@ -205,7 +250,7 @@ impl NodeAgent {
                         act.fail_all("the node registered again with the leader");
                         act.registered = true;
                         act.last_contact = Instant::now();
-                        act.fetch(ctx);
+                        act.connect(ctx);
                     }
                     Err(e) => tracing::debug!(error = %e.message, "cannot register with the leader"),
                 }
@@ -225,7 +270,7 @@ impl NodeAgent {
                     }
                     Err(e) if e.status == Some(404) => {
                         act.fail_all("the leader no longer knows this node (it restarted)");
-                        act.registered = false;
+                        act.unregistered();
                     }
                     Err(e) => tracing::debug!(error = %e.message, "heartbeat failed"),
                 }
@@ -297,49 +342,49 @@ impl NodeAgent {
         }
     }
 
-    /// One long-polled fetch at a time; the next one as soon as it answers.
-    fn fetch(&mut self, ctx: &mut Context<Self>) {
-        if self.fetching || !self.registered {
-            return;
+    /// The node is no longer registered: its stream (if any) is cut at once.
+    fn unregistered(&mut self) {
+        self.registered = false;
+        if let Some(l) = self.link.take() {
+            l.task.abort();
         }
-        self.fetching = true;
-        let url = self.url(&format!("/v1/nodes/{}/fetch", self.name));
-        let body = Fetch {
-            jobs: self.jobs.keys().copied().collect(),
-            wait_ms: FETCH_WAIT_MS,
-        };
-        let (client, token) = (self.client.clone(), self.token.clone());
-        let timeout = Duration::from_millis(FETCH_WAIT_MS) + self.timeout;
-        let fut =
-            async move { post::<FetchReply>(&client, url, token.as_deref(), timeout, &body).await };
-        ctx.spawn(fut.into_actor(self).map(|res, act, ctx| {
-            act.fetching = false;
-            match res {
-                Ok(reply) => {
-                    act.last_contact = Instant::now();
-                    if act.joining > 0 {
-                        act.held.push(reply);
-                    } else {
-                        act.apply(reply);
-                    }
-                    act.fetch(ctx);
-                }
-                Err(e) => {
-                    if e.status == Some(404) {
-                        act.registered = false;
-                    }
-                    tracing::debug!(error = %e.message, "fetch failed");
-                    ctx.run_later(Duration::from_millis(100), |act, ctx| act.fetch(ctx));
-                }
-            }
-        }));
     }
 
-    /// Hands fetched placements to the Cache, one `Deliver` per local dataset, in order.
+    /// Whether the node needs its stream: jobs to receive placements for or to return credit
+    /// and failures of.
+    fn needs_link(&self) -> bool {
+        !self.jobs.is_empty() || self.joining > 0 || !self.failures.is_empty()
+    }
+
+    /// Opens the node's stream when it needs one and has none.
+    fn connect(&mut self, ctx: &mut Context<Self>) {
+        if self.link.is_some() || !self.registered || !self.needs_link() {
+            return;
+        }
+        self.links += 1;
+        let id = self.links;
+        let (reports, rx) = tokio::sync::mpsc::unbounded_channel();
+        let url = self.url(&format!("/v1/nodes/{}/stream", self.name));
+        let task = actix_web::rt::spawn(run_link(
+            ctx.address(),
+            id,
+            self.client.clone(),
+            url,
+            self.token.clone(),
+            self.timeout,
+            rx,
+        ));
+        tracing::debug!(link = id, "opening the stream to the leader");
+        self.link = Some(Link { id, reports, task });
+        self.idle = 0;
+        self.send_credits();
+    }
+
+    /// Hands received placements to the Cache, one `Deliver` per local dataset, in order.
     /// A job whose end (`finished`) is handed over is no longer tracked: the leader forgets it,
     /// and its ranks may read their last records long after. Failures come last, so that a
     /// job that finished in this reply is not failed by the leader's not knowing it any more.
-    fn apply(&mut self, reply: FetchReply) {
+    fn apply(&mut self, reply: Placements) {
         self.deliver(&reply);
         for e in reply.ends.iter().filter(|e| e.finished) {
             if let Some(t) = self.jobs.remove(&e.job) {
@@ -352,7 +397,7 @@ impl NodeAgent {
         }
     }
 
-    fn deliver(&mut self, reply: &FetchReply) {
+    fn deliver(&mut self, reply: &Placements) {
         let Some(state) = self.state.upgrade() else {
             return;
         };
@@ -407,50 +452,32 @@ impl NodeAgent {
         }
     }
 
-    /// Sends the credit and failures gathered so far (one report at a time).
-    fn send_credits(&mut self, ctx: &mut Context<Self>) {
-        let tracked_credit = self.credits.keys().any(|k| self.jobs.contains_key(k));
-        if self.sending || !self.registered || (!tracked_credit && self.failures.is_empty()) {
+    /// Hands the credit and failures gathered so far to the stream (credit of jobs not
+    /// tracked yet, under placeholder keys, waits for `Joined`; without a stream, all waits
+    /// for the next one).
+    fn send_credits(&mut self) {
+        let Some(link) = &self.link else {
             return;
-        }
-        self.sending = true;
-        // Credit of jobs not tracked yet (placeholder keys) waits for `Joined`.
+        };
         let ready: Vec<u64> = self
             .credits
             .keys()
             .copied()
             .filter(|k| self.jobs.contains_key(k))
             .collect();
-        let body = CreditReport {
+        if ready.is_empty() && self.failures.is_empty() {
+            return;
+        }
+        let report = CreditReport {
             credits: ready
                 .into_iter()
                 .filter_map(|job| self.credits.remove(&job).map(|n| Credit { job, n }))
                 .collect(),
             failed: std::mem::take(&mut self.failures),
         };
-        let url = self.url(&format!("/v1/nodes/{}/credits", self.name));
-        let (client, token, timeout) = (self.client.clone(), self.token.clone(), self.timeout);
-        let fut = async move {
-            let r = post::<serde_json::Value>(&client, url, token.as_deref(), timeout, &body).await;
-            (r, body)
-        };
-        ctx.spawn(fut.into_actor(self).map(|(res, body), act, ctx| {
-            act.sending = false;
-            match res {
-                Ok(_) => act.send_credits(ctx),
-                Err(e) => {
-                    tracing::debug!(error = %e.message, "cannot return credit to the leader");
-                    // Kept for the next try (jobs that fail meanwhile drop theirs).
-                    for c in body.credits {
-                        if act.jobs.contains_key(&c.job) {
-                            *act.credits.entry(c.job).or_default() += c.n;
-                        }
-                    }
-                    act.failures.extend(body.failed);
-                    ctx.run_later(Duration::from_millis(100), |act, ctx| act.send_credits(ctx));
-                }
-            }
-        }));
+        // A closed channel means the task ended: its `LinkEnded` fails the jobs this credit
+        // was for.
+        let _ = link.reports.send(report);
     }
 
     /// A local job left (its client died or it was deleted): the leader fails it everywhere.
@@ -462,7 +489,8 @@ impl NodeAgent {
                 job: cluster,
                 reason: reason.to_string(),
             });
-            self.send_credits(ctx);
+            self.connect(ctx);
+            self.send_credits();
         }
     }
 }
@@ -507,8 +535,10 @@ pub struct Joining;
 
 impl Handler<Joining> for NodeAgent {
     type Result = ();
-    fn handle(&mut self, _: Joining, _: &mut Context<Self>) {
+    fn handle(&mut self, _: Joining, ctx: &mut Context<Self>) {
         self.joining += 1;
+        // The stream opens beside the forwarding: the job's first credit needs it.
+        self.connect(ctx);
     }
 }
 
@@ -543,7 +573,8 @@ impl Handler<Joined> for NodeAgent {
             if let Some(n) = self.credits.remove(&(u64::MAX - t.local)) {
                 *self.credits.entry(t.cluster).or_default() += n;
             }
-            self.send_credits(ctx);
+            self.connect(ctx);
+            self.send_credits();
         }
         if self.joining == 0 {
             for reply in std::mem::take(&mut self.held) {
@@ -563,7 +594,7 @@ impl Handler<JobSignal> for NodeAgent {
                 let key = self.by_local.get(&job).copied().unwrap_or(u64::MAX - job);
                 *self.credits.entry(key).or_default() += n;
                 if self.by_local.contains_key(&job) {
-                    self.send_credits(ctx);
+                    self.send_credits();
                 }
             }
             JobSignal::Gone { job } => self.local_gone(job, "a rank's client left or died", ctx),
@@ -576,6 +607,136 @@ impl Handler<RemoveJob> for NodeAgent {
     fn handle(&mut self, msg: RemoveJob, ctx: &mut Context<Self>) {
         self.local_gone(msg.job, "the job was deleted on a node", ctx);
     }
+}
+
+/// Link → agent: a frame of placements from the leader, on stream `link`.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Placed {
+    link: u64,
+    placements: Placements,
+}
+
+impl Handler<Placed> for NodeAgent {
+    type Result = ();
+    fn handle(&mut self, msg: Placed, _: &mut Context<Self>) {
+        if self.link.as_ref().map(|l| l.id) != Some(msg.link) {
+            return;
+        }
+        self.last_contact = Instant::now();
+        if self.joining > 0 {
+            self.held.push(msg.placements);
+        } else {
+            self.apply(msg.placements);
+        }
+    }
+}
+
+/// Link → agent: stream `link` ended, and why; `unknown` when the leader does not know this
+/// node (any more).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct LinkEnded {
+    link: u64,
+    why: String,
+    unknown: bool,
+}
+
+impl Handler<LinkEnded> for NodeAgent {
+    type Result = ();
+    fn handle(&mut self, msg: LinkEnded, ctx: &mut Context<Self>) {
+        if self.link.as_ref().map(|l| l.id) != Some(msg.link) {
+            return;
+        }
+        self.link = None;
+        tracing::warn!(why = %msg.why, "the stream to the leader ended");
+        // Frames may have been lost either way: the jobs it carried cannot go on exactly.
+        self.fail_all(&format!("the stream to the leader ended: {}", msg.why));
+        if msg.unknown {
+            self.unregistered();
+        } else {
+            // Failures still to report (a new job joining) go on a new stream, after a pause
+            // that keeps a refusing leader from being asked in a loop.
+            ctx.run_later(Duration::from_millis(100), |act, ctx| act.connect(ctx));
+        }
+    }
+}
+
+/// The task of stream `link`: opens the WebSocket, then forwards the leader's frames to the
+/// agent and the agent's credit reports to the leader until either side ends it or the leader
+/// is silent for `timeout`; tells the agent why it ended.
+async fn run_link(
+    agent: Addr<NodeAgent>,
+    link: u64,
+    client: awc::Client,
+    url: String,
+    token: Option<String>,
+    timeout: Duration,
+    mut reports: tokio::sync::mpsc::UnboundedReceiver<CreditReport>,
+) {
+    use awc::ws::{Frame, Message};
+    use futures::{SinkExt, StreamExt};
+    let (why, unknown) = async {
+        let mut req = client.ws(&url).max_frame_size(MAX_FRAME);
+        if let Some(t) = &token {
+            req = req.bearer_auth(t);
+        }
+        let framed = match req.connect().await {
+            Ok((_, framed)) => framed,
+            Err(awc::error::WsClientError::InvalidResponseStatus(s)) => {
+                return (format!("the leader refused it ({s})"), s.as_u16() == 404);
+            }
+            Err(e) => return (format!("cannot open it: {e}"), false),
+        };
+        let (mut sink, mut frames) = framed.split();
+        let mut heard = Instant::now();
+        loop {
+            let silent = tokio::time::Instant::from_std(heard + timeout);
+            tokio::select! {
+                report = reports.recv() => {
+                    let Some(mut report) = report else {
+                        let _ = sink.send(Message::Close(None)).await;
+                        return ("closed by the node (no multi-node job left)".into(), false);
+                    };
+                    while let Ok(more) = reports.try_recv() {
+                        report.merge(more);
+                    }
+                    let text = match serde_json::to_string(&report) {
+                        Ok(t) => t,
+                        Err(e) => return (format!("cannot encode a report: {e}"), false),
+                    };
+                    if let Err(e) = sink.send(Message::Text(text.into())).await {
+                        return (format!("broken: {e}"), false);
+                    }
+                }
+                frame = frames.next() => {
+                    heard = Instant::now();
+                    match frame {
+                        Some(Ok(Frame::Text(b) | Frame::Binary(b))) => {
+                            match serde_json::from_slice::<Placements>(&b) {
+                                Ok(placements) => agent.do_send(Placed { link, placements }),
+                                Err(e) => return (format!("unreadable frame: {e}"), false),
+                            }
+                        }
+                        Some(Ok(Frame::Ping(p))) => {
+                            let _ = sink.send(Message::Pong(p)).await;
+                        }
+                        Some(Ok(Frame::Close(r))) => {
+                            return (format!("closed by the leader ({r:?})"), false);
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => return (format!("broken: {e}"), false),
+                        None => return ("closed by the leader".into(), false),
+                    }
+                }
+                _ = tokio::time::sleep_until(silent) => {
+                    return (format!("the leader was silent for {timeout:?}"), false);
+                }
+            }
+        }
+    }
+    .await;
+    agent.do_send(LinkEnded { link, why, unknown });
 }
 
 /// Forwards this node's ranks of a multi-node job to the leader; returns the leader's id of

@@ -1,20 +1,22 @@
 //! `/v1/nodes`: the leader's registry of nodes, and what the nodes' agents call (register,
-//! heartbeat, forward their ranks of a multi-node job, return credit, fetch placements).
+//! heartbeat, forward their ranks of a multi-node job, and their streams: placements one way,
+//! credit the other).
 
-use actix_web::{HttpResponse, get, post, web};
+use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::errors;
 use crate::cluster::{
-    CreditReport, Fetch, FetchReply, Heartbeat, HeartbeatReply, NodeJob, NodeJobAccepted, NodeList,
-    NodeRegistered, NodeRegistration, leader,
+    Heartbeat, HeartbeatReply, NodeJob, NodeJobAccepted, NodeList, NodeRegistered,
+    NodeRegistration, leader, node,
 };
-use crate::error::Result;
+use crate::error::{Code, Error, Result};
 use crate::registry::AppState;
 
 errors!(ListErrors: NotALeader);
 errors!(RegisterErrors: InvalidRequest, NotALeader);
 errors!(NodeErrors: InvalidRequest, NodeNotFound, NotALeader);
+errors!(StreamErrors: InvalidRequest, NodeNotFound, NotALeader, ShuttingDown);
 errors!(JoinErrors: InvalidRequest, EmptySubset, DatasetNotFound, NodeNotFound, JobExists,
     DatasetNotReady, NotALeader, NodeMismatch);
 
@@ -84,39 +86,45 @@ async fn join_job(
     Ok(HttpResponse::Ok().json(r))
 }
 
-/// Credit a node's rings freed, and multi-node jobs that failed there.
+/// A node's stream, a WebSocket it keeps open while it has multi-node jobs: the leader writes
+/// the node's placements as its Samplers' passes make them (JSON text frames, `Placements`;
+/// a ping after a heartbeat with nothing to send), the node writes the credit its readers
+/// returned and the jobs that failed there (`CreditReport`). When the stream ends or breaks,
+/// both sides fail the node's multi-node jobs.
 #[utoipa::path(
     tag = "cluster",
-    request_body = CreditReport,
     params(("name" = String, Path, description = "the node's name", example = "node-a")),
-    responses((status = 200, description = "taken", body = Object), NodeErrors)
+    responses(
+        (status = 101, description = "switching to the WebSocket: frames are `Placements` from the leader and `CreditReport` from the node"),
+        StreamErrors
+    )
 )]
-#[post("/v1/nodes/{name}/credits")]
-async fn credits(
+#[get("/v1/nodes/{name}/stream")]
+async fn stream(
     state: web::Data<AppState>,
     name: web::Path<String>,
-    body: web::Json<CreditReport>,
-) -> Result<HttpResponse> {
-    leader::of(&state)?.credits(&name, body.into_inner())?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({})))
-}
-
-/// The placements waiting for a node, in order (waits up to `wait_ms` when there are none).
-#[utoipa::path(
-    tag = "cluster",
-    request_body = Fetch,
-    params(("name" = String, Path, description = "the node's name", example = "node-a")),
-    responses((status = 200, description = "the placements", body = FetchReply), NodeErrors)
-)]
-#[post("/v1/nodes/{name}/fetch")]
-async fn fetch(
-    state: web::Data<AppState>,
-    name: web::Path<String>,
-    body: web::Json<Fetch>,
+    req: HttpRequest,
+    body: web::Payload,
 ) -> Result<HttpResponse> {
     let l = leader::of(&state)?.clone();
-    let r = l.fetch(&name, body.into_inner()).await?;
-    Ok(HttpResponse::Ok().json(r))
+    crate::registry::check_not_draining(&state)?;
+    l.check_node(&name)?;
+    let (response, session, frames) = actix_ws::handle(&req, body).map_err(|e| {
+        Error::new(
+            Code::InvalidRequest,
+            format!("a node stream is a WebSocket: {e}"),
+        )
+    })?;
+    let (id, notify) = l.open_stream(&name)?;
+    actix_web::rt::spawn(l.serve_stream(
+        state.into_inner(),
+        name.into_inner(),
+        id,
+        notify,
+        session,
+        frames.max_frame_size(node::MAX_FRAME),
+    ));
+    Ok(response)
 }
 
 pub fn configure(cfg: &mut ServiceConfig) {
@@ -124,6 +132,5 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(register_node)
         .service(heartbeat)
         .service(join_job)
-        .service(credits)
-        .service(fetch);
+        .service(stream);
 }

@@ -294,4 +294,7 @@ pub(super) fn record_cache(state: &AppState) {
         g("joader_process_threads", p.threads as f64);
     }
     gauge!("joader_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    if let Some(leader) = &state.leader {
+        leader.record_metrics();
+    }
 }

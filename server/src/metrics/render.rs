@@ -118,6 +118,14 @@ pub(super) fn describe_all() {
     describe_gauge!("joader_process_threads", "threads of the joader process");
     describe_gauge!("joader_build_info", "1, labelled with the joader version");
     describe_gauge!("joader_jobs", "registered jobs by state");
+    describe_gauge!(
+        "joader_cluster_nodes",
+        "nodes registered with this leader, by state (alive, lost)"
+    );
+    describe_counter!(
+        "joader_cluster_placements_total",
+        "samples of multi-node jobs this leader placed on a node and sent on its stream, by node"
+    );
 }
 
 /// Appends the object-store stage's families (a server with `--allowed-s3` only). The
