@@ -94,7 +94,7 @@ pub(super) fn decode(bytes: &[u8], stored: (u32, u32), scale: u32) -> Result<Rgb
 /// thumbnail (a whole JPEG inside an APP1 segment, with its own end marker) does not count.
 /// Inside entropy-coded data a `FF` byte is always followed by `00` or a restart marker, so the
 /// first `FF D9` found after the scan header is a real end of image (progressive files have
-/// further scans before it).
+/// further scans before it), and any `FF D9` after it is one too.
 fn has_end_after_first_scan(bytes: &[u8]) -> bool {
     let mut pos = 2; // after SOI
     loop {
@@ -113,7 +113,9 @@ fn has_end_after_first_scan(bytes: &[u8]) -> bool {
             let Some(rest) = bytes.get(segment_end..) else {
                 return false;
             };
-            return rest.windows(2).any(|w| w == [0xFF, 0xD9]);
+            // From the end: a whole file ends with it (at most some trailing bytes after),
+            // so the search stops at once instead of reading megabytes of entropy data.
+            return rest.windows(2).rev().any(|w| w == [0xFF, 0xD9]);
         }
         pos = segment_end;
     }
