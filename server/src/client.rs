@@ -111,6 +111,8 @@ pub struct Consumed {
     pub errors: Vec<Vec<(u32, u32)>>,
     pub samples: u64,
     pub elapsed: Duration,
+    /// The longest time one `next_batch` waited (the longest the reader went without data).
+    pub longest_wait: Duration,
 }
 
 /// Reads a ring until end of stream (or `max_samples`), acknowledging each batch after
@@ -145,6 +147,7 @@ pub fn consume(
         let t = Instant::now();
         let b = reader.next_batch(batch, Some(Duration::from_secs(60)))?;
         let fetch = t.elapsed();
+        out.longest_wait = out.longest_wait.max(fetch);
         for item in b.items() {
             let e = item.meta.epoch as usize;
             if out.epochs.len() <= e {

@@ -88,10 +88,18 @@ struct MixFigures {
     alone: f64,
     alone_before_after: (f64, f64),
     alone_hits: f64,
+    /// The job alone (first run): its longest wait for a batch and its time with nothing
+    /// to read, seconds of `alone_s`.
+    alone_longest_wait: f64,
+    alone_stall: f64,
+    alone_s: f64,
     fast: Vec<f64>,
+    /// Each fast job's longest wait for one batch, seconds.
+    longest_wait: Vec<f64>,
     fast_hits: Vec<f64>,
     /// Seconds from the start of the slow and fast jobs to the end of the last fast one.
     mix_s: f64,
+    /// Each fast job's time attached with nothing to read (the server's count).
     stall: Vec<f64>,
     slow: Vec<f64>,
     slow_target: f64,
@@ -210,6 +218,12 @@ fn job_field(c: &Client, name: &str, field: &str) -> Result<f64> {
         .with_context(|| format!("job {name} has no {field}: {j}"))
 }
 
+fn longest_wait(summary: &Value) -> Result<f64> {
+    summary["longest_wait_s"]
+        .as_f64()
+        .context("no longest_wait_s")
+}
+
 fn rate(summary: &Value) -> Result<f64> {
     let samples = summary["samples"].as_f64().context("no samples")?;
     let secs = summary["elapsed_s"].as_f64().context("no elapsed_s")?;
@@ -236,7 +250,8 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         .prefix("joader-bench-scale-consumers")
         .tempdir()?;
 
-    let run_alone = || -> Result<(f64, f64)> {
+    // (samples/s, hit ratio, longest wait s, stall s, elapsed s)
+    let run_alone = || -> Result<(f64, f64, f64, f64, f64)> {
         eprintln!("one fast job alone…");
         let server = mix_server("alone", &images, cache_bytes)?;
         let mut consumers = Consumers::default();
@@ -246,10 +261,17 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
             0,
             out.path(),
         )?;
-        let rate = rate(&consumers.finish("alone")?)?;
-        Ok((rate, job_field(&server.client(), "alone", "hit_ratio")?))
+        let summary = consumers.finish("alone")?;
+        let c = server.client();
+        Ok((
+            rate(&summary)?,
+            job_field(&c, "alone", "hit_ratio")?,
+            longest_wait(&summary)?,
+            job_field(&c, "alone", "stall_s")?,
+            summary["elapsed_s"].as_f64().context("no elapsed_s")?,
+        ))
     };
-    let (alone, alone_hits) = run_alone()?;
+    let (alone, alone_hits, alone_longest_wait, alone_stall, alone_s) = run_alone()?;
 
     eprintln!("the mix: {fast} fast, {slow} slow, {paused} paused, {never} never attached…");
     let server = mix_server("mix", &images, cache_bytes)?;
@@ -301,8 +323,11 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         consumers.start(&server.url, &job, 0, out.path())?;
     }
     let mut fast_rates = Vec::new();
+    let mut longest_waits = Vec::new();
     for name in &fast_names {
-        fast_rates.push(rate(&consumers.finish(name)?)?);
+        let summary = consumers.finish(name)?;
+        fast_rates.push(rate(&summary)?);
+        longest_waits.push(longest_wait(&summary)?);
     }
     let secs = start.elapsed().as_secs_f64();
     let stats1 = c.ok("GET", "/v1/stats", None)?;
@@ -327,7 +352,7 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
     };
     drop(consumers);
     drop(server);
-    let (after, _) = run_alone()?;
+    let (after, ..) = run_alone()?;
     let mean = (alone + after) / 2.0;
     for r in &mut fast_rates {
         *r /= mean.max(1e-9);
@@ -337,7 +362,11 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         alone: mean,
         alone_before_after: (alone, after),
         alone_hits,
+        alone_longest_wait,
+        alone_stall,
+        alone_s,
         fast: fast_rates,
+        longest_wait: longest_waits,
         fast_hits,
         mix_s: secs,
         stall,
@@ -414,9 +443,16 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
         min(&m.fast)
     );
     println!(
-        "| mix: fast jobs' stall | {} s (of {:.1} s) | |",
-        list(&m.stall, 2),
-        m.mix_s
+        "| mix: fast jobs' longest wait for one batch | {} s (alone: {:.2} s) | |",
+        list(&m.longest_wait, 2),
+        m.alone_longest_wait
+    );
+    println!(
+        "| mix: fast jobs' time attached with nothing to read | {} s of {:.1} s (alone: {:.1} s of {:.1} s; a reader faster than the server always waits) | |",
+        list(&m.stall, 1),
+        m.mix_s,
+        m.alone_stall,
+        m.alone_s
     );
     println!(
         "| mix: fast jobs' hit ratio | {} | |",
@@ -457,6 +493,9 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
             "fast_hit_ratio": m.fast_hits,
             "fast_fraction_of_alone": m.fast,
             "fast_stall_s": m.stall,
+            "fast_longest_wait_s": m.longest_wait,
+            "alone_longest_wait_s": m.alone_longest_wait,
+            "alone_stall_s": m.alone_stall,
             "mix_s": m.mix_s,
             "slow_samples_per_s": m.slow,
             "reloads": m.reloads,
