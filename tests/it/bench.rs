@@ -63,7 +63,7 @@ fn bench_scale_quick_prints_every_figure() {
         "| index: RssAnon growth |",
         "| registration of 8 jobs",
         "| RssAnon growth per registered job |",
-        "| idle CPU with 8 registered jobs |",
+        "| idle CPU with 8 registered jobs (from 3 s after the last registration) |",
         "| mix: cache bytes | 38535168 = (1 paused rings x 64 + 2 x 32 x 3 attached jobs) x 150528 |",
         "| mix: fast jobs' rate / rate alone |",
         "| mix: fast jobs' longest wait for one batch |",
