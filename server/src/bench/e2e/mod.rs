@@ -117,7 +117,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
     );
     // Every system reads the files from the page cache: without this, the first system of the
     // first scenario would pay for cold reads that the others do not.
-    let warmed = warm_page_cache(&root)?;
+    let warmed = super::warm_page_cache(&root)?;
     eprintln!("page cache: read {warmed} bytes of the dataset once before the scenarios");
     let index = Arc::new(actors::storage::index(
         &SourceSpec::ImageFolder { path: root.clone() },
@@ -233,20 +233,3 @@ pub fn run(args: E2eArgs) -> Result<()> {
     Ok(())
 }
 
-/// Reads every file under `dir` once (so that it sits in the page cache); returns the bytes read.
-fn warm_page_cache(dir: &std::path::Path) -> Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            total += warm_page_cache(&entry.path())?;
-        } else if kind.is_file() {
-            total += std::io::copy(
-                &mut std::fs::File::open(entry.path())?,
-                &mut std::io::sink(),
-            )?;
-        }
-    }
-    Ok(total)
-}

@@ -254,6 +254,8 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
     };
     eprintln!("generating {} images of {w}x{h}…", spec.images());
     crate::synth::generate_image_folder(&images, &spec, &mut |_| {})?;
+    // From the page cache in every run: the first run alone would otherwise pay cold reads.
+    super::warm_page_cache(&images)?;
     let attached = u64::from(fast + slow + paused);
     let cache_bytes = (u64::from(paused) * RING + 2 * BATCH * attached) * ELEMENT_BYTES;
     let out = tempfile::Builder::new()
