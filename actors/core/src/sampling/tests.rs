@@ -770,3 +770,147 @@ fn a_replayed_job_receives_exactly_its_order_every_epoch() {
         Err(SamplerError::BadStart(3, _))
     ));
 }
+
+/// Counts of outcomes, as `chi2` takes them.
+type Counts = HashMap<Vec<u32>, u64>;
+
+/// Samples one round from clones of a tree of jobs 0, 1, 2 (datasets as given) many times;
+/// returns the counts of job 0's and job 1's picks and how often they were the same.
+fn leaf_coupling_rounds(datasets: [RoaringBitmap; 3], trials: u64) -> (Counts, Counts, u64) {
+    let mut tree = DependentSamplingTree::new();
+    for (i, d) in datasets.into_iter().enumerate() {
+        tree.add_job(spec(i as JobKey, d, 7 + i as u64)).unwrap();
+    }
+    assert_eq!(tree.order(), vec![0, 1, 2], "positions follow the sizes");
+    let mut round = Round::default();
+    let (mut first, mut second, mut same) = (HashMap::new(), HashMap::new(), 0);
+    for t in 0..trials {
+        let mut c = tree.clone();
+        c.reseed(t);
+        c.sample(&[0, 1, 2], &mut round).unwrap();
+        let pick = |job| {
+            round
+                .deliveries
+                .iter()
+                .find(|d| d.job == job)
+                .unwrap()
+                .element
+        };
+        let (a, b) = (pick(0), pick(1));
+        *first.entry(vec![a]).or_insert(0) += 1;
+        *second.entry(vec![b]).or_insert(0) += 1;
+        same += u64::from(a == b);
+    }
+    (first, second, same)
+}
+
+fn assert_uniform(counts: &Counts, set: &RoaringBitmap, trials: u64) {
+    let expected: HashMap<Vec<u32>, f64> = set
+        .iter()
+        .map(|e| (vec![e], 1.0 / set.len() as f64))
+        .collect();
+    let (stat, df) = chi2(counts, &expected, trials);
+    assert!(
+        stat < chi2_critical(df.max(1)),
+        "not uniform: chi2 {stat:.1} (df {df})"
+    );
+}
+
+/// Two jobs that both draw from their leaves in one round draw coupled: each pick stays
+/// uniform over the job's remaining set, and they coincide as often as a maximal coupling
+/// allows. Job 0's leaf (99 elements) lies inside job 1's (100): job 1 takes job 0's element
+/// with probability 99/100, else the one element outside (the exact fallback after the
+/// rejection tries, most of the time).
+#[test]
+fn leaf_draws_are_coupled_and_stay_uniform_smaller_leaf_first() {
+    let common = 0..10;
+    let x = bitmap(common.clone().chain(1000..1099));
+    let y = bitmap(common.clone().chain(1000..1100));
+    let z = bitmap(common.chain(2000..2200));
+    let trials = 40_000;
+    let (a, b, same) = leaf_coupling_rounds([x.clone(), y.clone(), z], trials);
+    assert_uniform(&a, &x, trials);
+    assert_uniform(&b, &y, trials);
+    // Job 0 takes the 10 common elements (job 1 follows with 109/110) or its leaf (job 1's
+    // coupled pick is the same with 99/100). Independent leaf draws would give about 0.10.
+    let expected = 10.0 / 110.0 + 99.0 / 109.0 * 0.99;
+    let got = same as f64 / trials as f64;
+    assert!(
+        (got - expected).abs() < 0.01,
+        "same {got:.4} vs {expected:.4}"
+    );
+}
+
+/// The other way round: job 0's leaf (100 elements) contains job 1's (99); job 1 also has 5
+/// elements offered to it alone (shared with job 2).
+#[test]
+fn leaf_draws_are_coupled_and_stay_uniform_larger_leaf_first() {
+    let common = 0..10;
+    let x = bitmap(common.clone().chain(1000..1100));
+    let y = bitmap(common.clone().chain(1000..1099).chain(2000..2005));
+    let z = bitmap(common.chain(2000..2005).chain(3000..3200));
+    let trials = 40_000;
+    let (a, b, same) = leaf_coupling_rounds([x.clone(), y.clone(), z], trials);
+    assert_uniform(&a, &x, trials);
+    assert_uniform(&b, &y, trials);
+    // Job 0 takes the common part (job 1 follows with 110/114) or its leaf; then job 1 takes
+    // its 5 own shared elements with 5/104, or its leaf, coupled: the same with 99/100.
+    let expected = 10.0 / 110.0 * (110.0 / 114.0) + 100.0 / 110.0 * (99.0 / 104.0) * 0.99;
+    let got = same as f64 / trials as f64;
+    assert!(
+        (got - expected).abs() < 0.01,
+        "same {got:.4} vs {expected:.4}"
+    );
+}
+
+/// The case behind a sweep's fast jobs splitting up beside a slow one: jobs with identical
+/// remaining sets sampled together beside a job with a different one (here it has taken some
+/// of their elements and they some of its) take their leaves in many rounds; they must still
+/// share every pick, over whole epochs, whichever rounds the other job takes part in.
+#[test]
+fn identical_jobs_share_every_pick_beside_a_job_that_differs() {
+    let mut tree = DependentSamplingTree::new();
+    for job in 0..3 {
+        tree.add_job(spec(job, bitmap(0..300), 11 + job)).unwrap();
+    }
+    tree.add_job(spec(3, bitmap(0..300), 99)).unwrap();
+    let mut round = Round::default();
+    let mut leaf_rounds = 0;
+    // Job 3 reads alone for a while, so that its remaining set differs from the others'.
+    for _ in 0..40 {
+        tree.sample(&[3], &mut round).unwrap();
+    }
+    for r in 0..900 {
+        let with_slow = r % 7 == 0;
+        let active: &[JobKey] = if with_slow { &[0, 1, 2, 3] } else { &[0, 1, 2] };
+        let before = tree.remaining(0).unwrap().clone();
+        assert_eq!(&before, tree.remaining(1).unwrap());
+        assert_eq!(&before, tree.remaining(2).unwrap());
+        let slow = tree.remaining(3).unwrap().clone();
+        tree.sample(active, &mut round).unwrap();
+        let picks: Vec<u32> = (0..3)
+            .map(|j| {
+                round
+                    .deliveries
+                    .iter()
+                    .find(|d| d.job == j)
+                    .unwrap()
+                    .element
+            })
+            .collect();
+        assert!(
+            picks.iter().all(|&p| p == picks[0]),
+            "round {r}: identical jobs picked {picks:?}"
+        );
+        // Below the other job in the tree (fewer remaining), the identical jobs took an
+        // element it no longer needs: they refused the shared part and drew from their leaves.
+        if with_slow && before.len() < slow.len() && !slow.contains(picks[0]) {
+            leaf_rounds += 1;
+        }
+    }
+    // The case occurred.
+    assert!(
+        leaf_rounds > 5,
+        "only {leaf_rounds} rounds outside the shared part"
+    );
+}

@@ -24,7 +24,12 @@
 //! probability `(|R_prev| - |S|) / (|R_next| - |S|)` given that its predecessor took it (exact
 //! integer draws), and the chain stops at the first refusal. If nobody takes `I`, job `m` takes
 //! its leaf `L_m = R_m \ S \ I`. Then `S ← S ∪ I` and the loop goes on with the refusing jobs.
-//! Jobs that took the same set share one uniform draw from it (united sampling). Over all
+//! Jobs that took the same set share one uniform draw from it (united sampling). Jobs that
+//! take their leaves draw coupled (an addition to the appendix): the round's first leaf draw
+//! `x` is uniform, and each later leaf `L_b` takes `x` with probability `min(1, |L_a|/|L_b|)`
+//! when `x ∈ L_b`, otherwise the rest of the uniform law over `L_b` (by rejection, then
+//! exactly). Each pick keeps its law, and identical jobs beside a job that differs (their
+//! leaves are equal) keep sharing instead of drawing apart. That coupling aside, over all
 //! active jobs this is exactly Algorithm 1 + 2 (with the conditional probability written
 //! `c ← |D| - |S|`, which is what the appendix's Lemma 1 needs); a masked round (partial
 //! sampling) runs the same chain over the active jobs only, on the full tree's vertices, and
@@ -70,6 +75,9 @@ struct Job {
     epoch: u32,
     epochs: Option<u32>,
 }
+
+/// Uniform draws tried before the residual of a coupled leaf draw is computed exactly.
+const REJECTION_TRIES: usize = 64;
 
 /// Where a group of jobs draws its shared element from.
 #[derive(Debug, Clone, Copy)]
@@ -411,6 +419,40 @@ impl DependentSamplingTree {
         }
     }
 
+    /// Draws from the leaf of position `b`, maximally coupled with `x`, the element drawn from
+    /// the leaf of position `a` in this round: the result is uniform over `L_b` (as an
+    /// independent draw would be) and equals `x` with probability `|L_a ∩ L_b| / max(|L_a|,
+    /// |L_b|)`, so jobs with identical leaves share their pick. See the module docs.
+    fn draw_leaf_coupled(&mut self, a: usize, x: ElementId, b: usize) -> ElementId {
+        let (la, lb) = (self.jobs[a].leaf_len, self.jobs[b].leaf_len);
+        // Take x with probability min(1, la / lb) when it is in L_b: each y of L_a ∩ L_b gets
+        // min(1/la, 1/lb) this way.
+        if self.jobs[b].leaf.contains(x) && (la >= lb || self.rng.random_range(0..lb) < la) {
+            return x;
+        }
+        // Otherwise the rest of the uniform distribution over L_b: y outside L_a weighs 1/lb,
+        // y in L_a ∩ L_b weighs 1/lb - 1/la when la > lb and nothing otherwise. By rejection
+        // from uniform draws over L_b (one draw on average over all rounds), then exactly.
+        for _ in 0..REJECTION_TRIES {
+            let y = uniform_element(&self.jobs[b].leaf, lb, &mut self.rng);
+            if !self.jobs[a].leaf.contains(y) || (la > lb && self.rng.random_range(0..la) >= lb) {
+                return y;
+            }
+        }
+        let (leaf_a, leaf_b) = (&self.jobs[a].leaf, &self.jobs[b].leaf);
+        let outside = leaf_b - leaf_a;
+        let (n_out, n_in) = (outside.len(), lb - outside.len());
+        // Masses in units of 1 / (la · lb): outside la each, inside la - lb each (if la > lb).
+        let w_out = n_out * la;
+        let w_in = if la > lb { n_in * (la - lb) } else { 0 };
+        if self.rng.random_range(0..w_out + w_in) < w_out {
+            uniform_element(&outside, n_out, &mut self.rng)
+        } else {
+            let inside = leaf_b & leaf_a;
+            uniform_element(&inside, n_in, &mut self.rng)
+        }
+    }
+
     /// Algorithm 1 over the active positions (in `self.active`, ascending): fills `self.groups`.
     fn decide(&mut self) {
         self.groups.clear();
@@ -560,8 +602,17 @@ impl Sampler for DependentSamplingTree {
         self.picked.clear();
         let groups = std::mem::take(&mut self.groups);
         let mut by_group = Vec::with_capacity(groups.len());
+        // The first leaf drawn this round: later leaf draws are coupled with it.
+        let mut first_leaf: Option<(usize, ElementId)> = None;
         for g in &groups {
-            by_group.push(self.draw(g.source));
+            let element = match (g.source, first_leaf) {
+                (Source::Leaf(b), Some((a, x))) => self.draw_leaf_coupled(a, x, b),
+                (source, _) => self.draw(source),
+            };
+            if let (Source::Leaf(a), None) = (g.source, first_leaf) {
+                first_leaf = Some((a, element));
+            }
+            by_group.push(element);
         }
         let active = std::mem::take(&mut self.active);
         for (g, &element) in groups.iter().zip(&by_group) {

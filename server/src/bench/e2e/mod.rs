@@ -232,4 +232,3 @@ pub fn run(args: E2eArgs) -> Result<()> {
     eprintln!("bench e2e took {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }
-
