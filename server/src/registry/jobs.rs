@@ -689,7 +689,8 @@ pub async fn register_job<T>(
                 sampler: req.sampler.unwrap_or(SamplerKind::Dsa),
                 // The Cache grants the rings' capacity when every rank's client has attached.
                 credit: 0,
-                lookahead: req.batch_size * world,
+                // Two batches: a job that fell one batch out of step still joins the others' passes.
+                lookahead: 2 * req.batch_size * world,
                 stats: stats.clone(),
                 resume,
                 replay,

@@ -5,7 +5,7 @@
 //! dropped.
 //!
 //! Rounds are sampled in passes, a short batching window (the tick) after an event that can
-//! let a job move (credit returned, a job added). A pass also samples, up to one batch beyond
+//! let a job move (credit returned, a job added). A pass also samples, up to two batches beyond
 //! their credit (their lookahead), the DSA jobs that keep pace (slower ones on a grid sized by
 //! their pace), so that jobs that read together are sampled together and share their loads
 //! (see [`pace`]). With no job able to

@@ -4,8 +4,9 @@
 //! back when its client acknowledges a batch, and when loads are the bottleneck that moment is
 //! set by when the job's own last batch finished loading: jobs that were once sampled apart
 //! return their credit apart, and would stay apart forever, each paying for loads of its own.
-//! So a pass also samples, for up to one batch beyond their credit (their *lookahead*), the
-//! DSA jobs that keep pace. Sampled together, they share the loads, receive their batches
+//! So a pass also samples, for up to two batches beyond their credit (their *lookahead*: with
+//! one batch, a job that had fallen one batch out of step could no longer join and stayed
+//! apart; `bench scale`'s mix decoded 4% more), the DSA jobs that keep pace. Sampled together, they share the loads, receive their batches
 //! together and return their credit together; a slow job's next batch is picked in a pass of
 //! the fast ones instead of in one of its own.
 //!
