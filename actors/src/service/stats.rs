@@ -85,6 +85,13 @@ impl JobStats {
         }
     }
 
+    /// Puts back a state saved before a [`set_state`](Self::set_state) whose action failed.
+    pub fn replace_state(&self, state: JobState) {
+        if let Ok(mut s) = self.state.lock() {
+            *s = state;
+        }
+    }
+
     pub fn hit_ratio(&self) -> f64 {
         let h = self.hits.load(Relaxed) as f64;
         let m = self.misses.load(Relaxed) as f64;

@@ -119,9 +119,15 @@ impl CacheActor {
                 rr.epoch_count = 0;
             }
             Entry::EndOfStream => {
-                rr.ring.push_end_of_stream()?;
-                rr.shadow.push_back(false);
+                // Finished before the client can see the end: a client that reads it and then
+                // asks the API about its job finds it finished, not still running.
+                let before = stats.state();
                 stats.set_state(JobState::Finished);
+                if let Err(e) = rr.ring.push_end_of_stream() {
+                    stats.replace_state(before);
+                    return Err(e);
+                }
+                rr.shadow.push_back(false);
             }
         }
         Ok(())
