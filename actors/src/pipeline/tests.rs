@@ -253,13 +253,18 @@ fn crop_larger_than_image_is_an_error() {
     );
 }
 
+/// The first `keep` bytes of `img` decode to a `corrupt_image` error.
+fn assert_truncation_is_corrupt(img: &[u8], keep: usize) {
+    let err = run(&decode(None, None), &img[..keep], &Limits::default()).unwrap_err();
+    assert_eq!(err.code(), "corrupt_image", "{keep} bytes: {err}");
+    assert!(matches!(err, PipelineError::Corrupt(_)), "{err}");
+}
+
 #[test]
 fn truncated_jpeg_is_corrupt() {
     let img = jpeg_rgb(64, 48);
     for keep in [img.len() / 2, img.len() - 10, 200] {
-        let err = run(&decode(None, None), &img[..keep], &Limits::default()).unwrap_err();
-        assert_eq!(err.code(), "corrupt_image", "{keep} bytes: {err}");
-        assert!(matches!(err, PipelineError::Corrupt(_)));
+        assert_truncation_is_corrupt(&img, keep);
     }
     let err = run(&decode(None, None), &img[..3], &Limits::default()).unwrap_err();
     assert_eq!(err.code(), "corrupt_image");
@@ -294,13 +299,7 @@ fn webp_lossless_round_trip_is_exact_and_alpha_dropped() {
 fn truncated_webp_is_corrupt_and_its_pixels_are_limited() {
     let (w, h) = (64, 48);
     let img = webp_lossless(&pattern(w, h, 3), w, h, image_webp::ColorType::Rgb8);
-    let err = run(
-        &decode(None, None),
-        &img[..img.len() / 2],
-        &Limits::default(),
-    )
-    .unwrap_err();
-    assert_eq!(err.code(), "corrupt_image", "{err}");
+    assert_truncation_is_corrupt(&img, img.len() / 2);
     let err = run(&decode(None, None), &img, &Limits { max_pixels: 100 }).unwrap_err();
     assert!(matches!(err, PipelineError::TooLarge { .. }), "{err}");
 }
@@ -309,13 +308,7 @@ fn truncated_webp_is_corrupt_and_its_pixels_are_limited() {
 fn truncated_png_is_corrupt() {
     let (w, h) = (64, 48);
     let img = png(&pattern(w, h, 3), w, h, ColorSpace::RGB);
-    let err = run(
-        &decode(None, None),
-        &img[..img.len() / 2],
-        &Limits::default(),
-    )
-    .unwrap_err();
-    assert_eq!(err.code(), "corrupt_image", "{err}");
+    assert_truncation_is_corrupt(&img, img.len() / 2);
 }
 
 #[test]

@@ -6,9 +6,10 @@
 //! return their credit apart, and would stay apart forever, each paying for loads of its own.
 //! So a pass also samples, for up to two batches beyond their credit (their *lookahead*: with
 //! one batch, a job that had fallen one batch out of step could no longer join and stayed
-//! apart; `bench scale`'s mix decoded 4% more), the DSA jobs that keep pace. Sampled together, they share the loads, receive their batches
-//! together and return their credit together; a slow job's next batch is picked in a pass of
-//! the fast ones instead of in one of its own.
+//! apart; `bench scale`'s mix decoded 4% more), the DSA jobs that keep pace. Sampled
+//! together, they share the loads, receive their batches together and return their credit
+//! together; a slow job's next batch is picked in a pass of the fast ones instead of in one of
+//! its own.
 //!
 //! A job becomes *eligible* to join when its credit comes back within its lookahead. A job at
 //! about the pace of the jobs that have credit in the pass (its period at most twice the
