@@ -82,17 +82,24 @@ struct StateFigures {
     idle_cpu_percent: f64,
 }
 
+/// One run of a fast job alone.
+struct AloneRun {
+    samples_per_s: f64,
+    hit_ratio: f64,
+    /// Its longest wait for one batch, seconds.
+    longest_wait: f64,
+    /// Its time attached with nothing to read (the server's count), seconds of `secs`.
+    stall: f64,
+    secs: f64,
+}
+
 /// Figures of the mix.
 struct MixFigures {
     cache_bytes: u64,
     alone: f64,
     alone_before_after: (f64, f64),
-    alone_hits: f64,
-    /// The job alone (first run): its longest wait for a batch and its time with nothing
-    /// to read, seconds of `alone_s`.
-    alone_longest_wait: f64,
-    alone_stall: f64,
-    alone_s: f64,
+    /// The job alone's first run (before the mix).
+    first_alone: AloneRun,
     fast: Vec<f64>,
     /// Each fast job's longest wait for one batch, seconds.
     longest_wait: Vec<f64>,
@@ -262,8 +269,7 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         .prefix("joader-bench-scale-consumers")
         .tempdir()?;
 
-    // (samples/s, hit ratio, longest wait s, stall s, elapsed s)
-    let run_alone = || -> Result<(f64, f64, f64, f64, f64)> {
+    let run_alone = || -> Result<AloneRun> {
         eprintln!("one fast job alone…");
         let server = mix_server("alone", &images, cache_bytes)?;
         let mut consumers = Consumers::default();
@@ -275,15 +281,15 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         )?;
         let summary = consumers.finish("alone")?;
         let c = server.client();
-        Ok((
-            rate(&summary)?,
-            job_field(&c, "alone", "hit_ratio")?,
-            longest_wait(&summary)?,
-            job_field(&c, "alone", "stall_s")?,
-            summary["elapsed_s"].as_f64().context("no elapsed_s")?,
-        ))
+        Ok(AloneRun {
+            samples_per_s: rate(&summary)?,
+            hit_ratio: job_field(&c, "alone", "hit_ratio")?,
+            longest_wait: longest_wait(&summary)?,
+            stall: job_field(&c, "alone", "stall_s")?,
+            secs: summary["elapsed_s"].as_f64().context("no elapsed_s")?,
+        })
     };
-    let (alone, alone_hits, alone_longest_wait, alone_stall, alone_s) = run_alone()?;
+    let first_alone = run_alone()?;
 
     eprintln!("the mix: {fast} fast, {slow} slow, {paused} paused, {never} never attached…");
     let server = mix_server("mix", &images, cache_bytes)?;
@@ -322,7 +328,7 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         Ok(running.is_empty().then_some(()))
     })?;
     let stats0 = c.ok("GET", "/v1/stats", None)?;
-    let sample_us = (10.0 * 1e6 / alone.max(1e-3)) as u64;
+    let sample_us = (10.0 * 1e6 / first_alone.samples_per_s.max(1e-3)) as u64;
     let slow_names: Vec<String> = (0..slow).map(|i| format!("slow-{i}")).collect();
     let fast_names: Vec<String> = (0..fast).map(|i| format!("fast-{i}")).collect();
     let start = Instant::now();
@@ -364,7 +370,7 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
     };
     drop(consumers);
     drop(server);
-    let (after, ..) = run_alone()?;
+    let (alone, after) = (first_alone.samples_per_s, run_alone()?.samples_per_s);
     let mean = (alone + after) / 2.0;
     for r in &mut fast_rates {
         *r /= mean.max(1e-9);
@@ -373,10 +379,7 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         cache_bytes,
         alone: mean,
         alone_before_after: (alone, after),
-        alone_hits,
-        alone_longest_wait,
-        alone_stall,
-        alone_s,
+        first_alone,
         fast: fast_rates,
         longest_wait: longest_waits,
         fast_hits,
@@ -447,7 +450,7 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
     );
     println!(
         "| mix: a fast job alone | {:.0} samples/s (before the mix {:.0}, after {:.0}; hit ratio {:.2}) | |",
-        m.alone, m.alone_before_after.0, m.alone_before_after.1, m.alone_hits
+        m.alone, m.alone_before_after.0, m.alone_before_after.1, m.first_alone.hit_ratio
     );
     println!(
         "| mix: fast jobs' rate / rate alone | {} (min {:.2}) | >= 0.9 |",
@@ -457,14 +460,14 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
     println!(
         "| mix: fast jobs' longest wait for one batch | {} s (alone: {:.2} s) | |",
         list(&m.longest_wait, 2),
-        m.alone_longest_wait
+        m.first_alone.longest_wait
     );
     println!(
         "| mix: fast jobs' time attached with nothing to read | {} s of {:.1} s (alone: {:.1} s of {:.1} s; a reader faster than the server always waits) | |",
         list(&m.stall, 1),
         m.mix_s,
-        m.alone_stall,
-        m.alone_s
+        m.first_alone.stall,
+        m.first_alone.secs
     );
     println!(
         "| mix: fast jobs' hit ratio | {} | |",
@@ -501,13 +504,13 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
             "cache_bytes": m.cache_bytes,
             "alone_samples_per_s": m.alone,
             "alone_before_after_samples_per_s": [m.alone_before_after.0, m.alone_before_after.1],
-            "alone_hit_ratio": m.alone_hits,
+            "alone_hit_ratio": m.first_alone.hit_ratio,
             "fast_hit_ratio": m.fast_hits,
             "fast_fraction_of_alone": m.fast,
             "fast_stall_s": m.stall,
             "fast_longest_wait_s": m.longest_wait,
-            "alone_longest_wait_s": m.alone_longest_wait,
-            "alone_stall_s": m.alone_stall,
+            "alone_longest_wait_s": m.first_alone.longest_wait,
+            "alone_stall_s": m.first_alone.stall,
             "mix_s": m.mix_s,
             "slow_samples_per_s": m.slow,
             "reloads": m.reloads,
