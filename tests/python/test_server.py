@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
@@ -45,11 +46,7 @@ def server() -> Iterator[Dict[str, Any]]:
             break
     assert url, "joader serve did not start"
     post(url, "/v1/datasets", {"name": "imgs", "source": {"kind": "image_folder", "path": str(data)}})
-    import time
-    deadline = time.monotonic() + 120
-    while get(url, "/v1/datasets/imgs")["state"] != "ready":
-        assert time.monotonic() < deadline, "the dataset was not indexed within 120 s"
-        time.sleep(0.05)
+    wait_ready(url, "imgs")
     yield {"url": url, "instance": instance, "more": tmp / "more"}
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
@@ -67,6 +64,13 @@ def get(url: str, path: str) -> Dict[str, Any]:
     import urllib.request
     with urllib.request.urlopen(url + path, timeout=10) as r:
         return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def wait_ready(url: str, dataset: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while get(url, f"/v1/datasets/{dataset}")["state"] != "ready":
+        assert time.monotonic() < deadline, f"the dataset was not indexed within {seconds:.0f} s"
+        time.sleep(0.05)
 
 
 def run_python(code: str) -> subprocess.Popen[str]:
@@ -176,7 +180,6 @@ def test_a_killed_run_resumes_from_its_state_dict(server: Dict[str, Any], tmp_pa
         os.rename({str(ckpt)!r} + ".tmp", {str(ckpt)!r})
         time.sleep(3600)
     """)], stderr=subprocess.PIPE, text=True)
-    import time
     deadline = time.monotonic() + 60
     while not ckpt.exists():
         assert first.poll() is None, first.communicate()[1]
@@ -250,7 +253,6 @@ def test_a_recorded_epoch_is_traced_and_replayed_by_the_loader(server: Dict[str,
     with joader.Loader(server=server["url"], dataset="imgs", job="traced", batch_size=5, epochs=1,
                        record=True) as loader:
         batches = [[int(i) for i in loader.last_ids] for _ in loader]
-    import time
     deadline = time.monotonic() + 30
     while True:  # written by the server's recorder thread, a moment after the deliveries
         try:
@@ -281,11 +283,7 @@ def test_webp_lossy_and_lossless_decode_like_pillow(server: Dict[str, Any]) -> N
     Image.fromarray(photo).save(folder / "c" / "lossy.webp", quality=80)
     url = server["url"]
     post(url, "/v1/datasets", {"name": "webp", "source": {"kind": "image_folder", "path": str(folder)}})
-    import time
-    deadline = time.monotonic() + 60
-    while get(url, "/v1/datasets/webp")["state"] != "ready":
-        assert time.monotonic() < deadline, "the dataset was not indexed within 60 s"
-        time.sleep(0.05)
+    wait_ready(url, "webp", 60)
     job = run_python(f"""
         import json, joader
         import numpy as np
