@@ -47,7 +47,7 @@ pub use reader::{
     LIVENESS_SLICE, RawBatch, RawReader, Reader,
 };
 pub use ring::{ReaderStatus, RingWriter};
-pub use segment::{SegmentConfig, SlotMeta, SlotRef, Writer};
+pub use segment::{SegmentConfig, SlotMeta, SlotRef, Writer, remove_dead_instance};
 pub use shm::Access;
 
 /// Free bytes in `/dev/shm` (what [`Writer::create`] checks against).

@@ -558,6 +558,21 @@ impl Drop for Writer {
     }
 }
 
+/// Removes what a dead server of `instance` left in `/dev/shm` (its data segment and rings,
+/// then its lock) and returns their names, without starting a server: what a restart does
+/// first, for an instance that will not be restarted (a server killed by SIGKILL or the OOM
+/// killer cannot remove them itself). Fails with `instance_in_use` while a live server holds
+/// the instance, and removes nothing then.
+pub fn remove_dead_instance(instance: &str) -> Result<Vec<String>> {
+    names::validate_instance(instance)?;
+    let lock = InstanceLock::acquire(instance)?;
+    let mut removed = remove_stale_objects(instance, &lock.name);
+    removed.push(lock.name.clone());
+    // Dropping the lock unlinks its file.
+    drop(lock);
+    Ok(removed)
+}
+
 /// Removes every object named `joader-<instance>-*` except the lock. Only
 /// called while holding the instance lock, so none of them belongs to a live
 /// server.

@@ -424,6 +424,40 @@ fn lifecycle_stale_removal_exclusivity_and_unlink() {
 }
 
 #[test]
+fn a_dead_instance_is_removed_and_a_live_one_refused() {
+    let inst = instance("dead");
+    let w = Writer::create(&SegmentConfig::new(inst.clone(), 4, 1 << 16)).unwrap();
+    let ring = w.create_ring("r", 4).unwrap();
+    let e = dataplane::remove_dead_instance(&inst).unwrap_err();
+    assert_eq!(e.code(), "instance_in_use", "{e}");
+    assert_eq!(objects(&inst).len(), 3, "a live instance keeps everything");
+    drop(ring);
+    drop(w);
+    // What a server killed by SIGKILL leaves: its objects and its lock file, unlocked.
+    let dead = instance("dead");
+    for suffix in ["data", "ring-r", "lock"] {
+        std::fs::write(format!("/dev/shm/joader-{dead}-{suffix}"), b"left").unwrap();
+    }
+    let mut removed = dataplane::remove_dead_instance(&dead).unwrap();
+    removed.sort();
+    assert_eq!(
+        removed,
+        vec![
+            format!("joader-{dead}-data"),
+            format!("joader-{dead}-lock"),
+            format!("joader-{dead}-ring-r")
+        ]
+    );
+    assert!(objects(&dead).is_empty(), "{:?}", objects(&dead));
+    assert_eq!(
+        dataplane::remove_dead_instance("bad/name")
+            .unwrap_err()
+            .code(),
+        "invalid_name"
+    );
+}
+
+#[test]
 fn shm_space_is_checked_with_a_helpful_message() {
     let free = dataplane::shm_free_space().unwrap();
     let cfg = SegmentConfig::new(instance("space"), 4, free + (1 << 30));

@@ -35,6 +35,9 @@ pub enum Command {
     GenDataset(GenDatasetArgs),
     /// Simulate samplers and cache policies on synthetic datasets and count cache misses.
     Simulate(SimulateArgs),
+    /// Remove the shared memory a dead server of an instance left in /dev/shm (a server killed
+    /// by SIGKILL or the OOM killer), without restarting it. Refused while a server runs it.
+    Cleanup(CleanupArgs),
     /// Benchmarks that print measured figures and ratios.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -358,6 +361,31 @@ fn gen_dataset(a: GenDatasetArgs) -> Result<()> {
 }
 
 #[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// The dead server's shared-memory instance name.
+    #[arg(long, env = "JOADER_INSTANCE", default_value = "default")]
+    pub instance: String,
+}
+
+fn cleanup(args: CleanupArgs) -> Result<()> {
+    let removed = dataplane::remove_dead_instance(&args.instance).with_context(|| {
+        format!(
+            "cannot clean up instance {:?} (a running server removes its own on stop)",
+            args.instance
+        )
+    })?;
+    // The lock is always in the list (taking it creates it when the dead server's is gone).
+    if removed.len() <= 1 {
+        println!("instance {:?} had nothing left in /dev/shm", args.instance);
+    } else {
+        for name in &removed {
+            println!("removed /dev/shm/{name}");
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
 pub struct ConsumeArgs {
     /// Server URL.
     #[arg(long, env = "JOADER_SERVER", default_value = "http://127.0.0.1:7480")]
@@ -472,6 +500,7 @@ pub fn main() -> Result<()> {
         Command::Serve(args) => serve(*args),
         Command::Demo(args) => demo::run(args),
         Command::Consume(args) => consume(args),
+        Command::Cleanup(args) => cleanup(args),
         Command::GenDataset(args) => gen_dataset(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Bench(BenchCommand::Sampler(args)) => bench::sampler::sampler(args),

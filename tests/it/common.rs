@@ -134,6 +134,8 @@ pub fn shm_objects(instance: &str) -> Vec<String> {
 /// A `joader serve` child process on a free port.
 pub struct TestServer {
     pub child: Option<Child>,
+    /// Its shared-memory instance: what a killed server left is removed on drop.
+    pub instance: String,
     pub url: String,
     /// What the server logged so far (printed when a test fails to start it).
     pub log: Arc<Mutex<String>>,
@@ -213,6 +215,7 @@ impl TestServer {
         };
         TestServer {
             child: Some(child),
+            instance: instance.to_string(),
             url: format!("http://{addr}"),
             log,
         }
@@ -247,6 +250,9 @@ impl TestServer {
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.stop();
+        // A test that killed its server (SIGKILL: no clean-up) leaves its segments in
+        // /dev/shm; remove them, unless a restarted server of the instance runs.
+        let _ = dataplane::remove_dead_instance(&self.instance);
         if std::thread::panicking() {
             eprintln!(
                 "---- joader serve log ----\n{}",

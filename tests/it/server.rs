@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::common::{
-    DEADLINE, TempDir, TestServer, consumer, finish, shm_objects, unique_instance, wait_for,
+    DEADLINE, TempDir, TestServer, consumer, finish, joader, shm_objects, unique_instance, wait_for,
 };
 
 pub(crate) const CLASSES: u32 = 4;
@@ -1055,4 +1055,60 @@ fn a_killed_server_is_noticed_by_its_clients_and_a_restart_cleans_up() {
     );
     assert!(again.stop());
     assert!(shm_objects(&instance).is_empty());
+}
+
+/// `joader cleanup`: refused while the server runs; after a SIGKILL (nothing drained, nothing
+/// removed) it removes what the server left in /dev/shm, without restarting it.
+#[test]
+fn cleanup_removes_a_killed_servers_segments_and_refuses_a_live_one() {
+    let root = dataset();
+    let state = TempDir::new("cleanup");
+    let instance = unique_instance("cleanup");
+    let mut server = TestServer::start(&instance, &state.0, root, &[]);
+    let c = server.client();
+    create_folder_dataset_at(&c, "imgs", root);
+    c.ok(
+        "POST",
+        "/v1/jobs",
+        Some(&json!({"name": "j", "dataset": "imgs", "batch_size": 4})),
+    )
+    .unwrap();
+    let live = joader(&["cleanup", "--instance", &instance]);
+    assert!(!live.status.success());
+    let err = String::from_utf8_lossy(&live.stderr);
+    assert!(
+        err.contains("instance_in_use") || err.contains("in use"),
+        "{err}"
+    );
+    let before = shm_objects(&instance);
+    assert!(
+        before.iter().any(|n| n.ends_with("-data")) && before.iter().any(|n| n.contains("-ring-")),
+        "{before:?}"
+    );
+    let mut child = server.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        shm_objects(&instance),
+        before,
+        "a killed server leaves them"
+    );
+    let out = joader(&["cleanup", "--instance", &instance]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in &before {
+        assert!(text.contains(name.as_str()), "{name} not in {text}");
+    }
+    assert!(
+        shm_objects(&instance).is_empty(),
+        "{:?}",
+        shm_objects(&instance)
+    );
+    let again = joader(&["cleanup", "--instance", &instance]);
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains("nothing left"));
 }
