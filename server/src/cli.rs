@@ -149,6 +149,11 @@ pub struct ServeArgs {
     /// Seconds running jobs get to finish after SIGTERM before the server stops (default 30).
     #[arg(long, env = "JOADER_DRAIN_GRACE_S")]
     pub drain_grace_s: Option<u64>,
+    /// Milliseconds a job's first samples wait for other jobs of its dataset starting at about
+    /// the same time, so that jobs launched together share from their first element (default
+    /// 200; 0: no wait).
+    #[arg(long, env = "JOADER_START_WINDOW_MS")]
+    pub start_window_ms: Option<u64>,
     /// Ended jobs the API still lists (default 100); older ones are forgotten.
     #[arg(long, env = "JOADER_ENDED_JOBS_KEPT")]
     pub ended_jobs_kept: Option<usize>,
@@ -268,6 +273,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.drain_grace_s {
             c.drain_grace_s = v;
+        }
+        if let Some(v) = self.start_window_ms {
+            c.start_window_ms = v;
         }
         if let Some(v) = self.ended_jobs_kept {
             c.ended_jobs_kept = v;

@@ -58,6 +58,10 @@ pub struct Config {
     pub max_pixels: u64,
     /// Sampler pass interval, in milliseconds.
     pub sampler_tick_ms: u64,
+    /// Milliseconds a job's first samples wait for other jobs of its dataset starting at about
+    /// the same time, so that jobs launched together are sampled together from their first
+    /// element (0: no wait).
+    pub start_window_ms: u64,
     /// Acknowledgement polling interval, in milliseconds.
     pub cache_tick_ms: u64,
     /// Seconds running jobs get to finish after SIGTERM before the server stops (new jobs
@@ -120,6 +124,7 @@ impl Default for Config {
             },
             max_pixels: 100_000_000,
             sampler_tick_ms: 2,
+            start_window_ms: 200,
             cache_tick_ms: 1,
             drain_grace_s: 30,
             ended_jobs_kept: 100,

@@ -524,8 +524,9 @@ pub async fn register_job<T>(
             .get_or_insert_with(|| {
                 let (id, cache, stats) = (d.id, state.cache.clone(), state.stats.clone());
                 let tick = std::time::Duration::from_millis(state.config.sampler_tick_ms);
+                let window = std::time::Duration::from_millis(state.config.start_window_ms);
                 SamplerActor::start_in_arbiter(&state.samplers, move |_| {
-                    SamplerActor::new(id, cache.recipient(), tick, stats)
+                    SamplerActor::new(id, cache.recipient(), tick, stats).with_start_window(window)
                 })
             })
             .clone();

@@ -384,6 +384,7 @@ impl CacheActor {
             // Sampler knows the job before any client can attach.)
             if !job.granted && job.rings.iter().all(|rr| rr.ring.reader_attached()) {
                 job.granted = true;
+                tracing::debug!(job = id, "every rank attached: credit granted");
                 job.sampler.do_send(JobSignal::Credit {
                     job: id,
                     n: job.credit,

@@ -5,7 +5,11 @@
 //! dropped.
 //!
 //! Rounds are sampled in passes, a short batching window (the tick) after an event that can
-//! let a job move (credit returned, a job added). A pass also samples, up to two batches beyond
+//! let a job move (credit returned, a job added). A DSA job's first credit (its clients have
+//! attached) waits for the end of a *start window* opened by the first of the jobs starting
+//! together: jobs launched together (a sweep's script, a launcher's processes) are sampled
+//! together from their first element, where the first to attach used to be sampled a ring and
+//! a lookahead ahead of the others, elements each later job then loaded again on its own. A pass also samples, up to two batches beyond
 //! their credit (their lookahead), the DSA jobs that keep pace (slower ones on a grid sized by
 //! their pace), so that jobs that read together are sampled together and share their loads
 //! (see [`pace`]). With no job able to
@@ -41,6 +45,10 @@ struct JobEntry {
     pace: pace::Pace,
     /// Joins the pass under way within its lookahead (see [`pace`]).
     joins: bool,
+    /// Its credit has come back at least once (its clients attached).
+    started: bool,
+    /// Its first credit waits for the end of this start window (see the module docs).
+    held_until: Option<Instant>,
     /// Where the job's deliveries are recorded, and those of the pass under way.
     record: Option<(RecordSender, Vec<[u32; 3]>)>,
 }
@@ -58,8 +66,12 @@ pub struct SamplerActor {
     tick: Duration,
     stats: Arc<CacheStats>,
     round: Round,
-    /// A pass is scheduled (one batching window at a time).
-    scheduled: bool,
+    /// When the next pass is scheduled, if one is.
+    scheduled: Option<Instant>,
+    /// How long a start window is; zero: jobs start at their first credit.
+    start_window: Duration,
+    /// The end of the start window open now, if one is.
+    cohort_until: Option<Instant>,
     /// The origin of the grid on which jobs join passes (see [`pace`]).
     started: Instant,
 }
@@ -80,19 +92,64 @@ impl SamplerActor {
             tick,
             stats,
             round: Round::default(),
-            scheduled: false,
+            scheduled: None,
+            start_window: Duration::ZERO,
+            cohort_until: None,
             started: Instant::now(),
         }
     }
 
-    /// Schedules a pass one tick from now if some job can move and none is scheduled.
-    fn wake(&mut self, ctx: &mut Context<Self>) {
-        if self.scheduled || !self.jobs.values().any(|j| j.credit > 0) {
+    /// Opens a start window of `window` at each DSA job's first credit (see the module docs).
+    pub fn with_start_window(mut self, window: Duration) -> Self {
+        self.start_window = window;
+        self
+    }
+
+    /// Whether a job takes part in passes now: it has credit and its start is not held.
+    fn can_move(j: &JobEntry, now: Instant) -> bool {
+        j.credit > 0 && j.held_until.is_none_or(|t| t <= now)
+    }
+
+    /// A job's credit came back: the first time, a DSA job waits for the start window.
+    fn credited(&mut self, job: JobId, now: Instant) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        if j.started {
             return;
         }
-        self.scheduled = true;
-        ctx.run_later(self.tick, |act, ctx| {
-            act.scheduled = false;
+        j.started = true;
+        if j.kind != SamplerKind::Dsa || self.start_window.is_zero() {
+            return;
+        }
+        let end = match self.cohort_until.filter(|&t| t > now) {
+            Some(t) => t,
+            None => *self.cohort_until.insert(now + self.start_window),
+        };
+        j.held_until = Some(end);
+    }
+
+    /// Schedules a pass one tick from now if some job can move (or when the first held start
+    /// ends, if that is later) and none is scheduled as soon.
+    fn wake(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let at = self
+            .jobs
+            .values()
+            .filter(|j| j.credit > 0)
+            .map(|j| j.held_until.map_or(now, |t| t.max(now)))
+            .min();
+        let Some(at) = at.map(|t| t.max(now + self.tick)) else {
+            return;
+        };
+        if self.scheduled.is_some_and(|s| s <= at) {
+            return;
+        }
+        self.scheduled = Some(at);
+        ctx.run_later(at - now, |act, ctx| {
+            if act.scheduled.is_some_and(|s| s <= Instant::now()) {
+                act.scheduled = None;
+            }
             act.pass();
             // A pass stops after MAX_ROUNDS_PER_PASS rounds: what is left goes on next window.
             act.wake(ctx);
@@ -103,10 +160,15 @@ impl SamplerActor {
     /// DSA jobs that keep pace join the rounds within their lookahead (see [`pace`]).
     fn pass(&mut self) {
         let now = Instant::now();
+        for j in self.jobs.values_mut() {
+            if j.held_until.is_some_and(|t| t <= now) {
+                j.held_until = None;
+            }
+        }
         let lead = self
             .jobs
             .values()
-            .filter(|j| j.kind == SamplerKind::Dsa && j.credit > 0)
+            .filter(|j| j.kind == SamplerKind::Dsa && Self::can_move(j, now))
             .filter_map(|j| j.pace.period(now))
             .min();
         for j in self.jobs.values_mut() {
@@ -128,7 +190,7 @@ impl SamplerActor {
                 active.extend(
                     self.jobs
                         .iter()
-                        .filter(|(_, j)| j.kind == kind && j.credit > 0)
+                        .filter(|(_, j)| j.kind == kind && Self::can_move(j, now))
                         .map(|(k, _)| *k),
                 );
                 if active.is_empty() {
@@ -281,8 +343,13 @@ impl Handler<AddJob> for SamplerActor {
                 lookahead: msg.lookahead,
                 pace: pace::Pace::default(),
                 joins: false,
+                started: false,
+                held_until: None,
             },
         );
+        if msg.credit > 0 {
+            self.credited(msg.job, Instant::now());
+        }
         self.wake(ctx);
         Ok(())
     }
@@ -312,8 +379,9 @@ impl Handler<JobSignal> for SamplerActor {
     fn handle(&mut self, msg: JobSignal, ctx: &mut Context<Self>) {
         match msg {
             JobSignal::Credit { job, n } => {
+                let now = Instant::now();
+                self.credited(job, now);
                 if let Some(j) = self.jobs.get_mut(&job) {
-                    let now = Instant::now();
                     j.pace.returned(now);
                     j.credit += i64::from(n);
                     if j.credit > -i64::from(j.lookahead) {
@@ -499,5 +567,66 @@ mod tests {
         // The counters behind `joader_sampler_picks_total` and `…_pick_jobs_total`.
         assert_eq!(stats.round_elements.load(Relaxed), 200);
         assert_eq!(stats.round_deliveries.load(Relaxed), 400);
+    }
+
+    /// Deliveries of `job` in order: its elements.
+    fn elements(job: JobId, got: &[Deliver]) -> Vec<u32> {
+        got.iter()
+            .flat_map(|d| &d.groups)
+            .filter(|g| g.items.iter().any(|i| i.job == job))
+            .map(|g| g.element)
+            .collect()
+    }
+
+    #[actix::test]
+    async fn jobs_starting_in_one_window_are_sampled_together_from_their_first_element() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let cap = Capture(got.clone()).start();
+        let stats = Arc::new(CacheStats::default());
+        let s = SamplerActor::new(1, cap.clone().recipient(), Duration::from_millis(1), stats)
+            .with_start_window(Duration::from_secs(2))
+            .start();
+        for (job, kind) in [
+            (1, SamplerKind::Dsa),
+            (2, SamplerKind::Dsa),
+            (3, SamplerKind::Isa),
+        ] {
+            s.send(add(job, 0..1000, kind, 0, None))
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let credit = |job| JobSignal::Credit { job, n: 64 };
+        // Job 1's clients attach: its first credit waits for the window (a pass samples the
+        // ISA job 3, which shares nothing and does not wait, and not job 1).
+        s.send(credit(1)).await.unwrap();
+        s.send(credit(3)).await.unwrap();
+        pass(&s, &cap).await;
+        {
+            let g = got.lock().unwrap();
+            assert_eq!(count(1, &g), 0, "job 1 waits for the start window");
+            assert_eq!(count(3, &g), 64, "an ISA job starts at once");
+        }
+        // Job 2 attaches within the window: both start at its end, in the same passes.
+        s.send(credit(2)).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            cap.send(Sync).await.unwrap();
+            let started = {
+                let g = got.lock().unwrap();
+                count(1, &g) == 64 && count(2, &g) == 64
+            };
+            if started {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the window never ended");
+            actix::clock::sleep(Duration::from_millis(10)).await;
+        }
+        let g = got.lock().unwrap();
+        assert_eq!(
+            elements(1, &g),
+            elements(2, &g),
+            "identical jobs started together share every pick"
+        );
     }
 }

@@ -15,10 +15,14 @@
 //! about the pace of the jobs that have credit in the pass (its period at most twice the
 //! shortest of theirs) joins at once. A slower job joins on a common grid instead: at the first
 //! pass after the end of the slot of `2^k` milliseconds (counted from the Sampler's start, the
-//! largest power of two not above its period) in which it became eligible. So slow jobs whose
-//! acknowledgements fall in the same slot join the same pass and share among themselves too,
-//! and grids of different sizes are nested, so jobs of neighbouring paces still meet on the
-//! coarser one. A slow job waits at most one period to join, while its ring holds two batches.
+//! smallest power of two not below its period) in which it became eligible. A slot is at least
+//! a period long, so every slow job of about the same pace returns credit in every slot, and
+//! they all join the pass that follows the slot's end: they share among themselves too,
+//! whatever the phases of their readers (with slots shorter than a period, jobs whose returns
+//! fell in different slots were sampled apart, and paid for the loads of their own picks
+//! separately). Grids of different sizes are nested, so jobs of neighbouring paces still meet
+//! on the coarser one. A slow job waits less than two periods to join, while its ring and its
+//! lookahead hold three batches.
 //!
 //! A job keeps pace when its client is reading: it has returned credit at least twice (so it
 //! has a period, the smoothed interval between returns) and its last return is less than two
@@ -82,7 +86,7 @@ impl Pace {
         let at_once = lead.is_some_and(|lead| period <= 2 * lead);
         if !at_once {
             let ms = |t: Instant| t.saturating_duration_since(start).as_millis() as u64;
-            let size = 1u64 << (63 - (period.as_millis() as u64).max(1).leading_zeros());
+            let size = (period.as_millis() as u64).max(1).next_power_of_two();
             if ms(now) / size <= ms(since) / size {
                 return false;
             }
@@ -137,18 +141,18 @@ mod tests {
             p
         };
         let fast = Some(ms(100));
-        // Period 600 ms (slots of 512 ms), eligible at 1100 ms (slot 2): joins from 1536 ms.
+        // Period 600 ms (slots of 1024 ms), eligible at 1100 ms (slot 1): joins from 2048 ms.
         let mut a = paced(600, 1100);
         assert!(
             !a.join(t0, t0 + ms(1200), fast),
             "waits for the end of its slot"
         );
-        assert!(!a.join(t0, t0 + ms(1535), fast));
+        assert!(!a.join(t0, t0 + ms(2047), fast));
         // Another slow job, eligible in the same slot, joins the same pass.
-        let mut b = paced(520, 1400);
-        assert!(a.join(t0, t0 + ms(1536), fast) && b.join(t0, t0 + ms(1536), fast));
+        let mut b = paced(520, 1900);
+        assert!(a.join(t0, t0 + ms(2048), fast) && b.join(t0, t0 + ms(2048), fast));
         assert!(
-            !a.join(t0, t0 + ms(1600), fast),
+            !a.join(t0, t0 + ms(2100), fast),
             "joined: no longer eligible"
         );
         // Jobs at the pass's pace join at once.
@@ -164,5 +168,33 @@ mod tests {
         f.returned(t0);
         f.returned(t0 + ms(100));
         assert!(!f.join(t0, t0 + ms(150), fast));
+    }
+
+    #[test]
+    fn slow_jobs_of_one_pace_join_the_same_passes_whatever_their_phases() {
+        // Two readers of period 173 ms, 100 ms apart, beside fast jobs whose passes come every
+        // 2 ms: each joins the first pass after the end of every slot in which its credit came
+        // back, and with slots at least a period long, those are the same passes. (With slots
+        // of 128 ms, the largest power of two below the period, they were apart in most.)
+        let t0 = Instant::now();
+        let fast = Some(ms(20));
+        let mut jobs = [Pace::default(), Pace::default()];
+        let mut joined: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+        for now in (0..5000u64).step_by(2) {
+            for (i, p) in jobs.iter_mut().enumerate() {
+                let phase = 10 + 100 * i as u64;
+                if now >= phase && (now - phase) % 173 < 2 {
+                    p.returned(t0 + ms(now));
+                    p.eligible(t0 + ms(now));
+                }
+                if p.join(t0, t0 + ms(now), fast) {
+                    joined[i].push(now);
+                }
+            }
+        }
+        // After the first second (a period is smoothed from the first returns on).
+        let after = |v: &Vec<u64>| v.iter().copied().filter(|&t| t >= 1000).collect::<Vec<_>>();
+        assert!(after(&joined[0]).len() >= 15, "{joined:?}");
+        assert_eq!(after(&joined[0]), after(&joined[1]));
     }
 }
