@@ -483,6 +483,7 @@ fn consume(args: ConsumeArgs) -> Result<()> {
     let summary = serde_json::json!({
         "samples": got.samples,
         "elapsed_s": got.elapsed.as_secs_f64(),
+        "first_wait_s": got.first_wait.as_secs_f64(),
         "longest_wait_s": got.longest_wait.as_secs_f64(),
         "epochs": got.epochs.iter().map(|e| e.iter().map(|(id, label)| [i64::from(*id), *label]).collect::<Vec<_>>()).collect::<Vec<_>>(),
         "errors": got.errors,

@@ -111,7 +111,11 @@ pub struct Consumed {
     pub errors: Vec<Vec<(u32, u32)>>,
     pub samples: u64,
     pub elapsed: Duration,
-    /// The longest time one `next_batch` waited (the longest the reader went without data).
+    /// How long the first `next_batch` waited (the job's start: registration and attach are
+    /// before it, the Sampler's start window and the first loads in it).
+    pub first_wait: Duration,
+    /// The longest time one later `next_batch` waited (the longest the reader went without
+    /// data once it had started).
     pub longest_wait: Duration,
 }
 
@@ -147,7 +151,11 @@ pub fn consume(
         let t = Instant::now();
         let b = reader.next_batch(batch, Some(Duration::from_secs(60)))?;
         let fetch = t.elapsed();
-        out.longest_wait = out.longest_wait.max(fetch);
+        if out.samples == 0 {
+            out.first_wait = fetch;
+        } else {
+            out.longest_wait = out.longest_wait.max(fetch);
+        }
         for item in b.items() {
             let e = item.meta.epoch as usize;
             if out.epochs.len() <= e {

@@ -66,7 +66,8 @@ fn bench_scale_quick_prints_every_figure() {
         "| idle CPU with 8 registered jobs (from 3 s after the last registration) |",
         "| mix: cache bytes | 38535168 = (1 paused rings x 64 + 2 x 32 x 3 attached jobs) x 150528 |",
         "| mix: fast jobs' rate / rate alone |",
-        "| mix: fast jobs' longest wait for one batch |",
+        "| mix: fast jobs' wait for their first batch |",
+        "| mix: fast jobs' longest wait for one later batch |",
         "| mix: reloads / evictions_needed |",
     ] {
         assert!(stdout.contains(row), "missing {row} in\n{stdout}");
@@ -85,6 +86,7 @@ fn bench_scale_quick_prints_every_figure() {
         "idle_cpu_percent",
         "alone_samples_per_s",
         "alone_longest_wait_s",
+        "alone_first_wait_s",
         "alone_stall_s",
     ] {
         assert!(v[key].as_f64().is_some_and(f64::is_finite), "{key} in {v}");
@@ -96,7 +98,9 @@ fn bench_scale_quick_prints_every_figure() {
         ("fast_fraction_of_alone", 1),
         ("fast_stall_s", 1),
         ("fast_longest_wait_s", 1),
+        ("fast_first_wait_s", 1),
         ("slow_samples_per_s", 1),
+        ("slow_hit_ratio", 1),
     ] {
         let list = v[key].as_array().unwrap_or_else(|| panic!("{key} in {v}"));
         assert_eq!(list.len(), n, "{key} in {v}");

@@ -86,7 +86,9 @@ struct StateFigures {
 struct AloneRun {
     samples_per_s: f64,
     hit_ratio: f64,
-    /// Its longest wait for one batch, seconds.
+    /// Its wait for its first batch, seconds.
+    first_wait: f64,
+    /// Its longest wait for one later batch, seconds.
     longest_wait: f64,
     /// Its time attached with nothing to read (the server's count), seconds of `secs`.
     stall: f64,
@@ -101,14 +103,17 @@ struct MixFigures {
     /// The job alone's first run (before the mix).
     first_alone: AloneRun,
     fast: Vec<f64>,
-    /// Each fast job's longest wait for one batch, seconds.
+    /// Each fast job's longest wait for one batch after its first, seconds.
     longest_wait: Vec<f64>,
+    /// Each fast job's wait for its first batch, seconds.
+    first_wait: Vec<f64>,
     fast_hits: Vec<f64>,
     /// Seconds from the start of the slow and fast jobs to the end of the last fast one.
     mix_s: f64,
     /// Each fast job's time attached with nothing to read (the server's count).
     stall: Vec<f64>,
     slow: Vec<f64>,
+    slow_hits: Vec<f64>,
     slow_target: f64,
     reloads: u64,
     evictions_needed: u64,
@@ -235,10 +240,10 @@ fn job_field(c: &Client, name: &str, field: &str) -> Result<f64> {
         .with_context(|| format!("job {name} has no {field}: {j}"))
 }
 
-fn longest_wait(summary: &Value) -> Result<f64> {
-    summary["longest_wait_s"]
+fn wait(summary: &Value, key: &str) -> Result<f64> {
+    summary[key]
         .as_f64()
-        .context("no longest_wait_s")
+        .with_context(|| format!("no {key} in {summary}"))
 }
 
 fn rate(summary: &Value) -> Result<f64> {
@@ -284,7 +289,8 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         Ok(AloneRun {
             samples_per_s: rate(&summary)?,
             hit_ratio: job_field(&c, "alone", "hit_ratio")?,
-            longest_wait: longest_wait(&summary)?,
+            first_wait: wait(&summary, "first_wait_s")?,
+            longest_wait: wait(&summary, "longest_wait_s")?,
             stall: job_field(&c, "alone", "stall_s")?,
             secs: summary["elapsed_s"].as_f64().context("no elapsed_s")?,
         })
@@ -342,10 +348,12 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
     }
     let mut fast_rates = Vec::new();
     let mut longest_waits = Vec::new();
+    let mut first_waits = Vec::new();
     for name in &fast_names {
         let summary = consumers.finish(name)?;
         fast_rates.push(rate(&summary)?);
-        longest_waits.push(longest_wait(&summary)?);
+        longest_waits.push(wait(&summary, "longest_wait_s")?);
+        first_waits.push(wait(&summary, "first_wait_s")?);
     }
     let secs = start.elapsed().as_secs_f64();
     let stats1 = c.ok("GET", "/v1/stats", None)?;
@@ -354,6 +362,10 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         .map(|n| job_field(&c, n, "stall_s"))
         .collect::<Result<Vec<_>>>()?;
     let fast_hits = fast_names
+        .iter()
+        .map(|n| job_field(&c, n, "hit_ratio"))
+        .collect::<Result<Vec<_>>>()?;
+    let slow_hits = slow_names
         .iter()
         .map(|n| job_field(&c, n, "hit_ratio"))
         .collect::<Result<Vec<_>>>()?;
@@ -382,10 +394,12 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
         first_alone,
         fast: fast_rates,
         longest_wait: longest_waits,
+        first_wait: first_waits,
         fast_hits,
         mix_s: secs,
         stall,
         slow: slow_rates,
+        slow_hits,
         slow_target: 1e6 / sample_us.max(1) as f64,
         reloads: delta("reloads")?,
         evictions_needed: delta("evictions_needed")?,
@@ -458,7 +472,16 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
         min(&m.fast)
     );
     println!(
-        "| mix: fast jobs' longest wait for one batch | {} s (alone: {:.2} s) | |",
+        "| mix: fast jobs' wait for their first batch | {} s (alone: {:.2} s; the start window is {} ms) | |",
+        list(&m.first_wait, 2),
+        m.first_alone.first_wait,
+        std::env::var("JOADER_START_WINDOW_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(crate::Config::default().start_window_ms)
+    );
+    println!(
+        "| mix: fast jobs' longest wait for one later batch | {} s (alone: {:.2} s) | |",
         list(&m.longest_wait, 2),
         m.first_alone.longest_wait
     );
@@ -474,9 +497,10 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
         list(&m.fast_hits, 2)
     );
     println!(
-        "| mix: slow jobs (1/10 speed) | {} samples/s (their pace allows {:.0}) | |",
+        "| mix: slow jobs (1/10 speed) | {} samples/s (their pace allows {:.0}); hit ratio {} | |",
         list(&m.slow, 0),
-        m.slow_target
+        m.slow_target,
+        list(&m.slow_hits, 2)
     );
     println!(
         "| mix: reloads / evictions_needed | {} / {} | |",
@@ -510,9 +534,12 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
             "fast_stall_s": m.stall,
             "fast_longest_wait_s": m.longest_wait,
             "alone_longest_wait_s": m.first_alone.longest_wait,
+            "fast_first_wait_s": m.first_wait,
+            "alone_first_wait_s": m.first_alone.first_wait,
             "alone_stall_s": m.first_alone.stall,
             "mix_s": m.mix_s,
             "slow_samples_per_s": m.slow,
+            "slow_hit_ratio": m.slow_hits,
             "reloads": m.reloads,
             "evictions_needed": m.evictions_needed,
             "mix_deliveries": m.deliveries,
