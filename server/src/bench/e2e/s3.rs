@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::Ctx;
 use super::scenarios::Scenario;
-use super::systems::{Outcome, run_jobs, summarize};
+use super::systems::{Outcome, run_jobs, summarize_runs};
 use crate::bench::scale::procs::{DEADLINE, ServerProc, wait_for};
 use crate::client::Client;
 use crate::procstat::process_cpu;
@@ -211,13 +211,13 @@ impl Store {
         let (server, client) = self.server(ctx, &name, source)?;
         let before = read_bytes(&server.url)?;
         let cpu0 = server_cpu(&client)? + process_cpu();
-        let spans = run_jobs(&client, sc)?;
+        let runs = run_jobs(&client, sc)?;
         let stats = client.ok("GET", "/v1/stats", None)?;
         let cpu = server_cpu(&client)? + process_cpu() - cpu0;
         let after = read_bytes(&server.url)?;
-        let outcome = summarize(
+        let outcome = summarize_runs(
             source.system(),
-            &spans,
+            &runs,
             cpu,
             stats["decodes"].as_f64().unwrap_or(0.0),
             stats["hit_ratio"].as_f64(),

@@ -128,32 +128,64 @@ fn start_server_with(
 pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome> {
     let (server, client, _state) = start_server(ctx, &format!("r{tag}"))?;
     let cpu0 = process_cpu();
-    let spans = run_jobs(&client, sc)?;
+    let runs = run_jobs(&client, sc)?;
     let cpu = process_cpu() - cpu0;
     let stats = client.ok("GET", "/v1/stats", None)?;
     server.stop()?;
-    Ok(summarize(
+    Ok(summarize_runs(
         "joader",
-        &spans,
+        &runs,
         cpu,
         stats["decodes"].as_f64().unwrap_or(0.0),
         stats["hit_ratio"].as_f64(),
     ))
 }
 
+/// One job of [`run_jobs`], timed like the Python client and PyTorch: from the arrival of its
+/// first batch (`samples` counts the samples after it), its start-up (registration, attach,
+/// the Sampler's start window and the first loads) apart.
+pub(super) struct JobRun {
+    pub(super) samples: u64,
+    pub(super) first: Instant,
+    pub(super) end: Instant,
+    pub(super) startup: Duration,
+    /// Every sample it received, the first batch's included.
+    pub(super) delivered: u64,
+}
+
+/// [`summarize`] of [`JobRun`]s: the server's decodes are scaled to the samples timed (they
+/// include the first batches), and the mean start-up is reported.
+pub(super) fn summarize_runs(
+    system: &'static str,
+    runs: &[JobRun],
+    cpu: f64,
+    decodes: f64,
+    hit: Option<f64>,
+) -> Outcome {
+    let spans: Vec<(u64, Instant, Instant)> =
+        runs.iter().map(|r| (r.samples, r.first, r.end)).collect();
+    let timed: u64 = runs.iter().map(|r| r.samples).sum();
+    let delivered: u64 = runs.iter().map(|r| r.delivered).sum();
+    let decodes = decodes * timed as f64 / delivered.max(1) as f64;
+    let mut o = summarize(system, &spans, cpu, decodes, hit);
+    o.startup_s =
+        Some(runs.iter().map(|r| r.startup.as_secs_f64()).sum::<f64>() / runs.len().max(1) as f64);
+    o
+}
+
 /// Runs the jobs of `sc` on the server of `client` with the training recipe, one consumer
-/// thread each (the client's augmentation included): every job's samples, start and end.
-pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<(u64, Instant, Instant)>> {
+/// thread each (the client's augmentation included): see [`JobRun`].
+pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<JobRun>> {
     let lead = AtomicU64::new(0);
     let lead_done = AtomicU64::new(0);
-    let spans: Vec<Result<(u64, Instant, Instant)>> = std::thread::scope(|s| {
+    let runs: Vec<Result<JobRun>> = std::thread::scope(|s| {
         let handles: Vec<_> = sc
             .jobs
             .iter()
             .enumerate()
             .map(|(i, job)| {
                 let (lead, lead_done) = (&lead, &lead_done);
-                s.spawn(move || -> Result<(u64, Instant, Instant)> {
+                s.spawn(move || -> Result<JobRun> {
                     wait_start(job.start_frac, lead, u64::from(sc.jobs[0].subset.len() as u32), lead_done);
                     let start = Instant::now();
                     let reg = client.ok(
@@ -169,12 +201,14 @@ pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<(u64, Insta
                     let (aug, mut augmenter) = (recipe_aug(), Augmenter::default());
                     let mut out = vec![0u8; 224 * 224 * 3];
                     let mut failed = None;
+                    let mut first: Option<(Instant, u64)> = None;
                     let got = consume(
                         &inst,
                         &ring,
                         ReadOptions { batch: sc.batch, max_samples: None, hold: Duration::ZERO },
                         |n, _| per * n as u32,
                         |n| {
+                            first.get_or_insert_with(|| (Instant::now(), n));
                             if i == 0 {
                                 lead.store(n, Relaxed);
                             }
@@ -196,7 +230,15 @@ pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<(u64, Insta
                     if i == 0 {
                         lead_done.store(1, Relaxed);
                     }
-                    Ok((got.samples, start, Instant::now()))
+                    let end = Instant::now();
+                    let (first, before) = first.unwrap_or((end, got.samples));
+                    Ok(JobRun {
+                        samples: got.samples - before,
+                        first,
+                        end,
+                        startup: first - start,
+                        delivered: got.samples,
+                    })
                 })
             })
             .collect();
@@ -208,7 +250,7 @@ pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<(u64, Insta
             })
             .collect()
     });
-    spans.into_iter().collect()
+    runs.into_iter().collect()
 }
 
 /// Independent loading, built like joader's side of the comparison: each job shuffles its
