@@ -562,10 +562,19 @@ impl Drop for Writer {
 /// then its lock) and returns their names, without starting a server: what a restart does
 /// first, for an instance that will not be restarted (a server killed by SIGKILL or the OOM
 /// killer cannot remove them itself). Fails with `instance_in_use` while a live server holds
-/// the instance, and removes nothing then.
+/// the instance, and removes nothing then: it holds the instance lock, and its data segment
+/// locked exclusively (checked too, in case the lock file of a live server was removed).
 pub fn remove_dead_instance(instance: &str) -> Result<Vec<String>> {
     names::validate_instance(instance)?;
     let lock = InstanceLock::acquire(instance)?;
+    let data = names::data_segment(instance);
+    if let Ok(fd) = shm::open_existing(&data, false)
+        && !shm::try_flock(&fd, false).map_err(|e| Error::io("flock", &data, e))?
+    {
+        return Err(Error::InstanceInUse {
+            instance: instance.into(),
+        });
+    }
     let mut removed = remove_stale_objects(instance, &lock.name);
     removed.push(lock.name.clone());
     // Dropping the lock unlinks its file.

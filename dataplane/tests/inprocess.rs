@@ -431,6 +431,12 @@ fn a_dead_instance_is_removed_and_a_live_one_refused() {
     let e = dataplane::remove_dead_instance(&inst).unwrap_err();
     assert_eq!(e.code(), "instance_in_use", "{e}");
     assert_eq!(objects(&inst).len(), 3, "a live instance keeps everything");
+    // Its lock file removed (by hand, or by a logout's IPC clean-up): the server still holds
+    // its data segment exclusively, and that is enough to refuse.
+    std::fs::remove_file(format!("/dev/shm/joader-{inst}-lock")).unwrap();
+    let e = dataplane::remove_dead_instance(&inst).unwrap_err();
+    assert_eq!(e.code(), "instance_in_use", "{e}");
+    assert!(objects(&inst).iter().any(|n| n.ends_with("-data")));
     drop(ring);
     drop(w);
     // What a server killed by SIGKILL leaves: its objects and its lock file, unlocked.

@@ -66,8 +66,11 @@ pub struct SamplerActor {
     tick: Duration,
     stats: Arc<CacheStats>,
     round: Round,
-    /// When the next pass is scheduled, if one is.
-    scheduled: Option<Instant>,
+    /// When the next pass is scheduled, if one is, and its timer's number: a timer that an
+    /// earlier one replaced does nothing when it fires.
+    scheduled: Option<(Instant, u64)>,
+    /// Timers started so far.
+    timers: u64,
     /// How long a start window is; zero: jobs start at their first credit.
     start_window: Duration,
     /// The end of the start window open now, if one is.
@@ -93,6 +96,7 @@ impl SamplerActor {
             stats,
             round: Round::default(),
             scheduled: None,
+            timers: 0,
             start_window: Duration::ZERO,
             cohort_until: None,
             started: Instant::now(),
@@ -142,14 +146,17 @@ impl SamplerActor {
         let Some(at) = at.map(|t| t.max(now + self.tick)) else {
             return;
         };
-        if self.scheduled.is_some_and(|s| s <= at) {
+        if self.scheduled.is_some_and(|(s, _)| s <= at) {
             return;
         }
-        self.scheduled = Some(at);
-        ctx.run_later(at - now, |act, ctx| {
-            if act.scheduled.is_some_and(|s| s <= Instant::now()) {
-                act.scheduled = None;
+        self.timers += 1;
+        let timer = self.timers;
+        self.scheduled = Some((at, timer));
+        ctx.run_later(at - now, move |act, ctx| {
+            if act.scheduled.map(|(_, t)| t) != Some(timer) {
+                return;
             }
+            act.scheduled = None;
             act.pass();
             // A pass stops after MAX_ROUNDS_PER_PASS rounds: what is left goes on next window.
             act.wake(ctx);
@@ -171,8 +178,15 @@ impl SamplerActor {
             .filter(|j| j.kind == SamplerKind::Dsa && Self::can_move(j, now))
             .filter_map(|j| j.pace.period(now))
             .min();
+        // Jobs join DSA rounds only: without a DSA job that can move there is none, and a
+        // join would use up a slow job's eligibility for nothing.
+        let dsa_moves = self
+            .jobs
+            .values()
+            .any(|j| j.kind == SamplerKind::Dsa && Self::can_move(j, now));
         for j in self.jobs.values_mut() {
-            j.joins = j.kind == SamplerKind::Dsa
+            j.joins = dsa_moves
+                && j.kind == SamplerKind::Dsa
                 && j.credit <= 0
                 && j.credit > -i64::from(j.lookahead)
                 && j.pace.join(self.started, now, lead);

@@ -21,8 +21,10 @@
 //! whatever the phases of their readers (with slots shorter than a period, jobs whose returns
 //! fell in different slots were sampled apart, and paid for the loads of their own picks
 //! separately). Grids of different sizes are nested, so jobs of neighbouring paces still meet
-//! on the coarser one. A slow job waits less than two periods to join, while its ring and its
-//! lookahead hold three batches.
+//! on the coarser one. A slow job waits less than two periods to join, and its reader has at
+//! least one batch to read meanwhile: it became eligible with three batches sampled ahead of
+//! its reader, and once the reader has taken two more its credit is above zero and it is
+//! sampled at once, grid or not.
 //!
 //! A job keeps pace when its client is reading: it has returned credit at least twice (so it
 //! has a period, the smoothed interval between returns) and its last return is less than two

@@ -141,9 +141,9 @@ pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome
     ))
 }
 
-/// One job of [`run_jobs`], timed like the Python client and PyTorch: from the arrival of its
-/// first batch (`samples` counts the samples after it), its start-up (registration, attach,
-/// the Sampler's start window and the first loads) apart.
+/// One job of [`run_jobs`], timed like the Python client and PyTorch from its first batch: from
+/// the end of it (`samples` counts the samples after it), its start-up (registration, attach,
+/// the Sampler's start window, the first loads and that batch) apart.
 pub(super) struct JobRun {
     pub(super) samples: u64,
     pub(super) first: Instant,
