@@ -9,11 +9,12 @@
 //! attached) waits for the end of a *start window* opened by the first of the jobs starting
 //! together: jobs launched together (a sweep's script, a launcher's processes) are sampled
 //! together from their first element, where the first to attach used to be sampled a ring and
-//! a lookahead ahead of the others, elements each later job then loaded again on its own. A pass also samples, up to two batches beyond
-//! their credit (their lookahead), the DSA jobs that keep pace (slower ones on a grid sized by
-//! their pace), so that jobs that read together are sampled together and share their loads
-//! (see [`pace`]). With no job able to
-//! move, no pass is scheduled: an idle sampler costs nothing.
+//! a lookahead ahead of the others, elements each later job then loaded again on its own.
+//!
+//! A pass also samples, up to two batches beyond their credit (their lookahead), the DSA jobs
+//! that keep pace (slower ones on a grid sized by their pace), so that jobs that read together
+//! are sampled together and share their loads (see [`pace`]). With no job able to move, no
+//! pass is scheduled: an idle sampler costs nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -109,9 +110,10 @@ impl SamplerActor {
         self
     }
 
-    /// Whether a job takes part in passes now: it has credit and its start is not held.
-    fn can_move(j: &JobEntry, now: Instant) -> bool {
-        j.credit > 0 && j.held_until.is_none_or(|t| t <= now)
+    /// Whether a job takes part in the pass: it has credit and its start is not held (a pass
+    /// first ends the holds whose window is over).
+    fn can_move(j: &JobEntry) -> bool {
+        j.credit > 0 && j.held_until.is_none()
     }
 
     /// A job's credit came back: the first time, a DSA job waits for the start window.
@@ -175,7 +177,7 @@ impl SamplerActor {
         let lead = self
             .jobs
             .values()
-            .filter(|j| j.kind == SamplerKind::Dsa && Self::can_move(j, now))
+            .filter(|j| j.kind == SamplerKind::Dsa && Self::can_move(j))
             .filter_map(|j| j.pace.period(now))
             .min();
         // Jobs join DSA rounds only: without a DSA job that can move there is none, and a
@@ -183,7 +185,7 @@ impl SamplerActor {
         let dsa_moves = self
             .jobs
             .values()
-            .any(|j| j.kind == SamplerKind::Dsa && Self::can_move(j, now));
+            .any(|j| j.kind == SamplerKind::Dsa && Self::can_move(j));
         for j in self.jobs.values_mut() {
             j.joins = dsa_moves
                 && j.kind == SamplerKind::Dsa
@@ -204,7 +206,7 @@ impl SamplerActor {
                 active.extend(
                     self.jobs
                         .iter()
-                        .filter(|(_, j)| j.kind == kind && Self::can_move(j, now))
+                        .filter(|(_, j)| j.kind == kind && Self::can_move(j))
                         .map(|(k, _)| *k),
                 );
                 if active.is_empty() {

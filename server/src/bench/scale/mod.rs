@@ -240,6 +240,11 @@ fn job_field(c: &Client, name: &str, field: &str) -> Result<f64> {
         .with_context(|| format!("job {name} has no {field}: {j}"))
 }
 
+/// `field` of each job of `names`.
+fn job_fields(c: &Client, names: &[String], field: &str) -> Result<Vec<f64>> {
+    names.iter().map(|n| job_field(c, n, field)).collect()
+}
+
 fn wait(summary: &Value, key: &str) -> Result<f64> {
     summary[key]
         .as_f64()
@@ -357,18 +362,9 @@ fn mix(args: &ScaleArgs, data: &Path) -> Result<MixFigures> {
     }
     let secs = start.elapsed().as_secs_f64();
     let stats1 = c.ok("GET", "/v1/stats", None)?;
-    let stall = fast_names
-        .iter()
-        .map(|n| job_field(&c, n, "stall_s"))
-        .collect::<Result<Vec<_>>>()?;
-    let fast_hits = fast_names
-        .iter()
-        .map(|n| job_field(&c, n, "hit_ratio"))
-        .collect::<Result<Vec<_>>>()?;
-    let slow_hits = slow_names
-        .iter()
-        .map(|n| job_field(&c, n, "hit_ratio"))
-        .collect::<Result<Vec<_>>>()?;
+    let stall = job_fields(&c, &fast_names, "stall_s")?;
+    let fast_hits = job_fields(&c, &fast_names, "hit_ratio")?;
+    let slow_hits = job_fields(&c, &slow_names, "hit_ratio")?;
     let slow_rates = slow_names
         .iter()
         .map(|n| Ok(job_field(&c, n, "acknowledged")? / secs))
@@ -472,13 +468,9 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
         min(&m.fast)
     );
     println!(
-        "| mix: fast jobs' wait for their first batch | {} s (alone: {:.2} s; the start window is {} ms) | |",
+        "| mix: fast jobs' wait for their first batch | {} s (alone: {:.2} s; the server's start window included) | |",
         list(&m.first_wait, 2),
         m.first_alone.first_wait,
-        std::env::var("JOADER_START_WINDOW_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(crate::Config::default().start_window_ms)
     );
     println!(
         "| mix: fast jobs' longest wait for one later batch | {} s (alone: {:.2} s) | |",
