@@ -33,7 +33,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 echo "== rust tests"
-cargo build --quiet -p server --bin joader
+cargo build --quiet -p joader-tools --bin joader
 cargo test --workspace
 
 echo "== REST API fuzzing: schemathesis against the real server (installs schemathesis when missing)"

@@ -84,7 +84,7 @@ failed_tests() {
 if [ ${#filters[@]} -gt 0 ] || [ -n "$py_expr" ]; then
     # Build once, outside the runs, so that a run measures the tests and not the compiler.
     cargo test --workspace --no-run --quiet || exit 1
-    [ -n "$py_expr" ] && cargo build --quiet -p server --bin joader
+    [ -n "$py_expr" ] && cargo build --quiet -p joader-tools --bin joader
 fi
 
 failed_runs=0

@@ -21,7 +21,7 @@ version="$(python3 -c 'import importlib.metadata as m; print(m.version("schemath
 if [ "${version%%.*}" != 4 ]; then
     python3 -m pip install -q "schemathesis>=4.32,<5"
 fi
-[ -x "$BIN" ] || cargo build --quiet -p server --bin joader
+[ -x "$BIN" ] || cargo build --quiet -p joader-tools --bin joader
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/joader-st-XXXXXX")"
 instance="st_$$_${RANDOM}"

@@ -1,15 +1,12 @@
-//! joader's moving parts: the actix actors (Sampler, Cache, Loader) and their messages in
-//! [`service`], dataset sources in [`storage`] and the shared, deterministic preparation of an
-//! element in [`pipeline`].
+//! joader's actix actors: the Sampler, the Cache and the Loader, and the messages between them,
+//! in [`service`].
 //!
 //! The algorithms the actors schedule (the dependent sampling tree, DSA, the cache policies)
 //! live in the runtime-free `joader-core` crate (`actors/core`); the simulator drives the
-//! same code.
+//! same code. What the Loader reads and how it prepares an element come in through two seams
+//! (`service::ElementSource`, `service::Prepare`), which the server fills with the
+//! `joader-storage` (`actors/storage`) and `joader-pipeline` (`actors/pipeline`) crates: the
+//! actors import neither.
 #![forbid(unsafe_code)]
 
-pub mod pipeline;
 pub mod service;
-pub mod storage;
-
-#[cfg(test)]
-mod fuzz;

@@ -22,7 +22,6 @@
 
 mod alloc;
 pub mod augment;
-pub mod bench;
 pub mod collate;
 mod copy;
 mod error;

@@ -11,8 +11,8 @@
 
 use std::path::Path;
 
-use actors::storage::s3::{ObjectChanges, ObjectVersion};
-use actors::storage::{DatasetIndex, IndexFormatError, SourceSpec};
+use joader_storage::s3::{ObjectChanges, ObjectVersion};
+use joader_storage::{DatasetIndex, IndexFormatError, SourceSpec};
 use anyhow::{Context, Result};
 use redb::{Builder, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -165,7 +165,7 @@ mod tests {
         let source = SourceSpec::Manifest {
             path: dir.path().join("m.csv"),
         };
-        let index = actors::storage::index(&source, &[dir.path().to_owned()], &mut |_| {}).unwrap();
+        let index = joader_storage::index(&source, &[dir.path().to_owned()], &mut |_| {}).unwrap();
         let rec = DatasetRecord {
             name: "d".into(),
             source,

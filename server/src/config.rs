@@ -1,10 +1,10 @@
 //! Server configuration: defaults, a TOML file, `JOADER_*` environment variables and flags
-//! (the command line in `cli.rs` merges them in that order).
+//! (`serve.rs` merges the command line over them in that order).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use actors::pipeline::Pipeline;
+use joader_pipeline::Pipeline;
 use joader_core::cache::PolicyKind;
 use serde::{Deserialize, Serialize};
 
@@ -166,8 +166,8 @@ impl Config {
     }
 
     /// The object-store stage's settings.
-    pub fn fetch_config(&self) -> actors::storage::s3::FetchConfig {
-        actors::storage::s3::FetchConfig {
+    pub fn fetch_config(&self) -> joader_storage::s3::FetchConfig {
+        joader_storage::s3::FetchConfig {
             max_in_flight: self.s3_max_in_flight,
             budget: std::time::Duration::from_secs_f64(self.s3_retry_budget_s),
             request_timeout: std::time::Duration::from_secs_f64(self.s3_request_timeout_s),
@@ -186,7 +186,7 @@ impl Config {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        actors::storage::s3::S3Allow::parse(&self.allowed_s3, &self.allowed_s3_endpoints)
+        joader_storage::s3::S3Allow::parse(&self.allowed_s3, &self.allowed_s3_endpoints)
             .map_err(|e| anyhow::anyhow!("allowed_s3 / allowed_s3_endpoints: {e}"))?;
         anyhow::ensure!(
             self.s3_max_in_flight > 0 && (1..=1000).contains(&self.s3_list_page),

@@ -1,22 +1,18 @@
-//! The `joader` binary's library: the server (`run`), its REST API and catalog, and the
-//! command line with its `serve`, `demo`, `simulate` and `bench` subcommands.
+//! The joader daemon (`joader serve`): the server (`run`), its REST API, catalog, registry,
+//! cluster and metrics. The tools that drive it (benchmarks, demo, simulator, debugging client)
+//! live in `joader-tools` (`server/tools`), which builds the `joader` binary.
 #![forbid(unsafe_code)]
 
-pub mod bench;
 pub mod catalog;
-pub mod cli;
-pub mod client;
 pub mod cluster;
 pub mod config;
-pub mod demo;
 pub mod error;
-pub mod glue;
 pub mod http;
+pub mod loading;
 pub mod metrics;
 pub mod procstat;
 pub mod registry;
-pub mod simulate;
-pub mod synth;
+pub mod serve;
 
 use std::future::Future;
 use std::net::TcpListener;
@@ -70,11 +66,11 @@ pub async fn run(
         None
     } else {
         let allow =
-            actors::storage::s3::S3Allow::parse(&config.allowed_s3, &config.allowed_s3_endpoints)
+            joader_storage::s3::S3Allow::parse(&config.allowed_s3, &config.allowed_s3_endpoints)
                 .map_err(|e| anyhow::anyhow!("allowed_s3 / allowed_s3_endpoints: {e}"))?
                 .with_environment();
         Some(Arc::new(
-            actors::storage::s3::ObjectStores::new(config.fetch_config(), allow)
+            joader_storage::s3::ObjectStores::new(config.fetch_config(), allow)
                 .context("cannot start the object-store stage")?,
         ))
     };
@@ -263,95 +259,5 @@ async fn drain(state: &AppState, grace: Duration) {
             jobs = left,
             "grace period over: stopping with jobs still running"
         );
-    }
-}
-
-/// A server running on its own thread (for `joader demo`, the benchmarks and tests).
-pub struct ServerHandle {
-    pub url: String,
-    pub addr: std::net::SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<Result<()>>>,
-}
-
-impl ServerHandle {
-    /// Binds `config.bind` (port 0 picks a free port) and serves on a new thread.
-    pub fn spawn(config: Config) -> Result<Self> {
-        let listener = TcpListener::bind(config.bind)
-            .with_context(|| format!("cannot bind {}", config.bind))?;
-        let addr = listener.local_addr()?;
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
-        let thread = std::thread::Builder::new()
-            .name("joader-server".into())
-            .spawn(move || {
-                actix_web::rt::System::new().block_on(async move {
-                    let shutdown = async move {
-                        let _ = rx.await;
-                    };
-                    // `run` reports start-up errors by returning early; tell the caller either way.
-                    let fut = run(listener, config, shutdown);
-                    let _ = ready_tx.send(Ok(()));
-                    fut.await
-                })
-            })?;
-        ready_rx
-            .recv()
-            .map_err(|_| anyhow::anyhow!("the server thread died at start-up"))??;
-        let handle = Self {
-            url: format!("http://{addr}"),
-            addr,
-            stop: Some(tx),
-            thread: Some(thread),
-        };
-        // Wait until it answers (or failed to start).
-        let client = client::Client::new(handle.url.clone());
-        let start = Instant::now();
-        loop {
-            if client
-                .call("GET", "/healthz", None)
-                .is_ok_and(|(s, _)| s == 200)
-            {
-                return Ok(handle);
-            }
-            if handle.thread.as_ref().is_some_and(|t| t.is_finished()) {
-                let mut h = handle;
-                return Err(h
-                    .join()
-                    .err()
-                    .unwrap_or_else(|| anyhow::anyhow!("the server stopped at start-up")));
-            }
-            anyhow::ensure!(
-                start.elapsed() < Duration::from_secs(20),
-                "the server did not answer within 20 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn join(&mut self) -> Result<()> {
-        match self.thread.take() {
-            Some(t) => t
-                .join()
-                .map_err(|_| anyhow::anyhow!("the server thread panicked"))?,
-            None => Ok(()),
-        }
-    }
-
-    /// Stops the server (removing its shared memory) and waits for it.
-    pub fn stop(mut self) -> Result<()> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        self.join()
-    }
-}
-
-impl Drop for ServerHandle {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        let _ = self.join();
     }
 }

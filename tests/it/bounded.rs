@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use server::client::{Client, ReadOptions, consume};
+use joader_tools::client::{Client, ReadOptions, consume};
 
 use crate::common::{DEADLINE, TempDir, TestServer, unique_instance, wait_for};
 
@@ -144,7 +144,7 @@ fn wait_idle(c: &Client, url: &str) -> Value {
 #[test]
 fn ten_thousand_short_jobs_leave_the_server_state_as_it_was() {
     let data = TempDir::new("bounded-data");
-    let spec = server::synth::SynthSpec {
+    let spec = joader_tools::synth::SynthSpec {
         classes: 2,
         per_class: ITEMS / 2,
         width: 32,
@@ -152,7 +152,7 @@ fn ten_thousand_short_jobs_leave_the_server_state_as_it_was() {
         quality: 80,
         seed: 3,
     };
-    server::synth::generate_image_folder(&data.0, &spec, &mut |_| {}).unwrap();
+    joader_tools::synth::generate_image_folder(&data.0, &spec, &mut |_| {}).unwrap();
     let state = TempDir::new("bounded-state");
     let mut server = TestServer::start(
         &unique_instance("bounded"),

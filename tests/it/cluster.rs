@@ -284,7 +284,7 @@ fn a_killed_leader_fails_multi_node_jobs_and_single_node_jobs_go_on() {
         );
     }
     // The single-node job reads on with the leader gone: another epoch after the failures.
-    let acked = |c: &server::client::Client| {
+    let acked = |c: &joader_tools::client::Client| {
         c.ok("GET", "/v1/jobs/solo", None).ok()?["acknowledged"].as_u64()
     };
     let before = acked(&c1).unwrap();

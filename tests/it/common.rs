@@ -17,7 +17,7 @@ pub fn joader_bin() -> PathBuf {
             .to_path_buf();
         let profile_release = dir.file_name().is_some_and(|n| n == "release");
         let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "--quiet", "-p", "server", "--bin", "joader"]);
+        cmd.args(["build", "--quiet", "-p", "joader-tools", "--bin", "joader"]);
         if profile_release {
             cmd.arg("--release");
         }
@@ -55,7 +55,7 @@ pub fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
 /// client's last acknowledgements when it next polls the rings, which may be after the client
 /// has exited) and returns the job's JSON.
 pub fn wait_acknowledged(
-    client: &server::client::Client,
+    client: &joader_tools::client::Client,
     name: &str,
     acknowledged: u64,
 ) -> serde_json::Value {
@@ -221,8 +221,8 @@ impl TestServer {
         }
     }
 
-    pub fn client(&self) -> server::client::Client {
-        server::client::Client::new(self.url.clone())
+    pub fn client(&self) -> joader_tools::client::Client {
+        joader_tools::client::Client::new(self.url.clone())
     }
 
     /// SIGTERM, then waits; returns whether it exited successfully.

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use actors::pipeline::{self, Limits, Output, Pipeline};
-use server::bench::photos::{self, Encoding};
+use joader_pipeline::{self as pipeline, Limits, Output, Pipeline};
+use joader_tools::bench::photos::{self, Encoding};
 
 use crate::common::{TempDir, joader};
 

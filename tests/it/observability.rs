@@ -26,7 +26,7 @@ fn dataset() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("joader-it-obs-data-{}", std::process::id()));
-        let spec = server::synth::SynthSpec {
+        let spec = joader_tools::synth::SynthSpec {
             classes: CLASSES,
             per_class: PER_CLASS,
             width: 64,
@@ -34,7 +34,7 @@ fn dataset() -> &'static Path {
             quality: 90,
             seed: 11,
         };
-        server::synth::generate_image_folder(&dir, &spec, &mut |_| {})
+        joader_tools::synth::generate_image_folder(&dir, &spec, &mut |_| {})
             .expect("generate the test dataset");
         std::fs::write(dir.join("class_00").join("zz_not_an_image.jpg"), b"text").unwrap();
         dir

@@ -20,7 +20,7 @@ pub(crate) fn dataset() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("joader-it-data-{}", std::process::id()));
-        let spec = server::synth::SynthSpec {
+        let spec = joader_tools::synth::SynthSpec {
             classes: CLASSES,
             per_class: PER_CLASS,
             width: 80,
@@ -28,7 +28,7 @@ pub(crate) fn dataset() -> &'static Path {
             quality: 90,
             seed: 7,
         };
-        server::synth::generate_image_folder(&dir, &spec, &mut |_| {})
+        joader_tools::synth::generate_image_folder(&dir, &spec, &mut |_| {})
             .expect("generate the test dataset");
         dir
     })
@@ -182,8 +182,8 @@ fn raw_bytes_are_the_files_and_pixels_match_the_pipeline() {
     );
     finish(raw);
     finish(dec);
-    let p: actors::pipeline::Pipeline = serde_json::from_value(pipeline).unwrap();
-    let limits = actors::pipeline::Limits {
+    let p: joader_pipeline::Pipeline = serde_json::from_value(pipeline).unwrap();
+    let limits = joader_pipeline::Limits {
         max_pixels: 100_000_000,
     };
     let mut seen = 0;
@@ -197,8 +197,8 @@ fn raw_bytes_are_the_files_and_pixels_match_the_pipeline() {
             if is_raw {
                 assert_eq!(got, file, "raw element {element} differs from its file");
             } else {
-                let want = match actors::pipeline::run(&p, &file, &limits).unwrap() {
-                    actors::pipeline::Output::Hwc {
+                let want = match joader_pipeline::run(&p, &file, &limits).unwrap() {
+                    joader_pipeline::Output::Hwc {
                         data,
                         height,
                         width,
@@ -787,7 +787,7 @@ fn ranks_registering_at_once_create_each_job_once_and_join_it() {
             let url = env.server.url.clone();
             let barrier = barrier.clone();
             std::thread::spawn(move || {
-                let c = server::client::Client::new(url);
+                let c = joader_tools::client::Client::new(url);
                 let body = json!({"name": name, "dataset": "imgs", "batch_size": 4, "epochs": epochs,
                                   "world_size": world, "rank": rank});
                 barrier.wait();
@@ -912,7 +912,7 @@ fn the_api_answers_while_a_large_manifest_is_indexed_and_persisted() {
     server.stop();
 }
 
-fn create_folder_dataset_at(c: &server::client::Client, name: &str, root: &Path) {
+fn create_folder_dataset_at(c: &joader_tools::client::Client, name: &str, root: &Path) {
     c.ok(
         "POST",
         "/v1/datasets",

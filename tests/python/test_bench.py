@@ -15,7 +15,7 @@ BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
 
 
 def test_bench_e2e_times_a_cached_epoch_of_the_python_client(tmp_path: Path) -> None:
-    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p server"
+    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p joader-tools"
     # The bench runs `python3`: this interpreter, which has the package.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     o = subprocess.run([str(BIN), "bench", "e2e", "--quick", "--python", "--only", "cached", "--data",

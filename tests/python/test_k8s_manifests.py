@@ -70,7 +70,7 @@ def test_an_invalid_manifest_is_caught() -> None:
 
 
 def test_every_flag_and_variable_exists_in_joader_serve_help() -> None:
-    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p server"
+    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p joader-tools"
     help_text = subprocess.run([str(BIN), "serve", "--help"], check=True, capture_output=True, text=True).stdout
     flags = set(re.findall(r"(--[a-z][a-z-]*)", help_text))
     env = set(re.findall(r"env: (JOADER_[A-Z_]+)", help_text))

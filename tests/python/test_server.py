@@ -26,7 +26,7 @@ N = CLASSES * PER_CLASS
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Dict[str, Any]]:
-    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p server"
+    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p joader-tools"
     tmp = Path(tempfile.mkdtemp(prefix="joader-py-"))
     data = tmp / "data"
     (tmp / "more").mkdir()

@@ -59,7 +59,7 @@ def upscale(img8: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def digits() -> Iterator[Dict[str, Any]]:
-    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p server"
+    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p joader-tools"
     d = datasets.load_digits()
     images, labels = d.images, d.target
     test = np.arange(len(labels)) % 5 == 0

@@ -24,7 +24,7 @@
 pub mod leader;
 pub mod node;
 
-use actors::storage::SourceSpec;
+use joader_storage::SourceSpec;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 

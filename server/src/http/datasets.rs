@@ -1,7 +1,7 @@
 //! `/v1/datasets`: create (indexed in the background), list, get, failures, re-index, delete.
 
 use actix_web::{HttpResponse, delete, get, post, web};
-use actors::storage::SourceSpec;
+use joader_storage::SourceSpec;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;

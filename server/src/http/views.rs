@@ -3,10 +3,10 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use actors::pipeline::Pipeline;
+use joader_pipeline::Pipeline;
 use actors::service::JobState;
-use actors::storage::SourceSpec;
-use actors::storage::s3::ObjectChanges;
+use joader_storage::SourceSpec;
+use joader_storage::s3::ObjectChanges;
 use joader_core::sampling::SamplerKind;
 use serde::Serialize;
 use utoipa::ToSchema;

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 
-use actors::storage::s3::{LATENCY_BUCKETS, ObjectStats, Op};
+use joader_storage::s3::{LATENCY_BUCKETS, ObjectStats, Op};
 
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 

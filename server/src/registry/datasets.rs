@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use actors::storage::{SourceSpec, StorageError};
+use joader_storage::{SourceSpec, StorageError};
 
 use super::{AppState, DatasetEntry, check_name, start_indexing};
 use crate::catalog::DatasetRecord;
@@ -13,7 +13,7 @@ use crate::error::{Code, Error, Result};
 pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -> Result<()> {
     check_name("dataset", &name)?;
     super::check_not_draining(state)?;
-    crate::glue::check_source(
+    crate::loading::check_source(
         &source,
         &state.config.allowed_roots,
         state.objects.as_deref(),

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::Actor;
-use actors::pipeline::{Limits, Pipeline};
+use joader_pipeline::{Limits, Pipeline};
 use actors::service::{
     AddJob, CloseJob, JobState, JobStats, OpenJob, OpenJobError, RemoveJob, RingInfo, SamplerActor,
 };
@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use super::subset::SubsetSpec;
 use super::{AppState, JobEntry, Registering, check_name};
 use crate::error::{Code, Error, Result};
-use crate::glue::{IndexSource, PipelinePrepare};
+use crate::loading::{IndexSource, PipelinePrepare};
 
 /// Who registers (the client libraries fill it in).
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, utoipa::ToSchema)]
@@ -504,7 +504,7 @@ pub async fn register_job<T>(
         let source = match &d.source {
             Some(s) => s.clone(),
             // Opened when the dataset was indexed or loaded; failing then, it is logged.
-            None if matches!(d.record.source, actors::storage::SourceSpec::S3 { .. }) => {
+            None if matches!(d.record.source, joader_storage::SourceSpec::S3 { .. }) => {
                 return Err(Error::new(
                     Code::DatasetNotReady,
                     format!(

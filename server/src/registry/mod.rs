@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use actix::Addr;
-use actors::pipeline::Pipeline;
+use joader_pipeline::Pipeline;
 use actors::service::{
     CacheActor, CacheStats, ElementSource, JobState, JobStats, RingInfo, SamplerActor,
 };
-use actors::storage::DatasetIndex;
-use actors::storage::s3::{ObjectChanges, ObjectStores};
+use joader_storage::DatasetIndex;
+use joader_storage::s3::{ObjectChanges, ObjectStores};
 
 use crate::catalog::{Catalog, DatasetRecord};
 use crate::config::Config;
@@ -261,12 +261,12 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
         };
         let started = Instant::now();
         let objects = state.objects.as_deref();
-        let result = crate::glue::index(&spec, &state.config.allowed_roots, objects, &mut |n| progress.store(n, Relaxed))
+        let result = crate::loading::index(&spec, &state.config.allowed_roots, objects, &mut |n| progress.store(n, Relaxed))
             .and_then(|(index, versions)| {
                 // An object store's reader is opened here, off the HTTP workers.
                 let index = Arc::new(index);
-                let source = matches!(spec, actors::storage::SourceSpec::S3 { .. })
-                    .then(|| crate::glue::element_source(&spec, objects, index.clone()))
+                let source = matches!(spec, joader_storage::SourceSpec::S3 { .. })
+                    .then(|| crate::loading::element_source(&spec, objects, index.clone()))
                     .transpose()?;
                 Ok((index, source, versions))
             });
@@ -342,10 +342,10 @@ pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
                 ("ready", Some(index)) => {
                     entry.progress.store(index.len() as u64, Relaxed);
                     let index = Arc::new(index);
-                    if matches!(rec.source, actors::storage::SourceSpec::S3 { .. }) {
+                    if matches!(rec.source, joader_storage::SourceSpec::S3 { .. }) {
                         // Jobs of a dataset whose store cannot be opened are refused, naming
                         // this log line's reason.
-                        match crate::glue::element_source(
+                        match crate::loading::element_source(
                             &rec.source,
                             state.objects.as_deref(),
                             index.clone(),

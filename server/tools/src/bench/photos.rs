@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use actors::pipeline::{self, Limits, Output, Pipeline};
+use joader_pipeline::{self as pipeline, Limits, Output, Pipeline};
 use anyhow::{Context, Result, bail};
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 

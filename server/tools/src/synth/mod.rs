@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
+use anyhow::Context;
+use clap::Args;
 use serde::{Deserialize, Serialize};
 
 mod scene;
@@ -241,3 +243,40 @@ fn write_image(
     .map_err(|e| io::Error::other(format!("jpeg encoding failed: {e}").to_lowercase()))?;
     fs::write(image_path(dir, class, index), &scratch.jpeg)
 }
+
+/// `joader gen-dataset`: the arguments of [`generate_image_folder`].
+#[derive(Debug, Args)]
+pub struct GenDatasetArgs {
+    /// Output folder (created; reused when it already holds the same dataset).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 10)]
+    pub classes: u32,
+    #[arg(long, default_value_t = 100)]
+    pub per_class: u32,
+    #[arg(long, default_value_t = 500)]
+    pub width: u32,
+    #[arg(long, default_value_t = 375)]
+    pub height: u32,
+    #[arg(long, default_value_t = 90)]
+    pub quality: u8,
+    #[arg(long, default_value_t = 2022)]
+    pub seed: u64,
+}
+
+/// `joader gen-dataset`.
+pub fn gen_dataset(a: GenDatasetArgs) -> anyhow::Result<()> {
+    let spec = SynthSpec {
+        classes: a.classes,
+        per_class: a.per_class,
+        width: a.width,
+        height: a.height,
+        quality: a.quality,
+        seed: a.seed,
+    };
+    let n = generate_image_folder(&a.out, &spec, &mut |_| {})
+        .with_context(|| format!("cannot generate the dataset in {}", a.out.display()))?;
+    println!("{n} images in {}", a.out.display());
+    Ok(())
+}
+

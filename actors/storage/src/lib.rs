@@ -41,6 +41,8 @@ mod roots;
 pub mod s3;
 mod tar_shards;
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
 
 use std::fs::File;

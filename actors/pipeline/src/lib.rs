@@ -37,6 +37,8 @@ mod decode;
 mod resize;
 mod scaled;
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
 
 use serde::{Deserialize, Serialize};

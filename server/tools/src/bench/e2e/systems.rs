@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use actors::pipeline::{self, Limits};
+use joader_pipeline::{self as pipeline, Limits};
 use anyhow::{Context, Result};
 use crossbeam_channel::unbounded;
 use dataplane::Format;
@@ -21,8 +21,9 @@ use serde_json::json;
 use super::Ctx;
 use super::scenarios::{Scenario, wait_start};
 use crate::client::{Client, ReadOptions, consume};
-use crate::procstat::process_cpu;
-use crate::{Config, ServerHandle};
+use server::procstat::process_cpu;
+use crate::inprocess::ServerHandle;
+use server::Config;
 
 /// The PyTorch job, run with `python3 -c`.
 const TORCH_SCRIPT: &str = include_str!("torch_baseline.py");

@@ -20,7 +20,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::stats::{ObjectStats, Op};
 use super::{S3Allow, S3Dataset, S3Index, S3Layout, S3Url, object_key};
-use crate::storage::{DatasetIndex, Location, MAX_MEMBER_LEN, Progress, StorageError};
+use crate::{DatasetIndex, Location, MAX_MEMBER_LEN, Progress, StorageError};
 
 /// Neighbouring tar members at most this many bytes apart are read with one request (the
 /// gap is read and dropped: a few tar headers and `.cls` members).

@@ -17,11 +17,11 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::augment::{Augmenter, ItemOut, Output, RandomResizedCrop};
-use crate::error::Result;
-use crate::layout::Format;
-use crate::reader::Reader;
-use crate::segment::{SegmentConfig, SlotMeta, Writer};
+use dataplane::augment::{Augmenter, ItemOut, Output, RandomResizedCrop};
+use dataplane::Result;
+use dataplane::Format;
+use dataplane::Reader;
+use dataplane::{SegmentConfig, SlotMeta, Writer};
 
 /// Benchmark parameters.
 #[derive(Debug, Clone)]
@@ -155,7 +155,7 @@ fn augment_bench(rounds: usize, output: &Output) -> Result<Duration> {
     for r in 0..rounds.max(1) {
         let t = thread_cpu();
         for k in 0..64u64 {
-            let key = crate::augment::item_key(1, r as u64, k);
+            let key = dataplane::augment::item_key(1, r as u64, k);
             let dst = if output.is_float() {
                 ItemOut::F32(&mut f32s)
             } else {
@@ -280,7 +280,7 @@ fn latency(
     w: &Writer,
     instance: &str,
     samples: usize,
-    slot: crate::segment::SlotRef,
+    slot: dataplane::SlotRef,
 ) -> Result<(Duration, Duration, Duration)> {
     let mut ring = w.create_ring("latency", 64)?;
     let inst = instance.to_string();
@@ -317,7 +317,7 @@ fn latency(
     }
     let wakes = consumer
         .join()
-        .map_err(|_| crate::Error::Protocol("latency consumer panicked".into()))??;
+        .map_err(|_| dataplane::Error::Protocol("latency consumer panicked".into()))??;
     let mut lat: Vec<Duration> = pushes
         .iter()
         .zip(&wakes)

@@ -1,12 +1,13 @@
-//! Plugs storage and the shared pipeline into the actors' seams.
+//! What the Loader runs: the dataset sources (`joader-storage`) and the shared preparation
+//! (`joader-pipeline`) behind the actors' `ElementSource` and `Prepare` seams.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use actors::pipeline::{self, Limits, Output, Pipeline, PipelineError};
+use joader_pipeline::{self as pipeline, Limits, Output, Pipeline, PipelineError};
 use actors::service::{ElementSource, Fetched, LoadFailure, Prepare, Prepared};
-use actors::storage::s3::{self, ObjectStores, ObjectVersion, S3Source};
-use actors::storage::{self, DatasetIndex, SourceSpec, StorageError};
+use joader_storage::s3::{self, ObjectStores, ObjectVersion, S3Source};
+use joader_storage::{self as storage, DatasetIndex, SourceSpec, StorageError};
 use dataplane::element_error;
 
 /// A dataset index read through storage.

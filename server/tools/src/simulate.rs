@@ -3,11 +3,15 @@
 use std::io::{BufWriter, Write};
 use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use joader_core::cache::PolicyKind;
+use joader_core::sampling::SamplerKind;
 
 use joader_core::sim::{self, JobScenario, ResultRow, Scenario};
 
-use crate::cli::{SimulateArgs, check_exclusive, read_scenario};
 
 pub fn run(args: SimulateArgs) -> Result<()> {
     check_exclusive(&args)?;
@@ -157,5 +161,80 @@ fn print_table(out: &mut impl Write, scn: &Scenario, rows: &[ResultRow]) -> Resu
         writeln!(out)?;
     }
     writeln!(out)?;
+    Ok(())
+}
+
+/// Simulate samplers and cache policies.
+///
+/// Semantics of a round: a job registers at its start round and earns `speed` credits per
+/// round; within a round, sub-rounds are sampled until no job holds a whole credit; in each
+/// sub-round every job with a credit is active, spends it and receives one element (jobs
+/// without credit are masked). Accesses are served in sampling order: the first access to an
+/// element that is not cached is a miss and inserts it (the policy evicts when the cache is
+/// full); later accesses while it is cached are hits, including the other jobs of a shared pick.
+/// Misses lie between |D1 ∪ … ∪ Dn| and Σ|Di| per epoch.
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct SimulateArgs {
+    /// Run a preset instead of a scenario: `paper-a2` (the appendix's Table 1, cache sizes 1 to
+    /// 10000, the series behind its Figures 4, 5 and 6).
+    #[arg(long, value_parser = ["paper-a2"])]
+    pub preset: Option<String>,
+    /// Scenario file (TOML, or JSON when it ends in .json): `jobs = [{dataset = "range:0:100",
+    /// start = 0, speed = 1.0, epochs = 1}]`, `samplers`, `policies`, `cache_sizes`, `seed`,
+    /// `repetitions`, `lookahead`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A job: `DATASET[,start=ROUND][,speed=REQUESTS_PER_ROUND][,epochs=N]` where DATASET is
+    /// `range:A:B` (ids A..B, B excluded), `sample:A:B:K` (K ids drawn from A..B) or
+    /// `ids:1,2,3`. Repeat for several jobs.
+    #[arg(long = "job")]
+    pub jobs: Vec<String>,
+    /// Samplers to compare.
+    #[arg(long, value_delimiter = ',')]
+    pub sampler: Vec<SamplerKind>,
+    /// Cache policies to compare: refcnt, lru, fifo, random, clairvoyant.
+    #[arg(long, value_delimiter = ',')]
+    pub policy: Vec<PolicyKind>,
+    /// Cache sizes, in elements.
+    #[arg(long, value_delimiter = ',')]
+    pub cache_sizes: Vec<usize>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Repetitions to average over (`sample:` datasets are drawn again each time).
+    #[arg(long)]
+    pub repetitions: Option<u32>,
+    /// Rounds the clairvoyant policy sees ahead.
+    #[arg(long)]
+    pub lookahead: Option<u64>,
+    /// Print one JSON object per sampler × policy × cache size instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Write every job's delivered order as JSON lines {"job","epoch","ids"} (plus the
+    /// scenario, sampler and repetition) to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+}
+
+/// Reads a scenario file (TOML or JSON).
+pub fn read_scenario(path: &std::path::Path) -> Result<joader_core::sim::Scenario> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let scn = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text)
+            .with_context(|| format!("invalid scenario {}", path.display()))?
+    } else {
+        toml::from_str(&text).with_context(|| format!("invalid scenario {}", path.display()))?
+    };
+    Ok(scn)
+}
+
+pub fn check_exclusive(args: &SimulateArgs) -> Result<()> {
+    let sources = usize::from(args.preset.is_some())
+        + usize::from(args.config.is_some())
+        + usize::from(!args.jobs.is_empty());
+    if sources != 1 {
+        bail!("give exactly one of --preset, --config or --job (one or more)");
+    }
     Ok(())
 }

@@ -12,14 +12,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::{Actor, Addr, Handler};
-use actors::pipeline::{self, Limits, Pipeline};
+use joader_pipeline::{self as pipeline, Limits, Pipeline};
 use actors::service::{CacheStats, ElementSource, Load, LoadFailure, Loaded, Loader, Prepare};
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use serde_json::{Value, json};
 
 use super::photos;
-use crate::glue::PipelinePrepare;
+use server::loading::PipelinePrepare;
 
 #[derive(Debug, Args)]
 pub struct DecodeBenchArgs {

@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 
 use crate::client::{Client, ReadOptions, consume};
 use crate::synth::{SynthSpec, generate_image_folder};
-use crate::{Config, ServerHandle};
+use crate::inprocess::ServerHandle;
+use server::Config;
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -32,7 +33,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 32)]
     pub batch_size: u32,
     /// Shared-memory cache size (bytes or 512MiB, 2GiB, …).
-    #[arg(long, default_value = "768MiB", value_parser = crate::config::parse_bytes)]
+    #[arg(long, default_value = "768MiB", value_parser = server::config::parse_bytes)]
     pub cache_bytes: u64,
     /// Decode threads (default: number of cores).
     #[arg(long)]

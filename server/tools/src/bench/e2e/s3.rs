@@ -16,7 +16,7 @@ use super::scenarios::Scenario;
 use super::systems::{Outcome, run_jobs, summarize_runs};
 use crate::bench::scale::procs::{DEADLINE, ServerProc, wait_for};
 use crate::client::Client;
-use crate::procstat::process_cpu;
+use server::procstat::process_cpu;
 
 const BUCKET: &str = "bench";
 /// The folder of the bucket the dataset is copied to (its key prefix).
@@ -96,7 +96,7 @@ impl Store {
         copy_folder(&ctx.root, &dir.path().join(BUCKET).join(PREFIX))?;
         let sizes = (0..ctx.index.len() as u32)
             .map(|id| match ctx.index.location(id) {
-                Some(actors::storage::Location::File(p)) => Ok(std::fs::metadata(p)?.len()),
+                Some(joader_storage::Location::File(p)) => Ok(std::fs::metadata(p)?.len()),
                 _ => bail!("element {id} of the bench's image folder is no file"),
             })
             .collect::<Result<Vec<u64>>>()?;

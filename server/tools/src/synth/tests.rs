@@ -1,7 +1,7 @@
 //! The generated dataset: deterministic, reused, decodable, photo-like in size.
 
 use super::*;
-use actors::pipeline::{Limits, Output, Pipeline, run};
+use joader_pipeline::{Limits, Output, Pipeline, run};
 
 fn small() -> SynthSpec {
     SynthSpec {

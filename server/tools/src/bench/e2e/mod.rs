@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use std::time::Instant;
 
-use actors::pipeline::Pipeline;
-use actors::storage::{DatasetIndex, SourceSpec};
+use joader_pipeline::Pipeline;
+use joader_storage::{DatasetIndex, SourceSpec};
 use anyhow::Result;
 use clap::Args;
 
@@ -47,7 +47,7 @@ pub struct E2eArgs {
     pub per_class: u32,
     /// Shared-memory cache size (bytes or 96MiB, 1GiB, …); the default holds about 60% of
     /// the decoded dataset.
-    #[arg(long, default_value = "96MiB", value_parser = crate::config::parse_bytes)]
+    #[arg(long, default_value = "96MiB", value_parser = server::config::parse_bytes)]
     pub cache_bytes: u64,
     /// Decode threads of both joader and the independent baseline (default: cores).
     #[arg(long)]
@@ -119,7 +119,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
     // first scenario would pay for cold reads that the others do not.
     let warmed = super::warm_page_cache(&root)?;
     eprintln!("page cache: read {warmed} bytes of the dataset once before the scenarios");
-    let index = Arc::new(actors::storage::index(
+    let index = Arc::new(joader_storage::index(
         &SourceSpec::ImageFolder { path: root.clone() },
         std::slice::from_ref(&root),
         &mut |_| {},

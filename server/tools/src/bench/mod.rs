@@ -1,0 +1,66 @@
+//! `joader bench …`: commands that measure and print figures side by side in one run.
+//! Benchmarks never assert timings; they print what they measured and the targets.
+
+use anyhow::Result;
+use clap::Subcommand;
+
+pub mod cluster;
+pub mod dataplane;
+pub mod decode;
+pub mod e2e;
+pub mod photos;
+pub mod sampler;
+pub mod scale;
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Sampling tree: insertion time of large datasets and sampling throughput.
+    Sampler(sampler::SamplerBenchArgs),
+    /// Shared memory: collate throughput against memcpy, push-to-wake latency.
+    Dataplane,
+    /// End to end: joader against independent loading (and PyTorch with --torch).
+    E2e(e2e::E2eArgs),
+    /// Decode pipeline against Pillow on the same files, one core each.
+    Decode(decode::DecodeBenchArgs),
+    /// An ImageNet-size manifest and 64 jobs on real `joader serve` processes: index time and
+    /// memory, memory per job, idle CPU, and fast jobs beside slow, paused and idle ones.
+    Scale(scale::ScaleArgs),
+    /// A leader and three followers as processes on this machine: decodes per epoch of
+    /// multi-node jobs against the union of their subsets, jobs on different node sets against
+    /// the placement rule, per-rank throughput against one standalone server, leader CPU.
+    Cluster(cluster::ClusterArgs),
+}
+
+/// Runs one benchmark.
+pub fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Sampler(args) => sampler::sampler(args),
+        BenchCommand::Dataplane => {
+            let report = dataplane::run(&dataplane::BenchOptions::default())?;
+            println!("{report}");
+            Ok(())
+        }
+        BenchCommand::E2e(args) => e2e::run(args),
+        BenchCommand::Decode(args) => decode::decode(args),
+        BenchCommand::Scale(args) => scale::run(args),
+        BenchCommand::Cluster(args) => cluster::run(args),
+    }
+}
+
+/// Reads every file under `dir` once (so that it sits in the page cache); returns the bytes read.
+pub(crate) fn warm_page_cache(dir: &std::path::Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            total += warm_page_cache(&entry.path())?;
+        } else if kind.is_file() {
+            total += std::io::copy(
+                &mut std::fs::File::open(entry.path())?,
+                &mut std::io::sink(),
+            )?;
+        }
+    }
+    Ok(total)
+}

@@ -1,0 +1,109 @@
+//! `joader consume`: registers a job with a running server and reads it to the end (a
+//! debugging client; the integration tests run it as a separate process), then prints a JSON
+//! summary.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    /// Server URL.
+    #[arg(long, env = "JOADER_SERVER", default_value = "http://127.0.0.1:7480")]
+    pub server: String,
+    /// The job registration, as the JSON body of POST /v1/jobs.
+    #[arg(long)]
+    pub job: String,
+    /// Which rank's ring to read.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u32,
+    /// Sleep this many microseconds per sample (a slower training step).
+    #[arg(long, default_value_t = 0)]
+    pub sample_us: u64,
+    /// Stop after this many samples without acknowledging more (tests kill it then).
+    #[arg(long)]
+    pub stop_after: Option<u64>,
+    /// Write each element's payload as `<dir>/<epoch>-<position>-<element>.bin`.
+    #[arg(long)]
+    pub dump: Option<PathBuf>,
+    #[arg(long, env = "JOADER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+pub fn run(args: ConsumeArgs) -> Result<()> {
+    let client = crate::client::Client::new(args.server.clone()).with_token(args.token.clone());
+    let body: serde_json::Value = serde_json::from_str(&args.job).context("--job is not JSON")?;
+    let reg = client.ok("POST", "/v1/jobs", Some(&body))?;
+    let rank = reg["ranks"]
+        .as_array()
+        .and_then(|r| r.iter().find(|x| x["rank"] == args.rank))
+        .with_context(|| format!("the server returned no rank {}", args.rank))?;
+    let instance = rank["instance"]
+        .as_str()
+        .context("no instance")?
+        .to_string();
+    let ring = rank["ring"].as_str().context("no ring")?.to_string();
+    let batch = body["batch_size"].as_u64().unwrap_or(32) as usize;
+    // Tell a waiting test that the job is registered.
+    eprintln!("registered ring={ring}");
+    let per = Duration::from_micros(args.sample_us);
+    let mut dump_err = None;
+    let got = match crate::client::consume(
+        &instance,
+        &ring,
+        // Hold the unacknowledged batch until killed.
+        crate::client::ReadOptions {
+            batch,
+            max_samples: args.stop_after,
+            hold: Duration::from_secs(3600),
+        },
+        |n, _| per * n as u32,
+        |_| {},
+        |meta, data| {
+            if let Some(dir) = &args.dump {
+                let p = dir.join(format!(
+                    "{}-{}-{}.bin",
+                    meta.epoch, meta.position, meta.element_id
+                ));
+                if let Err(e) = std::fs::write(&p, data) {
+                    dump_err.get_or_insert(e);
+                }
+            }
+        },
+    ) {
+        Ok(got) => got,
+        Err(e) => {
+            // A closed ring: say why when the server failed the job (a multi-node job whose
+            // node or leader was lost is `job_failed`).
+            let closed = e
+                .downcast_ref::<dataplane::Error>()
+                .is_some_and(|d| d.code() == "ring_closed");
+            let name = body["name"].as_str().unwrap_or_default();
+            if closed
+                && let Ok(job) = client.ok("GET", &format!("/v1/jobs/{name}"), None)
+                && job["state"] == "failed"
+            {
+                let reason = job["reason"].as_str().unwrap_or("");
+                let reason = reason.strip_prefix("job_failed: ").unwrap_or(reason);
+                bail!("job_failed: job {name} failed: {reason}");
+            }
+            return Err(e);
+        }
+    };
+    if let Some(e) = dump_err {
+        return Err(e).context("cannot write a payload");
+    }
+    let summary = serde_json::json!({
+        "samples": got.samples,
+        "elapsed_s": got.elapsed.as_secs_f64(),
+        "first_wait_s": got.first_wait.as_secs_f64(),
+        "longest_wait_s": got.longest_wait.as_secs_f64(),
+        "epochs": got.epochs.iter().map(|e| e.iter().map(|(id, label)| [i64::from(*id), *label]).collect::<Vec<_>>()).collect::<Vec<_>>(),
+        "errors": got.errors,
+    });
+    println!("{summary}");
+    Ok(())
+}
+

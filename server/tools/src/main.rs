@@ -1,0 +1,59 @@
+//! The `joader` binary: sets up logging, parses the command line and runs one subcommand:
+//! `serve` from the daemon's crate (`server`), every other from this one.
+use clap::{Parser, Subcommand};
+use joader_tools::{bench, cleanup, consume, demo, simulate, synth};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "joader",
+    version,
+    about = "Prepare training data once, serve it to many jobs through shared memory"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the server: REST API, sampler, loader and shared-memory cache.
+    Serve(Box<server::serve::ServeArgs>),
+    /// Generate an ImageNet-like dataset and run four jobs against an in-process server.
+    Demo(demo::DemoArgs),
+    /// Register a job with a running server and read it to the end (a debugging client; the
+    /// integration tests run it as a separate process). Prints a JSON summary.
+    Consume(consume::ConsumeArgs),
+    /// Generate a synthetic ImageNet-like ImageFolder dataset (JPEGs in class folders).
+    GenDataset(synth::GenDatasetArgs),
+    /// Simulate samplers and cache policies on synthetic datasets and count cache misses.
+    Simulate(simulate::SimulateArgs),
+    /// Remove the shared memory a dead server of an instance left in /dev/shm (a server killed
+    /// by SIGKILL or the OOM killer), without restarting it. Refused while a server runs it.
+    Cleanup(cleanup::CleanupArgs),
+    /// Benchmarks that print measured figures and ratios.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() -> anyhow::Result<()> {
+    // The demo draws progress bars: only warnings from its in-process server.
+    let quiet = std::env::args().nth(1).is_some_and(|a| a == "demo");
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("JOADER_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(if quiet { "warn" } else { "info" })
+            }),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => server::serve::serve(*args),
+        Command::Demo(args) => demo::run(args),
+        Command::Consume(args) => consume::run(args),
+        Command::Cleanup(args) => cleanup::run(args),
+        Command::GenDataset(args) => synth::gen_dataset(args),
+        Command::Simulate(args) => simulate::run(args),
+        Command::Bench(command) => bench::run(command),
+    }
+}
