@@ -320,7 +320,7 @@ fn a_restarted_leader_cleans_its_stale_segments_and_the_follower_rejoins() {
         (j["acknowledged"].as_u64()? > 0).then_some(())
     });
     let instance = {
-        let log = nodes[0].server.log.lock().unwrap().clone();
+        let log = nodes[0].server.log.text();
         let i = log.find("instance=").expect("the server logs its instance") + 9;
         log[i..]
             .chars()

@@ -104,12 +104,11 @@ impl Drop for TempDir {
     }
 }
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
-
-use serde_json::Value;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use joader_tools::serve_process::{ServeLog, spawn_serve};
+use serde_json::Value;
 
 /// A unique shared-memory instance name for this test.
 pub fn unique_instance(tag: &str) -> String {
@@ -137,8 +136,8 @@ pub struct TestServer {
     /// Its shared-memory instance: what a killed server left is removed on drop.
     pub instance: String,
     pub url: String,
-    /// What the server logged so far (printed when a test fails to start it).
-    pub log: Arc<Mutex<String>>,
+    /// What the server logged so far (printed when a test that used it fails).
+    pub log: ServeLog,
 }
 
 impl TestServer {
@@ -161,12 +160,6 @@ impl TestServer {
         env: &[(&str, &str)],
     ) -> TestServer {
         let mut cmd = Command::new(joader_bin());
-        for (k, _) in std::env::vars_os() {
-            if k.to_str().is_some_and(|k| k.starts_with("AWS_")) {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.envs(env.iter().copied());
         cmd.args(["serve", "--instance", instance]);
         if !extra.contains(&"--bind") {
             cmd.args(["--bind", "127.0.0.1:0"]);
@@ -185,39 +178,14 @@ impl TestServer {
             .args(extra)
             .env("JOADER_LOG", "info")
             // A stopped test server gives running jobs 5 s, not 30 (a flag overrides it).
-            .env("JOADER_DRAIN_GRACE_S", "5")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn joader serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(i) = line.find("addr=") {
-                    let addr: String = line[i + 5..]
-                        .chars()
-                        .take_while(|c| !c.is_whitespace())
-                        .collect();
-                    let _ = tx.send(addr);
-                }
-                log2.lock().unwrap().push_str(&line);
-                log2.lock().unwrap().push('\n');
-            }
-        });
-        let addr = match rx.recv_timeout(DEADLINE) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("joader serve did not start:\n{}", log.lock().unwrap());
-            }
-        };
+            .env("JOADER_DRAIN_GRACE_S", "5");
+        let started = spawn_serve(cmd, env, usize::MAX, DEADLINE)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         TestServer {
-            child: Some(child),
+            child: Some(started.child),
             instance: instance.to_string(),
-            url: format!("http://{addr}"),
-            log,
+            url: started.url,
+            log: started.log,
         }
     }
 
@@ -256,7 +224,7 @@ impl Drop for TestServer {
         if std::thread::panicking() {
             eprintln!(
                 "---- joader serve log ----\n{}",
-                self.log.lock().map(|l| l.clone()).unwrap_or_default()
+                self.log.text()
             );
         }
     }

@@ -547,7 +547,7 @@ fn s3_sources_outside_the_allowed_list_or_without_credentials_are_refused() {
         "{d}"
     );
     assert_eq!(metric(&denied, "joader_s3_retries_total"), 0.0);
-    let everything = format!("{d}{}", denied.server.log.lock().unwrap());
+    let everything = format!("{d}{}", denied.server.log.text());
     assert!(
         !everything.contains("not-the-secret-at-all"),
         "a secret was echoed"

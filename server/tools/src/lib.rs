@@ -10,5 +10,6 @@ pub mod client;
 pub mod consume;
 pub mod demo;
 pub mod inprocess;
+pub mod serve_process;
 pub mod simulate;
 pub mod synth;

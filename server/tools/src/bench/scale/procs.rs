@@ -3,10 +3,9 @@
 //! `/proc/<pid>` (with `procfs`), and the generated manifest of hard links.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -14,6 +13,7 @@ use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
 
 use crate::client::Client;
+use crate::serve_process::spawn_serve;
 
 /// How long the bench waits for a state (a server up, a job past some batches) before it
 /// gives up with an error naming what it waited for.
@@ -58,7 +58,6 @@ pub struct ServerProc {
     child: Child,
     pub url: String,
     pub instance: String,
-    log: Arc<Mutex<Vec<String>>>,
     _data: tempfile::TempDir,
 }
 
@@ -90,52 +89,18 @@ impl ServerProc {
             ])
             .arg("--data-dir")
             .arg(data.path())
-            .env("JOADER_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .env("JOADER_LOG", "info");
         for r in roots {
             cmd.arg("--allowed-root").arg(r);
         }
-        for (k, _) in std::env::vars_os() {
-            if k.to_str().is_some_and(|k| k.starts_with("AWS_")) {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.args(args).envs(env.iter().copied());
-        let mut child = cmd.spawn().context("cannot start joader serve")?;
-        let stderr = child.stderr.take().context("no stderr")?;
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let lines = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(i) = line.find("addr=") {
-                    let addr: String = line[i + 5..]
-                        .chars()
-                        .take_while(|c| !c.is_whitespace())
-                        .collect();
-                    let _ = tx.send(addr);
-                }
-                if let Ok(mut l) = lines.lock() {
-                    if l.len() >= 200 {
-                        l.remove(0);
-                    }
-                    l.push(line);
-                }
-            }
-        });
-        let mut server = ServerProc {
-            child,
-            url: String::new(),
+        cmd.args(args);
+        let started = spawn_serve(cmd, env, 200, DEADLINE)?;
+        Ok(ServerProc {
+            child: started.child,
+            url: started.url,
             instance,
-            log,
             _data: data,
-        };
-        match rx.recv_timeout(DEADLINE) {
-            Ok(addr) => server.url = format!("http://{addr}"),
-            Err(_) => bail!("joader serve did not start:\n{}", server.log_tail()),
-        }
-        Ok(server)
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -144,11 +109,6 @@ impl ServerProc {
 
     pub fn client(&self) -> Client {
         Client::new(self.url.clone())
-    }
-
-    /// The last lines the server logged.
-    pub fn log_tail(&self) -> String {
-        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
     }
 
     /// `RssAnon` once it has stopped moving by more than 64 KiB over 300 ms (freed memory
