@@ -26,6 +26,7 @@ pub mod collate;
 mod copy;
 mod error;
 mod futex;
+mod instance;
 #[cfg(test)]
 mod fuzz;
 mod layout;
@@ -46,7 +47,8 @@ pub use reader::{
     LIVENESS_SLICE, RawBatch, RawReader, Reader,
 };
 pub use ring::{ReaderStatus, RingWriter};
-pub use segment::{SegmentConfig, SlotMeta, SlotRef, Writer, remove_dead_instance};
+pub use instance::remove_dead_instance;
+pub use segment::{SegmentConfig, SlotMeta, SlotRef, Writer};
 pub use shm::Access;
 
 /// Free bytes in `/dev/shm` (what [`Writer::create`] checks against).

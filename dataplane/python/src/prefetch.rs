@@ -1,0 +1,192 @@
+//! `Prefetcher`: the native prefetch behind `joader.Loader`. A data plane thread reads,
+//! collates, augments and acknowledges batches into pooled buffers while Python trains; each
+//! batch handed over lends its buffer to Python through a `Lease`, the base of the NumPy
+//! arrays over it, which returns the buffer to the pool once the last of them is collected.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use dataplane::RawReader;
+use dataplane::augment::Output;
+use dataplane::prefetch::{BatchBuf, PrefetchConfig, Sender};
+use numpy::ndarray::{ArrayView, IxDyn};
+use numpy::{Element, PyArray, PyArrayDyn};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::augment::{Aug, to_aug};
+use crate::batch::set_stream_fields;
+use crate::error::{JoaderError, closed, err};
+
+/// A prefetched batch's buffer lent to Python: the base of the NumPy arrays over it, it
+/// gives the buffer back to the prefetch pool when the last of them is collected (so a
+/// buffer is rewritten only when no Python object refers to it any more).
+#[pyclass(module = "joader._native", frozen)]
+pub(crate) struct Lease {
+    buf: Mutex<Option<BatchBuf>>,
+    pool: Sender<BatchBuf>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let buf = self.buf.get_mut().map(|b| b.take()).unwrap_or(None);
+        if let Some(b) = buf {
+            // The prefetcher may be gone: the buffer is then freed here.
+            let _ = self.pool.send(b);
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+fn leased_view<'py, T: Element>(
+    nd: &ArrayView<'_, T, IxDyn>,
+    lease: Bound<'py, PyAny>,
+) -> Bound<'py, PyArrayDyn<T>> {
+    // SAFETY: `nd` borrows the heap storage of a `Vec` owned by the `Lease` that becomes the
+    // array's base object. The lease never touches or moves that storage while it exists
+    // (it hands the Vec back to the pool only in its `Drop`, which runs once NumPy released
+    // the last array over it), so the memory stays valid and unaliased by Rust for as long
+    // as the array or any view of it (a torch tensor from `from_numpy` included) exists.
+    unsafe { PyArray::borrow_from_array(nd, lease) }
+}
+
+/// Native prefetch of one ring (see `joader.Loader`): a thread reads, collates, augments and
+/// acknowledges batches into pooled buffers while Python trains; `next` hands one over.
+#[pyclass(module = "joader._native")]
+pub(crate) struct Prefetcher {
+    inner: Option<dataplane::prefetch::Prefetcher>,
+    pool: Sender<BatchBuf>,
+    float: bool,
+}
+
+#[pymethods]
+impl Prefetcher {
+    /// Opens ring `ring` of `instance` and starts the prefetch thread. `mean`/`std` (one per
+    /// channel) select float32 NCHW output normalized as torchvision's `Normalize`; without
+    /// them the output is uint8 NHWC.
+    #[new]
+    #[pyo3(signature = (instance, ring, batch_size, depth = 2, aug = None, seed = 0, mean = None, std = None, threads = None, pad_to = None, open_timeout = 10.0, first_pad_to = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        instance: String,
+        ring: String,
+        batch_size: usize,
+        depth: usize,
+        aug: Option<Aug>,
+        seed: u64,
+        mean: Option<Vec<f32>>,
+        std: Option<Vec<f32>>,
+        threads: Option<usize>,
+        pad_to: Option<u64>,
+        open_timeout: f64,
+        first_pad_to: Option<u64>,
+    ) -> PyResult<Self> {
+        let output = match (mean, std) {
+            (None, None) => Output::U8Nhwc,
+            (Some(mean), Some(std)) => Output::F32Nchw { mean, std },
+            _ => return Err(PyValueError::new_err("give both mean and std, or neither")),
+        };
+        let float = output.is_float();
+        let config = PrefetchConfig {
+            batch_size,
+            depth,
+            aug: aug.map(to_aug),
+            seed,
+            output,
+            threads: threads.unwrap_or_else(dataplane::collate::default_threads),
+            pad_to,
+            first_pad_to,
+        };
+        let timeout = Duration::from_secs_f64(open_timeout.max(0.0));
+        let inner = py
+            .detach(|| {
+                let raw = RawReader::open(&instance, &ring, timeout)?;
+                dataplane::prefetch::Prefetcher::start(raw, config)
+            })
+            .map_err(err)?;
+        let pool = inner.recycler();
+        Ok(Prefetcher {
+            inner: Some(inner),
+            pool,
+            float,
+        })
+    }
+
+    /// The next prepared batch as a dict (`images`: an array over a pooled buffer, None when
+    /// the batch is empty; `labels`, `element_ids`, `epochs`, `positions`, `errors`,
+    /// `end_of_epoch`, `end_of_stream`, `padded`), or None after the end of the stream.
+    /// Waits with the GIL released, up to `timeout` seconds (`None`: as long as the server
+    /// lives; then `JoaderError("timeout")`).
+    #[pyo3(signature = (timeout = None))]
+    fn next<'py>(
+        &mut self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let inner = self.inner.as_mut().ok_or_else(closed)?;
+        let timeout = timeout.map(|t| Duration::from_secs_f64(t.max(0.0)));
+        let Some(b) = py.detach(|| inner.next(timeout)).map_err(err)? else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        let labels = PyArray::from_slice(py, &b.buf.labels[..b.len.min(b.buf.labels.len())]);
+        d.set_item("labels", labels)?;
+        d.set_item("element_ids", &b.element_ids)?;
+        d.set_item("epochs", &b.epochs)?;
+        d.set_item("positions", &b.positions)?;
+        set_stream_fields(&d, &b.errors, b.end_of_epoch, b.end_of_stream)?;
+        d.set_item("padded", b.padded)?;
+        if b.len == 0 {
+            self.pool.send(b.buf).ok();
+            d.set_item("images", py.None())?;
+            return Ok(Some(d));
+        }
+        let n: usize = b.shape.iter().product();
+        let float = self.float;
+        let lease = Bound::new(
+            py,
+            Lease {
+                buf: Mutex::new(Some(b.buf)),
+                pool: self.pool.clone(),
+            },
+        )?;
+        let images = {
+            let guard = lease
+                .get()
+                .buf
+                .lock()
+                .map_err(|_| JoaderError::new_err(("internal", "lease lock poisoned")))?;
+            let Some(buf) = guard.as_ref() else {
+                return Err(JoaderError::new_err(("internal", "lease without buffer")));
+            };
+            let shape = IxDyn(&b.shape);
+            let bad =
+                |e: numpy::ndarray::ShapeError| JoaderError::new_err(("collate", e.to_string()));
+            if float {
+                let nd = ArrayView::from_shape(shape, &buf.f32s[..n]).map_err(bad)?;
+                leased_view(&nd, lease.clone().into_any()).into_any()
+            } else {
+                let nd = ArrayView::from_shape(shape, &buf.u8s[..n]).map_err(bad)?;
+                leased_view(&nd, lease.clone().into_any()).into_any()
+            }
+        };
+        d.set_item("images", images)?;
+        Ok(Some(d))
+    }
+
+    /// Batch buffers allocated so far: stays at the prefetch depth plus the batches the
+    /// consumer holds.
+    #[getter]
+    fn buffers_allocated(&self) -> PyResult<usize> {
+        Ok(self.inner.as_ref().ok_or_else(closed)?.buffers_allocated())
+    }
+
+    /// Stops the thread and detaches from the ring; arrays already handed out stay valid.
+    fn close(&mut self, py: Python<'_>) {
+        if let Some(p) = self.inner.take() {
+            py.detach(move || drop(p));
+        }
+    }
+}
