@@ -74,7 +74,7 @@ impl DatasetIndex {
         self.labels.len()
     }
 
-    /// True if there is no item (never the case for an index made by [`super::index`]).
+    /// True if there is no item (never the case for an index made by [`super::index()`]).
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }

@@ -28,20 +28,20 @@
 //! are class names: sorted, and the label is the position.
 //!
 //! - `s3`: an S3-compatible object store, in any of the three layouts above (see `s3/`);
-//!   indexed and read through the server's [`s3::ObjectStores`], not through [`index`].
+//!   indexed and read through the server's [`s3::ObjectStores`], not through [`index()`].
 //!
 //! **Every path is canonicalized (symlinks and `..` resolved) and must lie under one of the
 //! allowed roots**: the source paths, each manifest entry and each symlink target met while
 //! walking. The check happens at indexing time; items record canonical paths.
 
 mod folder;
+#[cfg(test)]
+mod fuzz;
 mod index;
 mod manifest;
 mod roots;
 pub mod s3;
 mod tar_shards;
-#[cfg(test)]
-mod fuzz;
 #[cfg(test)]
 mod tests;
 
@@ -189,29 +189,28 @@ impl StorageError {
 
     /// An I/O error met while indexing `path`.
     fn io(path: &Path, source: io::Error) -> Self {
-        if source.kind() == io::ErrorKind::NotFound {
-            StorageError::NotFound {
-                path: path.to_owned(),
-            }
-        } else {
-            StorageError::Io {
-                path: path.to_owned(),
-                source,
-            }
-        }
+        Self::missing_or(path, source, |path, source| StorageError::Io {
+            path,
+            source,
+        })
     }
 
     /// An I/O error met while reading an item from `path`.
     fn read(path: &Path, source: io::Error) -> Self {
+        Self::missing_or(path, source, |path, source| StorageError::ReadFailed {
+            path,
+            source,
+        })
+    }
+
+    /// `NotFound` when `source` says `path` is missing, else `other`.
+    fn missing_or(path: &Path, source: io::Error, other: fn(PathBuf, io::Error) -> Self) -> Self {
         if source.kind() == io::ErrorKind::NotFound {
             StorageError::NotFound {
                 path: path.to_owned(),
             }
         } else {
-            StorageError::ReadFailed {
-                path: path.to_owned(),
-                source,
-            }
+            other(path.to_owned(), source)
         }
     }
 }

@@ -40,25 +40,7 @@ pub(super) fn index(
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
     let manifest = roots.check(path)?;
-    let bad = |line: u64, reason: String| StorageError::BadManifest {
-        path: path.to_owned(),
-        line,
-        reason,
-    };
-    let ext = manifest
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    let csv = match ext.as_deref() {
-        Some("csv") => true,
-        Some("jsonl" | "json") => false,
-        _ => {
-            return Err(bad(
-                0,
-                "unknown manifest format: the file name must end in .csv, .jsonl or .json".into(),
-            ));
-        }
-    };
+    let format = Format::of(&manifest, path, "the file name")?;
     let file = File::open(&manifest).map_err(|e| StorageError::io(path, e))?;
     let reader = BufReader::with_capacity(1 << 16, file);
     let mut resolver = Resolver {
@@ -68,7 +50,7 @@ pub(super) fn index(
     };
     parse(
         path,
-        csv,
+        format,
         reader,
         &mut |file| resolver.resolve(file),
         progress,
@@ -83,29 +65,44 @@ pub(super) fn index_reader(
     resolve: &mut dyn FnMut(&str) -> Result<PathBuf, StorageError>,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    let csv = match ext.as_deref() {
-        Some("csv") => true,
-        Some("jsonl" | "json") => false,
-        _ => {
-            return Err(StorageError::BadManifest {
-                path: path.to_owned(),
+    let format = Format::of(path, path, "the object's name")?;
+    parse(path, format, reader, resolve, progress)
+}
+
+/// A manifest's format, which the extension of its name gives.
+#[derive(Clone, Copy, Debug)]
+enum Format {
+    /// `.csv`.
+    Csv,
+    /// `.jsonl` or `.json`: JSON lines, or one JSON array.
+    Json,
+}
+
+impl Format {
+    /// The format of a manifest named `name` (`.csv`, `.jsonl` or `.json`, any case); else a
+    /// `BadManifest` error for `shown` that says `noun` ("the file name") must end in one.
+    fn of(name: &Path, shown: &Path, noun: &str) -> Result<Self, StorageError> {
+        let ext = name
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        match ext.as_deref() {
+            Some("csv") => Ok(Format::Csv),
+            Some("jsonl" | "json") => Ok(Format::Json),
+            _ => Err(StorageError::BadManifest {
+                path: shown.to_owned(),
                 line: 0,
-                reason: "unknown manifest format: the object's name must end in .csv, .jsonl \
-                         or .json"
-                    .into(),
-            });
+                reason: format!(
+                    "unknown manifest format: {noun} must end in .csv, .jsonl or .json"
+                ),
+            }),
         }
-    };
-    parse(path, csv, reader, resolve, progress)
+    }
 }
 
 fn parse(
     path: &Path,
-    csv: bool,
+    format: Format,
     mut reader: impl BufRead,
     resolve: &mut dyn FnMut(&str) -> Result<PathBuf, StorageError>,
     progress: &mut Progress<'_>,
@@ -122,24 +119,25 @@ fn parse(
         resolve,
         progress,
     };
-    if csv {
-        parse_csv(&mut reader, &bad, &mut entries)?;
-    } else {
-        let starts_array = loop {
-            let buf = reader.fill_buf().map_err(|e| StorageError::io(path, e))?;
-            match buf.iter().position(|b| !b.is_ascii_whitespace()) {
-                Some(i) => break buf[i] == b'[',
-                None if buf.is_empty() => break false,
-                None => {
-                    let n = buf.len();
-                    reader.consume(n);
+    match format {
+        Format::Csv => parse_csv(&mut reader, &bad, &mut entries)?,
+        Format::Json => {
+            let starts_array = loop {
+                let buf = reader.fill_buf().map_err(|e| StorageError::io(path, e))?;
+                match buf.iter().position(|b| !b.is_ascii_whitespace()) {
+                    Some(i) => break buf[i] == b'[',
+                    None if buf.is_empty() => break false,
+                    None => {
+                        let n = buf.len();
+                        reader.consume(n);
+                    }
                 }
+            };
+            if starts_array {
+                parse_json_array(reader, &bad, &mut entries)?;
+            } else {
+                parse_json_lines(&mut reader, &bad, &mut entries)?;
             }
-        };
-        if starts_array {
-            parse_json_array(reader, &bad, &mut entries)?;
-        } else {
-            parse_json_lines(&mut reader, &bad, &mut entries)?;
         }
     }
     entries.finish(&|| format!("manifest {}", path.display()))
@@ -472,7 +470,24 @@ fn json_reason(e: &serde_json::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::split_csv_line;
+    use std::path::Path;
+
+    use super::{Format, split_csv_line};
+
+    #[test]
+    fn the_extension_gives_the_format() {
+        let of = |name: &str| Format::of(Path::new(name), Path::new("shown"), "the file name");
+        assert!(matches!(of("/d/m.CSV"), Ok(Format::Csv)));
+        assert!(matches!(of("m.jsonl"), Ok(Format::Json)));
+        assert!(matches!(of("m.Json"), Ok(Format::Json)));
+        for name in ["m.txt", "m", "csv"] {
+            assert_eq!(
+                of(name).unwrap_err().to_string(),
+                "bad manifest shown line 0: unknown manifest format: the file name must end in \
+                 .csv, .jsonl or .json"
+            );
+        }
+    }
 
     #[test]
     fn csv_fields() {

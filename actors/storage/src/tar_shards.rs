@@ -28,10 +28,7 @@ fn shard_files(paths: &[PathBuf], roots: &Roots) -> Result<Vec<PathBuf>, Storage
         for entry in std::fs::read_dir(&canonical).map_err(|e| StorageError::io(path, e))? {
             let entry = entry.map_err(|e| StorageError::io(path, e))?;
             let name = entry.file_name();
-            let is_tar = Path::new(&name)
-                .extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("tar"));
-            if is_hidden(&name) || !is_tar {
+            if is_hidden(&name) || !has_tar_extension(Path::new(&name)) {
                 continue;
             }
             let file = roots.check(&entry.path())?;
@@ -43,6 +40,20 @@ fn shard_files(paths: &[PathBuf], roots: &Roots) -> Result<Vec<PathBuf>, Storage
         shards.extend(found.into_iter().map(|(_, f)| f));
     }
     Ok(shards)
+}
+
+/// True if the path's extension is `.tar` (any case): a shard.
+pub(super) fn has_tar_extension(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("tar"))
+}
+
+/// The `BadShard` error of shard `path`, for a reason.
+pub(super) fn bad_shard(path: &Path) -> impl Fn(String) -> StorageError + '_ {
+    |reason| StorageError::BadShard {
+        path: path.to_owned(),
+        reason,
+    }
 }
 
 pub(super) fn index(
@@ -87,10 +98,7 @@ fn index_shard(
     items: &mut IndexBuilder,
     progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
-    let bad = |reason: String| StorageError::BadShard {
-        path: path.to_owned(),
-        reason,
-    };
+    let bad = bad_shard(path);
     let file = File::open(path).map_err(|e| StorageError::io(path, e))?;
     let file_len = file
         .metadata()
@@ -114,10 +122,7 @@ pub(super) fn index_entries<R: Read>(
     items: &mut IndexBuilder,
     progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
-    let bad = |reason: String| StorageError::BadShard {
-        path: path.to_owned(),
-        reason,
-    };
+    let bad = bad_shard(path);
     let mut current: Option<Sample> = None;
     let mut finish =
         |sample: Option<Sample>, items: &mut IndexBuilder| -> Result<(), StorageError> {

@@ -1,0 +1,211 @@
+//! From queued element fetches to requests: the stage's dispatcher takes what is due, reads
+//! a whole object per file element, and reads tar members due together whose byte ranges are
+//! neighbours (at most [`COALESCE_GAP`] apart) with one ranged GET, each request under one of
+//! the `max_in_flight` permits.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use tokio::sync::mpsc;
+
+use super::fetch::{Request, SourceInner};
+use super::remote::Remote;
+use crate::{Location, MAX_MEMBER_LEN, StorageError};
+
+/// Neighbouring tar members at most this many bytes apart are read with one request (the
+/// gap is read and dropped: a few tar headers and `.cls` members).
+pub const COALESCE_GAP: u64 = 64 << 10;
+
+/// A coalesced request covers at most this many bytes.
+const MAX_COALESCED: u64 = 16 << 20;
+
+/// Requests taken from the queue at once (and grouped into neighbours).
+const MAX_DUE: usize = 256;
+
+/// Where an element's bytes are: a whole object, or a range of a shard.
+enum Due {
+    Object(String),
+    Member { shard: u32, range: Range<u64> },
+}
+
+fn due(source: &SourceInner, element: u32) -> Result<Due, StorageError> {
+    let index = &source.index;
+    match index.location(element) {
+        Some(Location::File(key)) => Ok(Due::Object(key.to_string_lossy().into_owned())),
+        Some(Location::TarMember { shard, offset, len }) if len <= MAX_MEMBER_LEN => {
+            Ok(Due::Member {
+                shard,
+                range: offset..offset + len,
+            })
+        }
+        Some(Location::TarMember { .. }) => Err(StorageError::Remote {
+            url: source.dataset.url.to_string(),
+            code: "refused",
+            message: format!("element {element} is larger than a member may be"),
+        }),
+        None => Err(StorageError::NoSuchItem {
+            id: element,
+            len: index.len(),
+        }),
+    }
+}
+
+/// Takes what is due, groups neighbouring tar members, and runs each group under a permit.
+pub(super) async fn dispatch(mut rx: mpsc::UnboundedReceiver<Request>, remote: Arc<Remote>) {
+    while let Some(first) = rx.recv().await {
+        let mut due_now = vec![first];
+        while due_now.len() < MAX_DUE {
+            match rx.try_recv() {
+                Ok(r) => due_now.push(r),
+                Err(_) => break,
+            }
+        }
+        for group in groups(due_now) {
+            let Ok(permit) = remote.permits.clone().acquire_owned().await else {
+                return;
+            };
+            let remote = remote.clone();
+            tokio::spawn(async move {
+                run(&remote, group).await;
+                drop(permit);
+            });
+        }
+    }
+}
+
+/// One request's worth of elements: a whole object, or one range of a shard that covers
+/// every member in it.
+struct Group {
+    source: Arc<SourceInner>,
+    key: Result<String, StorageError>,
+    range: Option<Range<u64>>,
+    /// Each element's request and its range within the group's bytes.
+    members: Vec<(Request, Option<Range<usize>>)>,
+}
+
+fn groups(requests: Vec<Request>) -> Vec<Group> {
+    let mut out = Vec::new();
+    // (source, shard, range, request) of tar members, to be coalesced.
+    let mut members = Vec::new();
+    for r in requests {
+        match due(&r.source, r.element) {
+            Ok(Due::Object(key)) => out.push(Group {
+                source: r.source.clone(),
+                key: Ok(key),
+                range: None,
+                members: vec![(r, None)],
+            }),
+            Ok(Due::Member { shard, range }) => members.push((shard, range, r)),
+            Err(e) => (r.done)(Err(e)),
+        }
+    }
+    members.sort_by_key(|(shard, range, r)| (Arc::as_ptr(&r.source) as usize, *shard, range.start));
+    for (shard, range, r) in members {
+        let joins = out.last().is_some_and(|g: &Group| {
+            let Some(span) = &g.range else { return false };
+            Arc::ptr_eq(&g.source, &r.source)
+                && g.members.first().and_then(|(m, _)| shard_of(m)) == Some(shard)
+                && range.start >= span.start
+                && range.start <= span.end + COALESCE_GAP
+                && range.end.max(span.end) - span.start <= MAX_COALESCED
+        });
+        if joins {
+            let g = out.last_mut().expect("checked above");
+            let span = g.range.as_mut().expect("checked above");
+            span.end = span.end.max(range.end);
+            g.members.push((r, Some(offset_range(&range))));
+        } else {
+            let key = r
+                .source
+                .index
+                .shards()
+                .get(shard as usize)
+                .map(|p| p.to_string_lossy().into_owned())
+                .ok_or(StorageError::NoSuchItem {
+                    id: r.element,
+                    len: r.source.index.len(),
+                });
+            out.push(Group {
+                source: r.source.clone(),
+                key,
+                range: Some(range.clone()),
+                members: vec![(r, Some(offset_range(&range)))],
+            });
+        }
+    }
+    // Member ranges are absolute until here; make them relative to their group's start.
+    for g in &mut out {
+        if let Some(span) = &g.range {
+            let base = span.start as usize;
+            for (_, r) in &mut g.members {
+                if let Some(r) = r {
+                    *r = r.start - base..r.end - base;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn shard_of(r: &Request) -> Option<u32> {
+    match r.source.index.location(r.element)? {
+        Location::TarMember { shard, .. } => Some(shard),
+        Location::File(_) => None,
+    }
+}
+
+fn offset_range(r: &Range<u64>) -> Range<usize> {
+    r.start as usize..r.end as usize
+}
+
+async fn run(remote: &Remote, group: Group) {
+    let Group {
+        source,
+        key,
+        range,
+        members,
+    } = group;
+    let key = match key {
+        Ok(k) => k,
+        Err(e) => return fail_all(members, &e),
+    };
+    if members.len() > 1 {
+        remote.stats.coalesced.fetch_add(1, Relaxed);
+    }
+    match remote.get(&source.dataset, &key, range).await {
+        Ok(bytes) => {
+            for (r, part) in members {
+                let piece = match part {
+                    Some(p) => bytes[p].to_vec(),
+                    None => bytes.clone(),
+                };
+                (r.done)(Ok(piece));
+            }
+        }
+        Err(e) => fail_all(members, &e),
+    }
+}
+
+/// Tells each element of a failed group why.
+fn fail_all(members: Vec<(Request, Option<Range<usize>>)>, e: &StorageError) {
+    for (r, _) in members {
+        (r.done)(Err(clone_error(e)));
+    }
+}
+
+/// A copy of a fetch error for each element of a failed group.
+fn clone_error(e: &StorageError) -> StorageError {
+    match e {
+        StorageError::Remote { url, code, message } => StorageError::Remote {
+            url: url.clone(),
+            code,
+            message: message.clone(),
+        },
+        other => StorageError::Remote {
+            url: String::new(),
+            code: "refused",
+            message: other.to_string(),
+        },
+    }
+}
