@@ -11,9 +11,9 @@
 
 use std::path::Path;
 
+use anyhow::{Context, Result};
 use joader_storage::s3::{ObjectChanges, ObjectVersion};
 use joader_storage::{DatasetIndex, IndexFormatError, SourceSpec};
-use anyhow::{Context, Result};
 use redb::{Builder, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 

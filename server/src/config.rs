@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use joader_pipeline::Pipeline;
 use joader_core::cache::PolicyKind;
+use joader_pipeline::Pipeline;
 use serde::{Deserialize, Serialize};
 
 /// Everything `joader serve` needs; `Config::default()` is a working single-user setup.
@@ -156,9 +156,24 @@ fn de_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     bytesize::ByteSize::deserialize(d).map(|b| b.as_u64())
 }
 
+/// How long state about jobs is kept: a long-running server's memory must not grow with
+/// the number of jobs it has served.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// Ended jobs (finished and closed, or failed) still listed; older ones are forgotten.
+    pub ended_jobs: usize,
+    /// Ended jobs are also forgotten this long after they ended.
+    pub ended_ttl: std::time::Duration,
+    /// A name's counters (and metric series) are kept this long after its last job stopped
+    /// or was forgotten, longer than any scrape interval, then dropped.
+    pub metrics: std::time::Duration,
+}
+
 impl Config {
-    pub fn retention(&self) -> crate::registry::Retention {
-        crate::registry::Retention {
+    /// What the registry keeps of ended jobs, and for how long (`ended_jobs_kept`,
+    /// `ended_job_ttl_s`, `metrics_retention_s`).
+    pub fn retention(&self) -> Retention {
+        Retention {
             ended_jobs: self.ended_jobs_kept,
             ended_ttl: std::time::Duration::from_secs(self.ended_job_ttl_s),
             metrics: std::time::Duration::from_secs(self.metrics_retention_s),

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod procstat;
 pub mod registry;
 pub mod serve;
+pub mod state;
 
 use std::future::Future;
 use std::net::TcpListener;
@@ -27,7 +28,8 @@ use dataplane::{SegmentConfig, Writer};
 use utoipa_actix_web::AppExt;
 
 pub use config::Config;
-use registry::AppState;
+use registry::Registry;
+use state::AppState;
 
 /// Runs the server on `listener` until `shutdown` completes (or SIGINT/SIGTERM), then removes
 /// its shared-memory segments. Must be called inside an actix system
@@ -104,7 +106,7 @@ pub async fn run(
         .leader
         .is_none()
         .then(|| cluster::leader::Leader::new(&config));
-    let state = Arc::new(AppState {
+    let registry = Arc::new(Registry {
         config: config.clone(),
         catalog: Arc::new(catalog),
         cache: cache.clone(),
@@ -114,6 +116,10 @@ pub async fn run(
         objects,
         inner: Mutex::new(registry::Inner::default()),
         started: Instant::now(),
+        node: Default::default(),
+    });
+    let state = Arc::new(AppState {
+        registry: registry.clone(),
         leader: leader.clone(),
         leader_url: Some(
             config
@@ -123,16 +129,16 @@ pub async fn run(
                 .trim_end_matches('/')
                 .to_string(),
         ),
-        node: Default::default(),
     });
-    registry::load_catalog(&state)?;
+    registry::load_catalog(&registry)?;
     if let Some(l) = &leader {
-        l.start(state.samplers.clone());
+        l.start(registry.samplers.clone());
     }
     if !config.leader_only {
         let leader_url = state.leader_url.clone().unwrap_or_default();
-        let agent = cluster::node::NodeAgent::new(&state, leader_url, own_url).start();
-        let _ = state.node.set(agent);
+        let agent = cluster::node::NodeAgent::new(&registry, leader_url.clone(), own_url).start();
+        let handle = cluster::node::AgentHandle::new(agent, leader_url);
+        let _ = registry.node.set(Box::new(handle));
     }
     let data = web::Data::from(state.clone());
     let token = config.token.clone();
@@ -191,10 +197,10 @@ pub async fn run(
         loop {
             every.tick().await;
             sampler_metrics.sample(&sampled);
-            registry::housekeep(&sampled);
+            registry::housekeep(&sampled.registry);
         }
     });
-    let draining = state.clone();
+    let draining = registry.clone();
     let grace = Duration::from_secs(config.drain_grace_s);
     actix_web::rt::spawn(async move {
         if stop_requested(shutdown).await {
@@ -234,12 +240,12 @@ async fn stop_requested(shutdown: impl Future<Output = ()>) -> bool {
 /// up to `grace` (or until none is left), then stop; clients still reading then get
 /// `server_gone` ("server shut down segment"), never a hang. A rolling upgrade gives running
 /// jobs `grace` to finish.
-async fn drain(state: &AppState, grace: Duration) {
-    state
+async fn drain(registry: &Registry, grace: Duration) {
+    registry
         .draining
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let running = || {
-        state
+        registry
             .inner
             .lock()
             .map_or(0, |i| i.jobs.values().filter(|j| !j.has_ended()).count())

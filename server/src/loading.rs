@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use joader_pipeline::{self as pipeline, Limits, Output, Pipeline, PipelineError};
 use actors::service::{ElementSource, Fetched, LoadFailure, Prepare, Prepared};
+use dataplane::element_error;
+use joader_pipeline::{self as pipeline, Limits, Output, Pipeline, PipelineError};
 use joader_storage::s3::{self, ObjectStores, ObjectVersion, S3Source};
 use joader_storage::{self as storage, DatasetIndex, SourceSpec, StorageError};
-use dataplane::element_error;
 
 /// A dataset index read through storage.
 pub struct IndexSource(pub Arc<DatasetIndex>);

@@ -239,4 +239,3 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         std::future::pending::<()>(),
     ))
 }
-

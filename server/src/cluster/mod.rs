@@ -1,9 +1,9 @@
 //! Many nodes (seed 000, §E.4, Figure 8): one leader samples, every node loads and serves.
 //!
 //! - **Roles.** A server started without `--leader` is a leader: it keeps the node registry
-//!   (`leader.rs`: nodes, their heartbeats, the multi-node jobs) and samples every multi-node
+//!   (`leader/`: nodes, their heartbeats, the multi-node jobs) and samples every multi-node
 //!   job of a dataset with one DSA tree. A server started with `--leader URL` is a follower.
-//!   Every server but a `--leader-only` leader is also a *node*: its agent (`node.rs`)
+//!   Every server but a `--leader-only` leader is also a *node*: its agent (`node/`)
 //!   registers with the leader (itself, for a leader), heartbeats, forwards its local ranks of
 //!   multi-node jobs, receives the leader's placements for them on its stream and hands them to its own
 //!   Cache as `Deliver`s, exactly as its local Sampler would. Single-node jobs never leave

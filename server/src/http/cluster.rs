@@ -8,10 +8,10 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use super::error::errors;
 use crate::cluster::{
     Heartbeat, HeartbeatReply, NodeJob, NodeJobAccepted, NodeList, NodeRegistered,
-    NodeRegistration, leader, node,
+    NodeRegistration, node,
 };
 use crate::error::{Code, Error, Result};
-use crate::registry::AppState;
+use crate::state::AppState;
 
 errors!(ListErrors: NotALeader);
 errors!(RegisterErrors: InvalidRequest, NotALeader);
@@ -28,7 +28,7 @@ errors!(JoinErrors: InvalidRequest, EmptySubset, DatasetNotFound, NodeNotFound, 
 )]
 #[get("/v1/nodes")]
 async fn list_nodes(state: web::Data<AppState>) -> Result<HttpResponse> {
-    let nodes = leader::of(&state)?.nodes()?;
+    let nodes = state.leader_role()?.nodes()?;
     Ok(HttpResponse::Ok().json(NodeList {
         role: "leader".into(),
         leader: state.leader_url.clone(),
@@ -47,7 +47,7 @@ async fn register_node(
     state: web::Data<AppState>,
     body: web::Json<NodeRegistration>,
 ) -> Result<HttpResponse> {
-    let r = leader::of(&state)?.register(body.into_inner())?;
+    let r = state.leader_role()?.register(body.into_inner())?;
     Ok(HttpResponse::Ok().json(r))
 }
 
@@ -64,7 +64,9 @@ async fn heartbeat(
     name: web::Path<String>,
     body: web::Json<Heartbeat>,
 ) -> Result<HttpResponse> {
-    let r = leader::of(&state)?.heartbeat(&state, &name, body.into_inner())?;
+    let r = state
+        .leader_role()?
+        .heartbeat(&state.registry, &name, body.into_inner())?;
     Ok(HttpResponse::Ok().json(r))
 }
 
@@ -81,8 +83,8 @@ async fn join_job(
     name: web::Path<String>,
     body: web::Json<NodeJob>,
 ) -> Result<HttpResponse> {
-    let l = leader::of(&state)?.clone();
-    let r = l.join(&state, &name, body.into_inner()).await?;
+    let l = state.leader_role()?.clone();
+    let r = l.join(&state.registry, &name, body.into_inner()).await?;
     Ok(HttpResponse::Ok().json(r))
 }
 
@@ -106,8 +108,8 @@ async fn stream(
     req: HttpRequest,
     body: web::Payload,
 ) -> Result<HttpResponse> {
-    let l = leader::of(&state)?.clone();
-    crate::registry::check_not_draining(&state)?;
+    let l = state.leader_role()?.clone();
+    crate::registry::check_not_draining(&state.registry)?;
     l.check_node(&name)?;
     let (response, session, frames) = actix_ws::handle(&req, body).map_err(|e| {
         Error::new(
@@ -117,7 +119,7 @@ async fn stream(
     })?;
     let (id, notify) = l.open_stream(&name)?;
     actix_web::rt::spawn(l.serve_stream(
-        state.into_inner(),
+        state.registry.clone(),
         name.into_inner(),
         id,
         notify,

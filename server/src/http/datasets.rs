@@ -9,7 +9,8 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use super::error::errors;
 use super::views::{DatasetList, DatasetView, Failure, FailureList, dataset_view};
 use crate::error::{Error, Result};
-use crate::registry::{AppState, datasets};
+use crate::registry::datasets;
+use crate::state::AppState;
 
 /// `POST /v1/datasets`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -46,13 +47,13 @@ async fn create_dataset(
     body: web::Json<CreateDataset>,
 ) -> Result<HttpResponse> {
     let CreateDataset { name, source } = body.into_inner();
-    let st = state.clone().into_inner();
+    let st = state.registry.clone();
     let created = name.clone();
     // Persisting is a redb commit: on the blocking pool, never on the HTTP worker.
     web::block(move || datasets::create_dataset(&st, created, source))
         .await
         .map_err(Error::internal)??;
-    let inner = state.inner.lock().map_err(Error::internal)?;
+    let inner = state.registry.inner.lock().map_err(Error::internal)?;
     let d = inner
         .datasets
         .get(&name)
@@ -67,7 +68,7 @@ async fn create_dataset(
 )]
 #[get("/v1/datasets")]
 async fn list_datasets(state: web::Data<AppState>) -> Result<HttpResponse> {
-    let inner = state.inner.lock().map_err(Error::internal)?;
+    let inner = state.registry.inner.lock().map_err(Error::internal)?;
     let datasets = inner.datasets.values().map(dataset_view).collect();
     Ok(HttpResponse::Ok().json(DatasetList { datasets }))
 }
@@ -80,7 +81,7 @@ async fn list_datasets(state: web::Data<AppState>) -> Result<HttpResponse> {
 )]
 #[get("/v1/datasets/{name}")]
 async fn get_dataset(state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse> {
-    let inner = state.inner.lock().map_err(Error::internal)?;
+    let inner = state.registry.inner.lock().map_err(Error::internal)?;
     let d = inner
         .datasets
         .get(name.as_str())
@@ -99,7 +100,7 @@ async fn dataset_failures(
     state: web::Data<AppState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse> {
-    let failures = datasets::failures(&state, &name)?
+    let failures = datasets::failures(&state.registry, &name)?
         .into_iter()
         .map(|(element, kind, message)| Failure {
             element,
@@ -127,13 +128,13 @@ async fn reindex_dataset(
     name: web::Path<String>,
 ) -> Result<HttpResponse> {
     let name = name.into_inner();
-    let st = state.clone().into_inner();
+    let st = state.registry.clone();
     let owned = name.clone();
     // A catalog commit: on the blocking pool, never on the HTTP worker.
     web::block(move || datasets::reindex_dataset(&st, &owned))
         .await
         .map_err(Error::internal)??;
-    let inner = state.inner.lock().map_err(Error::internal)?;
+    let inner = state.registry.inner.lock().map_err(Error::internal)?;
     let d = inner
         .datasets
         .get(&name)
@@ -165,7 +166,7 @@ async fn delete_dataset(
     name: web::Path<String>,
     q: web::Query<DeleteQuery>,
 ) -> Result<HttpResponse> {
-    datasets::delete_dataset(&state, &name, q.force).await?;
+    datasets::delete_dataset(&state.registry, &name, q.force).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

@@ -6,8 +6,8 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use super::error::errors;
 use super::views::{JobList, JobView, RecordView, Registration, job_view, registration_view};
 use crate::error::{Error, Result};
-use crate::registry::AppState;
 use crate::registry::jobs::{self, JobRequest};
+use crate::state::AppState;
 
 // Every route may also answer `internal` and, with a token, `unauthorized` (`super::openapi`).
 errors!(CreateErrors: InvalidRequest, EmptySubset, InvalidResume, InvalidReplay, DatasetNotFound, JobExists, DatasetNotReady,
@@ -31,7 +31,8 @@ async fn create_job(
     state: web::Data<AppState>,
     body: web::Json<JobRequest>,
 ) -> Result<HttpResponse> {
-    let (body, created) = jobs::register_job(&state, body.into_inner(), registration_view).await?;
+    let (body, created) =
+        jobs::register_job(&state.registry, body.into_inner(), registration_view).await?;
     Ok(if created {
         HttpResponse::Created().json(body)
     } else {
@@ -43,7 +44,7 @@ async fn create_job(
 #[utoipa::path(tag = "jobs", responses((status = 200, description = "the jobs", body = JobList)))]
 #[get("/v1/jobs")]
 async fn list_jobs(state: web::Data<AppState>) -> Result<HttpResponse> {
-    let inner = state.inner.lock().map_err(Error::internal)?;
+    let inner = state.registry.inner.lock().map_err(Error::internal)?;
     let jobs = inner.jobs.values().map(job_view).collect();
     Ok(HttpResponse::Ok().json(JobList { jobs }))
 }
@@ -56,7 +57,7 @@ async fn list_jobs(state: web::Data<AppState>) -> Result<HttpResponse> {
 )]
 #[get("/v1/jobs/{name}")]
 async fn get_job(state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse> {
-    let inner = state.inner.lock().map_err(Error::internal)?;
+    let inner = state.registry.inner.lock().map_err(Error::internal)?;
     let j = inner
         .jobs
         .get(name.as_str())
@@ -72,7 +73,7 @@ async fn get_job(state: web::Data<AppState>, name: web::Path<String>) -> Result<
 )]
 #[delete("/v1/jobs/{name}")]
 async fn delete_job(state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse> {
-    jobs::stop_job(&state, &name).await?;
+    jobs::stop_job(&state.registry, &name).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -93,7 +94,7 @@ async fn get_record(
 ) -> Result<HttpResponse> {
     let (name, epoch) = path.into_inner();
     crate::registry::check_name("job", &name)?;
-    let data_dir = state.config.data_dir.clone();
+    let data_dir = state.registry.config.data_dir.clone();
     let job = name.clone();
     let rec = actix_web::rt::task::spawn_blocking(move || {
         crate::registry::record::read(&data_dir, &job, epoch)

@@ -10,7 +10,7 @@ use super::error::errors;
 use super::views::{Health, History, StateSizes, Stats, stats_view};
 use crate::error::Result;
 use crate::metrics::Metrics;
-use crate::registry::AppState;
+use crate::state::AppState;
 
 errors!(HistoryErrors: InvalidRequest);
 
@@ -44,6 +44,7 @@ async fn cache_stats(
 fn state_sizes(state: &AppState, recorder: &Metrics) -> StateSizes {
     use std::sync::atomic::Ordering::Relaxed;
     let (jobs, retired, registering) = state
+        .registry
         .inner
         .lock()
         .map(|i| (i.jobs.len(), i.retired.len(), i.registering.len()))
@@ -53,8 +54,8 @@ fn state_sizes(state: &AppState, recorder: &Metrics) -> StateSizes {
         retired_job_names: retired as u64,
         registering: registering as u64,
         metric_job_series: recorder.job_series() as u64,
-        cache_open_jobs: state.stats.open_jobs.load(Relaxed),
-        cache_sources: state.stats.open_sources.load(Relaxed),
+        cache_open_jobs: state.registry.stats.open_jobs.load(Relaxed),
+        cache_sources: state.registry.stats.open_sources.load(Relaxed),
     }
 }
 

@@ -3,15 +3,16 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use joader_pipeline::Pipeline;
 use actors::service::JobState;
+use joader_core::sampling::SamplerKind;
+use joader_pipeline::Pipeline;
 use joader_storage::SourceSpec;
 use joader_storage::s3::ObjectChanges;
-use joader_core::sampling::SamplerKind;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::registry::{AppState, DatasetEntry, JobEntry};
+use crate::registry::{DatasetEntry, JobEntry, Registry};
+use crate::state::AppState;
 
 /// A dataset.
 #[derive(Debug, Serialize, ToSchema)]
@@ -225,14 +226,14 @@ pub struct Registration {
     pub ranks: Vec<RankRing>,
 }
 
-pub fn registration_view(state: &AppState, j: &JobEntry) -> Registration {
+pub fn registration_view(registry: &Registry, j: &JobEntry) -> Registration {
     let ranks = j
         .rings
         .iter()
         .map(|r| RankRing {
             rank: r.rank,
-            instance: state.config.instance.clone(),
-            data_segment: dataplane::names::data_segment(&state.config.instance),
+            instance: registry.config.instance.clone(),
+            data_segment: dataplane::names::data_segment(&registry.config.instance),
             ring: r.ring.clone(),
             ring_segment: r.segment.clone(),
             reader_index: r.reader_index,
@@ -300,15 +301,15 @@ pub struct StateSizes {
 }
 
 pub fn stats_view(state: &AppState, sizes: StateSizes) -> Stats {
-    let s = &state.stats;
+    let s = &state.registry.stats;
     let requests = s.requests.load(Relaxed);
     let hits = s.hits.load(Relaxed);
     let rounds_el = s.round_elements.load(Relaxed);
     let process = crate::procstat::process_stats();
     Stats {
-        instance: state.config.instance.clone(),
+        instance: state.registry.config.instance.clone(),
         version: env!("CARGO_PKG_VERSION"),
-        uptime_s: state.started.elapsed().as_secs_f64(),
+        uptime_s: state.registry.started.elapsed().as_secs_f64(),
         requests,
         hits,
         misses: s.misses.load(Relaxed),
@@ -340,7 +341,7 @@ pub fn stats_view(state: &AppState, sizes: StateSizes) -> Stats {
         } else {
             s.round_deliveries.load(Relaxed) as f64 / rounds_el as f64
         },
-        loader_workers: state.config.loader_workers.max(1) as u64,
+        loader_workers: state.registry.config.loader_workers.max(1) as u64,
         process_cpu_s: process.map(|p| p.cpu_seconds),
         process_rss_bytes: process.map(|p| p.rss_bytes),
         process_threads: process.map(|p| p.threads),

@@ -39,7 +39,7 @@ use metrics_exporter_prometheus::{
 use serde_json::json;
 
 use crate::procstat::process_stats;
-use crate::registry::AppState;
+use crate::state::AppState;
 use record::{JobSeries, histogram_http, record_cache, record_jobs, series_len};
 use render::{describe_all, family};
 
@@ -141,9 +141,10 @@ impl Metrics {
     /// ended are left out (their figures no longer change), so a sample's size is bounded by
     /// the jobs running, not by the jobs the server has served.
     pub fn sample(&self, state: &AppState) {
-        let s = &state.stats;
+        let s = &state.registry.stats;
         let process = process_stats();
         let jobs: Box<[(Box<str>, u64, f64)]> = state
+            .registry
             .inner
             .lock()
             .map(|inner| {
@@ -162,7 +163,7 @@ impl Metrics {
             })
             .unwrap_or_default();
         let point = Sample {
-            t: state.started.elapsed().as_secs_f64(),
+            t: state.registry.started.elapsed().as_secs_f64(),
             counters: [
                 s.requests.load(Relaxed),
                 s.hits.load(Relaxed),
@@ -217,7 +218,7 @@ impl Metrics {
         for (name, kind, help, rows) in &labelled.families {
             family(&mut extra, name, kind, help, rows);
         }
-        let s = &state.stats;
+        let s = &state.registry.stats;
         family(
             &mut extra,
             "joader_loader_busy_seconds_total",
@@ -225,7 +226,7 @@ impl Metrics {
             "time the loader workers spent reading and preparing elements, summed over workers",
             &[(vec![], s.loader_busy_us.load(Relaxed) as f64 / 1e6)],
         );
-        if let Some(objects) = &state.objects {
+        if let Some(objects) = &state.registry.objects {
             render::objects(&mut extra, objects.stats());
         }
         if let Some(p) = process_stats() {

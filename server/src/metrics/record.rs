@@ -10,7 +10,8 @@ use actors::service::JobState;
 use metrics::{counter, gauge};
 
 use crate::procstat::process_stats;
-use crate::registry::{AppState, job_counts};
+use crate::registry::job_counts;
+use crate::state::AppState;
 
 /// Kinds of element failures (`StorageError::code`, `PipelineError::code`) seen in practice.
 pub(super) const COMMON_FAILURE_KINDS: [&str; 6] = [
@@ -107,7 +108,7 @@ pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &App
     let Ok(mut series) = jobs.lock() else {
         return out;
     };
-    let Ok(inner) = state.inner.lock() else {
+    let Ok(inner) = state.registry.inner.lock() else {
         return out;
     };
     let items = inner
@@ -221,7 +222,7 @@ pub(super) fn histogram_http(method: &str, route: &str, secs: f64) {
 
 /// Copies the cache's, the loader's, the sampler's and the process's figures into the recorder.
 pub(super) fn record_cache(state: &AppState) {
-    let s = &state.stats;
+    let s = &state.registry.stats;
     let c = |name: &'static str, v: u64| counter!(name).absolute(v);
     c("joader_cache_requests_total", s.requests.load(Relaxed));
     c("joader_cache_hits_total", s.hits.load(Relaxed));
@@ -283,11 +284,11 @@ pub(super) fn record_cache(state: &AppState) {
     );
     g(
         "joader_loader_workers",
-        state.config.loader_workers.max(1) as f64,
+        state.registry.config.loader_workers.max(1) as f64,
     );
     g(
         "joader_uptime_seconds",
-        state.started.elapsed().as_secs_f64(),
+        state.registry.started.elapsed().as_secs_f64(),
     );
     if let Some(p) = process_stats() {
         g("joader_process_resident_memory_bytes", p.rss_bytes as f64);

@@ -4,19 +4,19 @@ use std::sync::Arc;
 
 use joader_storage::{SourceSpec, StorageError};
 
-use super::{AppState, DatasetEntry, check_name, start_indexing};
+use super::{DatasetEntry, Registry, check_name, start_indexing};
 use crate::catalog::DatasetRecord;
 use crate::error::{Code, Error, Result};
 
 /// Creates a dataset and starts indexing it. Blocks on a catalog commit: call it on the
 /// blocking pool.
-pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -> Result<()> {
+pub fn create_dataset(registry: &Arc<Registry>, name: String, source: SourceSpec) -> Result<()> {
     check_name("dataset", &name)?;
-    super::check_not_draining(state)?;
+    super::check_not_draining(registry)?;
     crate::loading::check_source(
         &source,
-        &state.config.allowed_roots,
-        state.objects.as_deref(),
+        &registry.config.allowed_roots,
+        registry.objects.as_deref(),
     )
     .map_err(|e| match e {
         StorageError::S3Invalid { .. } => Error::new(Code::InvalidRequest, e.to_string()),
@@ -26,7 +26,7 @@ pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -
         StorageError::S3NotAllowed { .. } => Error::new(Code::PathNotAllowed, e.to_string()),
         e => Error::new(
             Code::PathNotAllowed,
-            format!("{e}; allowed roots: {:?}", state.config.allowed_roots),
+            format!("{e}; allowed roots: {:?}", registry.config.allowed_roots),
         ),
     })?;
     let record = DatasetRecord {
@@ -40,7 +40,7 @@ pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -
         changes: None,
     };
     {
-        let mut inner = state.inner.lock().map_err(Error::internal)?;
+        let mut inner = registry.inner.lock().map_err(Error::internal)?;
         if inner.datasets.contains_key(&record.name) {
             return Err(Error::new(
                 Code::DatasetExists,
@@ -54,13 +54,13 @@ pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -
     }
     // Persisted outside the registry's lock (a redb commit); the caller runs this function on
     // the blocking pool.
-    if let Err(e) = state.catalog.put(&record, None) {
-        if let Ok(mut inner) = state.inner.lock() {
+    if let Err(e) = registry.catalog.put(&record, None) {
+        if let Ok(mut inner) = registry.inner.lock() {
             inner.datasets.remove(&record.name);
         }
         return Err(Error::internal(e));
     }
-    start_indexing(state.clone(), record.name);
+    start_indexing(registry.clone(), record.name);
     Ok(())
 }
 
@@ -69,10 +69,10 @@ pub fn create_dataset(state: &Arc<AppState>, name: String, source: SourceSpec) -
 /// the dataset (their element ids would change under them; ended jobs do not count). The dataset takes a new id, so
 /// that no element cached from the previous index is ever served for the new one. Blocks on
 /// a catalog commit: call it on the blocking pool.
-pub fn reindex_dataset(state: &Arc<AppState>, name: &str) -> Result<()> {
-    super::check_not_draining(state)?;
+pub fn reindex_dataset(registry: &Arc<Registry>, name: &str) -> Result<()> {
+    super::check_not_draining(registry)?;
     let record = {
-        let mut inner = state.inner.lock().map_err(Error::internal)?;
+        let mut inner = registry.inner.lock().map_err(Error::internal)?;
         let d = inner
             .datasets
             .get(name)
@@ -132,15 +132,18 @@ pub fn reindex_dataset(state: &Arc<AppState>, name: &str) -> Result<()> {
         d.record.clone()
     };
     // The previous index and objects stay stored until the new ones replace them.
-    state.catalog.put(&record, None).map_err(Error::internal)?;
-    start_indexing(state.clone(), record.name);
+    registry
+        .catalog
+        .put(&record, None)
+        .map_err(Error::internal)?;
+    start_indexing(registry.clone(), record.name);
     Ok(())
 }
 
 /// Deletes a dataset; with `force`, stops the jobs that use it first.
-pub async fn delete_dataset(state: &AppState, name: &str, force: bool) -> Result<()> {
+pub async fn delete_dataset(registry: &Registry, name: &str, force: bool) -> Result<()> {
     let users: Vec<String> = {
-        let inner = state.inner.lock().map_err(Error::internal)?;
+        let inner = registry.inner.lock().map_err(Error::internal)?;
         if !inner.datasets.contains_key(name) {
             return Err(Error::dataset_not_found(name));
         }
@@ -161,16 +164,16 @@ pub async fn delete_dataset(state: &AppState, name: &str, force: bool) -> Result
         ));
     }
     for job in users {
-        super::jobs::stop_job(state, &job).await?;
+        super::jobs::stop_job(registry, &job).await?;
     }
-    state
+    registry
         .inner
         .lock()
         .map_err(Error::internal)?
         .datasets
         .remove(name);
     // A redb commit: on the blocking pool, never on an HTTP worker or an actor.
-    let catalog = state.catalog.clone();
+    let catalog = registry.catalog.clone();
     let owned = name.to_string();
     actix_web::rt::task::spawn_blocking(move || catalog.remove(&owned))
         .await
@@ -182,16 +185,16 @@ pub async fn delete_dataset(state: &AppState, name: &str, force: bool) -> Result
 pub type Failure = (u32, String, String);
 
 /// The elements of a dataset that failed to load.
-pub fn failures(state: &AppState, name: &str) -> Result<Vec<Failure>> {
+pub fn failures(registry: &Registry, name: &str) -> Result<Vec<Failure>> {
     let id = {
-        let inner = state.inner.lock().map_err(Error::internal)?;
+        let inner = registry.inner.lock().map_err(Error::internal)?;
         inner
             .datasets
             .get(name)
             .ok_or_else(|| Error::dataset_not_found(name))?
             .id
     };
-    let failures = state.stats.failures.lock().map_err(Error::internal)?;
+    let failures = registry.stats.failures.lock().map_err(Error::internal)?;
     Ok(failures
         .iter()
         .filter(|((ds, _), _)| *ds == id)

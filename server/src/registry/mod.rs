@@ -1,7 +1,11 @@
 //! The registry, the server's domain: configuration, catalog, the datasets and jobs, and the
 //! handles of the actors. It knows nothing of HTTP: its operations return [`crate::error`]
-//! errors, which the HTTP layer (`crate::http`) turns into responses.
+//! errors, which the HTTP layer (`crate::http`) turns into responses. Nor does it know the
+//! cluster: what it needs of it, this node's agent for multi-node jobs, is the
+//! [`ClusterNode`] interface, which `crate::cluster` implements (the cluster imports the
+//! registry, never the reverse; `crate::state` holds both).
 
+pub mod cluster_node;
 pub mod datasets;
 pub mod jobs;
 pub mod record;
@@ -13,19 +17,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use actix::Addr;
-use joader_pipeline::Pipeline;
 use actors::service::{
     CacheActor, CacheStats, ElementSource, JobState, JobStats, RingInfo, SamplerActor,
 };
+use joader_pipeline::Pipeline;
 use joader_storage::DatasetIndex;
 use joader_storage::s3::{ObjectChanges, ObjectStores};
 
 use crate::catalog::{Catalog, DatasetRecord};
 use crate::config::Config;
 use crate::error::{Code, Error};
+pub use cluster_node::{ClusterNode, LocalJob};
 use jobs::JobRequest;
 
-pub struct AppState {
+/// The registry: what the server serves (datasets, jobs) and the actors that serve it.
+pub struct Registry {
     pub config: Config,
     pub catalog: Arc<Catalog>,
     pub cache: Addr<CacheActor>,
@@ -39,12 +45,9 @@ pub struct AppState {
     pub objects: Option<Arc<ObjectStores>>,
     pub inner: Mutex<Inner>,
     pub started: Instant,
-    /// This server's leader role (a server without `--leader`).
-    pub leader: Option<Arc<crate::cluster::leader::Leader>>,
-    /// The leader's URL (this server's own for a leader).
-    pub leader_url: Option<String>,
-    /// This node's agent in the cluster (every server but a `--leader-only` leader).
-    pub node: std::sync::OnceLock<Addr<crate::cluster::node::NodeAgent>>,
+    /// This node's agent in the cluster (every server but a `--leader-only` leader), set once
+    /// the agent has started.
+    pub node: std::sync::OnceLock<Box<dyn ClusterNode>>,
 }
 
 #[derive(Default)]
@@ -129,24 +132,12 @@ impl Inner {
     }
 }
 
-/// How long state about jobs is kept: a long-running server's memory must not grow with
-/// the number of jobs it has served.
-#[derive(Debug, Clone, Copy)]
-pub struct Retention {
-    /// Ended jobs (finished and closed, or failed) still listed; older ones are forgotten.
-    pub ended_jobs: usize,
-    /// Ended jobs are also forgotten this long after they ended.
-    pub ended_ttl: std::time::Duration,
-    /// A name's counters (and metric series) are kept this long after its last job stopped
-    /// or was forgotten, longer than any scrape interval, then dropped.
-    pub metrics: std::time::Duration,
-}
-
-/// Forgets what the retention rules say is no longer needed (called every second).
-pub fn housekeep(state: &AppState) {
-    let keep = state.config.retention();
+/// Forgets what the retention rules (`Config::retention`) say is no longer needed (called
+/// every second).
+pub fn housekeep(registry: &Registry) {
+    let keep = registry.config.retention();
     let now = Instant::now();
-    let Ok(mut inner) = state.inner.lock() else {
+    let Ok(mut inner) = registry.inner.lock() else {
         return;
     };
     let mut ended: Vec<(Instant, String)> = inner
@@ -252,16 +243,16 @@ impl JobEntry {
 }
 
 /// Indexes a dataset on a background thread and records the outcome.
-pub fn start_indexing(state: Arc<AppState>, name: String) {
+pub fn start_indexing(registry: Arc<Registry>, name: String) {
     let spawned = std::thread::Builder::new().name(format!("joader-index-{name}")).spawn(move || {
         let (spec, progress) = {
-            let Ok(inner) = state.inner.lock() else { return };
+            let Ok(inner) = registry.inner.lock() else { return };
             let Some(d) = inner.datasets.get(&name) else { return };
             (d.record.source.clone(), d.progress.clone())
         };
         let started = Instant::now();
-        let objects = state.objects.as_deref();
-        let result = crate::loading::index(&spec, &state.config.allowed_roots, objects, &mut |n| progress.store(n, Relaxed))
+        let objects = registry.objects.as_deref();
+        let result = crate::loading::index(&spec, &registry.config.allowed_roots, objects, &mut |n| progress.store(n, Relaxed))
             .and_then(|(index, versions)| {
                 // An object store's reader is opened here, off the HTTP workers.
                 let index = Arc::new(index);
@@ -270,7 +261,7 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
                     .transpose()?;
                 Ok((index, source, versions))
             });
-        let Some(mut record) = state.inner.lock().ok().and_then(|i| i.datasets.get(&name).map(|d| d.record.clone())) else {
+        let Some(mut record) = registry.inner.lock().ok().and_then(|i| i.datasets.get(&name).map(|d| d.record.clone())) else {
             return;
         };
         // Persisted before the registry's lock is taken: a redb commit of a whole index must
@@ -281,14 +272,14 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
                 record.state = "ready".into();
                 record.error = None;
                 // Compared with the objects of the previous index (a re-index).
-                record.changes = match (&versions, state.catalog.objects(&name)) {
+                record.changes = match (&versions, registry.catalog.objects(&name)) {
                     (Some(new), Ok(Some(old))) => Some(ObjectChanges::between(&old, new)),
                     _ => None,
                 };
                 if let Some(c) = &record.changes {
                     tracing::info!(dataset = %name, added = c.added, removed = c.removed, changed = c.changed, "dataset re-indexed");
                 }
-                if let Err(e) = state.catalog.put_indexed(&record, Some(&index), versions.as_deref()) {
+                if let Err(e) = registry.catalog.put_indexed(&record, Some(&index), versions.as_deref()) {
                     tracing::error!(dataset = %name, error = %e, "cannot persist the dataset index");
                 }
                 tracing::info!(dataset = %name, items = index.len(), secs = started.elapsed().as_secs_f64(), "dataset indexed");
@@ -297,12 +288,12 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
             Err(e) => {
                 record.state = "failed".into();
                 record.error = Some(format!("{}: {e}", e.code()));
-                let _ = state.catalog.put(&record, None);
+                let _ = registry.catalog.put(&record, None);
                 tracing::warn!(dataset = %name, error = %e, "indexing failed");
                 (None, None)
             }
         };
-        let Ok(mut inner) = state.inner.lock() else { return };
+        let Ok(mut inner) = registry.inner.lock() else { return };
         match inner.datasets.get_mut(&name) {
             Some(d) => {
                 d.record = record;
@@ -314,7 +305,7 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
             // Deleted while it was indexed: forget what was just persisted.
             None => {
                 drop(inner);
-                let _ = state.catalog.remove(&name);
+                let _ = registry.catalog.remove(&name);
             }
         }
     });
@@ -325,11 +316,11 @@ pub fn start_indexing(state: Arc<AppState>, name: String) {
 
 /// Loads the catalog at start-up: ready datasets with their index; interrupted ones, and
 /// ones whose index an older joader stored in another format, are indexed again.
-pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
-    let records = state.catalog.records()?;
+pub fn load_catalog(registry: &Arc<Registry>) -> anyhow::Result<()> {
+    let records = registry.catalog.records()?;
     let mut reindex = Vec::new();
     {
-        let mut inner = state
+        let mut inner = registry
             .inner
             .lock()
             .map_err(|_| anyhow::anyhow!("state lock poisoned"))?;
@@ -338,7 +329,7 @@ pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
                 .next_dataset_id()
                 .map_err(|e| anyhow::anyhow!(e.message))?;
             let mut entry = DatasetEntry::new(id, rec.clone());
-            match (rec.state.as_str(), state.catalog.index(&rec.name)?) {
+            match (rec.state.as_str(), registry.catalog.index(&rec.name)?) {
                 ("ready", Some(index)) => {
                     entry.progress.store(index.len() as u64, Relaxed);
                     let index = Arc::new(index);
@@ -347,7 +338,7 @@ pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
                         // this log line's reason.
                         match crate::loading::element_source(
                             &rec.source,
-                            state.objects.as_deref(),
+                            registry.objects.as_deref(),
                             index.clone(),
                         ) {
                             Ok(source) => entry.source = Some(source),
@@ -368,14 +359,14 @@ pub fn load_catalog(state: &Arc<AppState>) -> anyhow::Result<()> {
         }
     }
     for name in reindex {
-        start_indexing(state.clone(), name);
+        start_indexing(registry.clone(), name);
     }
     Ok(())
 }
 
 /// Refuses new work while the server drains (after SIGTERM).
-pub fn check_not_draining(state: &AppState) -> Result<(), Error> {
-    if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+pub fn check_not_draining(registry: &Registry) -> Result<(), Error> {
+    if registry.draining.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(Error::new(
             Code::ShuttingDown,
             "the server is shutting down (SIGTERM): it takes no new datasets or jobs; \

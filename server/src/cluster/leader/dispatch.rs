@@ -1,0 +1,145 @@
+//! Placement: the [`Dispatch`] actor receives the cluster Samplers' passes and places each
+//! delivery on a node (`joader_core::cluster`) into that node's outbox, padding a node's
+//! share at the end of an epoch; it also runs the watch of the nodes' heartbeats.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::actors::service::Deliver;
+use actix::prelude::*;
+
+use super::{Inner, Leader};
+use crate::cluster::{WireEnd, WireGroup, WireItem};
+
+impl Leader {
+    /// Starts the dispatcher (and its watch of the nodes' heartbeats) on the cluster
+    /// Samplers' arbiter: a pass's `Deliver` reaches it without waking another thread.
+    pub fn start(self: &Arc<Self>, samplers: actix::ArbiterHandle) {
+        if let Ok(mut a) = self.arbiter.lock() {
+            *a = Some(samplers.clone());
+        }
+        let leader = self.clone();
+        let addr = Dispatch::start_in_arbiter(&samplers, move |_| Dispatch { leader });
+        if let Ok(mut d) = self.dispatch.lock() {
+            *d = Some(addr);
+        }
+    }
+
+    /// Places the deliveries of one pass of a cluster Sampler.
+    fn place(&self, msg: Deliver) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        let all = inner.live_keys();
+        let mut credit_back: Vec<u64> = Vec::new();
+        let mut ends = msg.ends.iter().peekable();
+        for (gi, group) in msg.groups.iter().enumerate() {
+            while let Some(end) = ends.next_if(|e| e.after <= gi) {
+                end_epoch(&mut inner, end);
+            }
+            let mut per_node: BTreeMap<String, WireGroup> = BTreeMap::new();
+            for item in &group.items {
+                let Some(job) = inner.jobs.get_mut(&item.job).filter(|j| j.live()) else {
+                    continue;
+                };
+                let Some((placer, names)) = job.placer.as_mut() else {
+                    continue;
+                };
+                match placer.assign(&all, group.element) {
+                    Some(p) => per_node
+                        .entry(names[p.node].clone())
+                        .or_insert_with(|| WireGroup {
+                            element: group.element,
+                            need: group.need,
+                            items: Vec::new(),
+                        })
+                        .items
+                        .push(WireItem {
+                            job: item.job,
+                            epoch: item.epoch,
+                            position: p.position,
+                        }),
+                    // drop_last's tail: never delivered, its credit goes back.
+                    None => credit_back.push(item.job),
+                }
+            }
+            for (node, g) in per_node {
+                if let Some(n) = inner.nodes.get_mut(&node) {
+                    n.outbox.groups.push(g);
+                }
+            }
+        }
+        for end in ends {
+            end_epoch(&mut inner, end);
+        }
+        for id in credit_back {
+            inner.give_credit(id, 1);
+        }
+        for n in inner.nodes.values() {
+            n.notify.notify_one();
+        }
+    }
+}
+
+/// A job's epoch ended: pad its nodes to their quota, then end the epoch on each.
+fn end_epoch(inner: &mut Inner, end: &::actors::service::EndAt) {
+    let Some(job) = inner.jobs.get_mut(&end.job).filter(|j| j.live()) else {
+        return;
+    };
+    let Some((placer, names)) = job.placer.as_mut() else {
+        return;
+    };
+    let pad = placer.end_epoch();
+    job.debt += pad.len() as u64;
+    let names = names.clone();
+    if end.finished {
+        job.finished = true;
+        let name = job.name.clone();
+        inner.names.remove(&name);
+    }
+    for p in pad {
+        if let Some(n) = inner.nodes.get_mut(&names[p.node]) {
+            n.outbox.groups.push(WireGroup {
+                element: p.element,
+                need: 0,
+                items: vec![WireItem {
+                    job: end.job,
+                    epoch: end.epoch,
+                    position: p.position,
+                }],
+            });
+        }
+    }
+    for name in &names {
+        if let Some(n) = inner.nodes.get_mut(name) {
+            n.outbox.ends.push(WireEnd {
+                after: n.outbox.groups.len(),
+                job: end.job,
+                epoch: end.epoch,
+                finished: end.finished,
+            });
+        }
+    }
+}
+
+/// Receives the cluster Samplers' passes and places them; watches the heartbeats.
+pub struct Dispatch {
+    leader: Arc<Leader>,
+}
+
+impl Actor for Dispatch {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let every = (self.leader.heartbeat / 2).max(Duration::from_millis(50));
+        ctx.run_interval(every, |act, _| act.leader.watch());
+    }
+}
+
+impl Handler<Deliver> for Dispatch {
+    type Result = ();
+    fn handle(&mut self, msg: Deliver, _: &mut Context<Self>) {
+        self.leader.place(msg);
+    }
+}

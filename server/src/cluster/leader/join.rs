@@ -1,0 +1,214 @@
+//! Multi-node jobs joining on the leader: each node forwards its ranks of a job
+//! (`POST /v1/nodes/{name}/jobs`); once every rank has joined and every node's ranks have
+//! attached, the job gets its placer over its nodes and joins its dataset's cluster Sampler.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ::actors::service::{AddJob, JobStats, SamplerActor};
+use actix::Actor;
+use joader_core::cluster::{EpochPlacer, node_key};
+use joader_core::sampling::SamplerKind;
+
+use super::{ClusterJob, Inner, Leader, lock};
+use crate::cluster::{NodeJob, NodeJobAccepted};
+use crate::error::{Code, Error, Result};
+use crate::registry::Registry;
+
+impl Leader {
+    /// `POST /v1/nodes/{name}/jobs`: a node's ranks of a multi-node job; sampling starts when
+    /// every rank of the job has joined and every node's ranks have attached.
+    pub async fn join(
+        &self,
+        registry: &Registry,
+        node: &str,
+        req: NodeJob,
+    ) -> Result<NodeJobAccepted> {
+        let mut identity = req.job.identity();
+        identity.local_world_size = None;
+        let world = identity.world_size.unwrap_or(1);
+        let (index, ready_len) = {
+            let inner = registry.inner.lock().map_err(Error::internal)?;
+            let d = inner
+                .datasets
+                .get(&identity.dataset)
+                .ok_or_else(|| Error::dataset_not_found(&identity.dataset))?;
+            let index = d.index.clone().ok_or_else(|| {
+                Error::new(
+                    Code::DatasetNotReady,
+                    format!(
+                        "dataset '{}' is {} on the leader",
+                        identity.dataset, d.record.state
+                    ),
+                )
+            })?;
+            let len = index.len() as u64;
+            (index, len)
+        };
+        if req.items != ready_len {
+            return Err(Error::new(
+                Code::NodeMismatch,
+                format!(
+                    "node {node} indexed {} items of dataset '{}' and the leader {ready_len}: \
+                     every node must read the same source",
+                    req.items, identity.dataset
+                ),
+            ));
+        }
+        if req.ranks.is_empty() || req.ranks.iter().any(|&r| r >= world) {
+            return Err(Error::new(
+                Code::InvalidRequest,
+                format!("ranks {:?} must be some of 0..{world}", req.ranks),
+            ));
+        }
+        let spec = identity.subset.clone();
+        let subset = actix_web::rt::task::spawn_blocking(move || {
+            let len = index.len() as u32;
+            match &spec {
+                None => Ok((0..len).collect::<roaring::RoaringBitmap>()),
+                Some(s) => s.resolve(len, |e| index.label(e).unwrap_or(-1), index.classes()),
+            }
+        })
+        .await
+        .map_err(Error::internal)??;
+        let mut inner = lock(self)?;
+        Self::node_mut(&mut inner, node)?;
+        let id = match inner.names.get(&identity.name).copied() {
+            Some(id) => {
+                let job = inner
+                    .jobs
+                    .get_mut(&id)
+                    .ok_or_else(|| Error::internal("lost job"))?;
+                if job.request != identity {
+                    return Err(Error::new(
+                        Code::JobExists,
+                        format!(
+                            "multi-node job '{}' runs with other parameters: every rank must \
+                             send the same ones",
+                            identity.name
+                        ),
+                    ));
+                }
+                let taken: Vec<u32> = job
+                    .nodes
+                    .iter()
+                    .filter(|(n, _)| n.as_str() != node)
+                    .flat_map(|(_, r)| r.iter().copied())
+                    .collect();
+                if job.placer.is_some() || req.ranks.iter().any(|r| taken.contains(r)) {
+                    return Err(Error::new(
+                        Code::NodeMismatch,
+                        format!(
+                            "ranks {:?} of job '{}' are already served by another node",
+                            req.ranks, identity.name
+                        ),
+                    ));
+                }
+                job.nodes.insert(node.to_string(), req.ranks.clone());
+                id
+            }
+            None => {
+                // Ids do not repeat across the leader's restarts (they start at the first
+                // job's time in s × 2^20, below 2^53 for JSON readers), so a node's job the
+                // leader does not know is one it forgot.
+                if inner.next_id == 0 {
+                    let secs = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(1, |d| d.as_secs());
+                    inner.next_id = secs << 20;
+                }
+                inner.next_id += 1;
+                let id = inner.next_id;
+                inner.names.insert(identity.name.clone(), id);
+                inner.jobs.insert(
+                    id,
+                    ClusterJob {
+                        name: identity.name.clone(),
+                        dataset: identity.dataset.clone(),
+                        request: identity.clone(),
+                        world,
+                        nodes: BTreeMap::from([(node.to_string(), req.ranks.clone())]),
+                        subset: Arc::new(subset),
+                        placer: None,
+                        sampler: None,
+                        pending_credit: 0,
+                        attached: Default::default(),
+                        debt: 0,
+                        failed: None,
+                        finished: false,
+                    },
+                );
+                id
+            }
+        };
+        self.start_if_complete(&mut inner, id)?;
+        tracing::info!(job = %identity.name, node, ranks = ?req.ranks, "node joined a multi-node job");
+        Ok(NodeJobAccepted { job: id })
+    }
+
+    /// Once every rank has joined and attached: the placer over the job's nodes, and the job in its
+    /// dataset's cluster Sampler.
+    pub(super) fn start_if_complete(&self, inner: &mut Inner, id: u64) -> Result<()> {
+        let arbiter = self
+            .arbiter
+            .lock()
+            .map_err(Error::internal)?
+            .clone()
+            .ok_or_else(|| Error::internal("the leader is not started"))?;
+        let dispatch = self
+            .dispatch
+            .lock()
+            .map_err(Error::internal)?
+            .clone()
+            .ok_or_else(|| Error::internal("the dispatcher is not running"))?;
+        let Some(job) = inner.jobs.get(&id) else {
+            return Ok(());
+        };
+        let joined: u32 = job.nodes.values().map(|r| r.len() as u32).sum();
+        if joined < job.world || job.attached.len() < job.nodes.len() || job.placer.is_some() {
+            return Ok(());
+        }
+        let dataset = job.dataset.clone();
+        let sampler = inner
+            .samplers
+            .entry(dataset)
+            .or_insert_with(|| {
+                let tick = self.tick;
+                let stats = Arc::new(::actors::service::CacheStats::default());
+                SamplerActor::start_in_arbiter(&arbiter, move |_| {
+                    SamplerActor::new(0, dispatch.recipient(), tick, stats)
+                })
+            })
+            .clone();
+        let job = inner
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| Error::internal("lost job"))?;
+        let names: Vec<String> = job.nodes.keys().cloned().collect();
+        let keys = names.iter().map(|n| node_key(n)).collect();
+        let ranks = job.nodes.values().map(|r| r.len() as u32).collect();
+        job.placer = Some((
+            EpochPlacer::new(job.subset.len(), keys, ranks, job.request.drop_last),
+            names,
+        ));
+        sampler.do_send(AddJob {
+            job: id,
+            subset: job.subset.clone(),
+            seed: job.request.seed,
+            epochs: job.request.epochs,
+            sampler: job.request.sampler.unwrap_or(SamplerKind::Dsa),
+            credit: job.pending_credit.min(u64::from(u32::MAX)) as u32,
+            // No sampling ahead of credit across the network: a node's credit is what its
+            // rings can take (the pace joins of one server need its Cache's queue).
+            lookahead: 0,
+            stats: Arc::new(JobStats::default()),
+            resume: None,
+            replay: None,
+            record: None,
+        });
+        job.pending_credit = 0;
+        job.sampler = Some(sampler);
+        tracing::info!(job = %job.name, nodes = job.nodes.len(), world = job.world, "multi-node job sampling");
+        Ok(())
+    }
+}
