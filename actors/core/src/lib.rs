@@ -8,5 +8,6 @@
 
 pub mod cache;
 pub mod cluster;
+pub mod invariants;
 pub mod sampling;
 pub mod sim;

@@ -34,6 +34,45 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Runs `f` (which counts a message and runs the full invariant check when it is due) until
+/// it panics, at most [`joader_core::invariants::EVERY`] + 1 times; returns the panic's
+/// message. The invariant probes use it to show that the periodic check runs and fails.
+pub(crate) fn until_panic(mut f: impl FnMut()) -> Option<String> {
+    for _ in 0..=joader_core::invariants::EVERY {
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut f)) {
+            return Some(
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .unwrap_or_else(|| "a panic without a message".into()),
+            );
+        }
+    }
+    None
+}
+
+/// Asserts that the Cache and the Sampler hold their invariants now, and that in debug builds
+/// their periodic full checks ran after the messages they handled.
+async fn assert_invariants(w: &World) {
+    let cache = w.cache.send(cache::probe::Inspect).await.unwrap();
+    let sampler = w.sampler.send(sampler::probe::Inspect).await.unwrap();
+    for (what, messages, full_checks, check) in [
+        ("cache", cache.messages, cache.full_checks, cache.check),
+        (
+            "sampler",
+            sampler.messages,
+            sampler.full_checks,
+            sampler.check,
+        ),
+    ] {
+        assert_eq!(check, Ok(()), "the {what}'s invariants");
+        assert_eq!(
+            full_checks,
+            joader_core::invariants::checks_after(messages),
+            "the {what}'s full checks after {messages} messages"
+        );
+    }
+}
+
 /// Waits for a reader thread without blocking the actors.
 async fn join<T>(h: std::thread::JoinHandle<T>) -> T {
     wait_until("the reader thread to finish", || h.is_finished()).await;
@@ -296,6 +335,7 @@ async fn two_jobs_decode_each_element_once_and_get_exact_epochs() {
     assert_eq!(s1.state(), JobState::Finished);
     assert_eq!(s2.state(), JobState::Finished);
     assert!(w.stats.hits.load(Relaxed) >= 160 - 43);
+    assert_invariants(&w).await;
     w.cache.send(Shutdown).await.unwrap();
 }
 
@@ -318,6 +358,7 @@ async fn a_small_cache_applies_back_pressure_and_evicts() {
     );
     // One job, one epoch: what it has read it never needs again.
     assert_eq!(w.stats.evictions_needed.load(Relaxed), 0);
+    assert_invariants(&w).await;
     w.cache.send(Shutdown).await.unwrap();
 }
 
@@ -361,6 +402,7 @@ async fn closing_a_job_unpins_its_slots_and_stops_its_sampling() {
     check_epochs(&seen, &(200..264).collect(), 1);
     leave.send(()).unwrap();
     t.join().unwrap();
+    assert_invariants(&w).await;
     w.cache.send(Shutdown).await.unwrap();
 }
 
@@ -385,6 +427,7 @@ async fn an_attached_reader_with_nothing_to_read_is_a_stall() {
         actix::clock::sleep(Duration::from_millis(5)).await;
     }
     check_epochs(&join(h).await, &subset, 1);
+    assert_invariants(&w).await;
     w.cache.send(Shutdown).await.unwrap();
 }
 
@@ -416,6 +459,7 @@ async fn unattached_jobs_hold_nothing_and_slow_jobs_do_not_stall_fast_ones() {
     }
     check_epochs(&join(crawl).await, &subset, 1);
     assert_eq!(slow.state(), JobState::Finished);
+    assert_invariants(&w).await;
     w.cache.send(Shutdown).await.unwrap();
 }
 
@@ -504,6 +548,7 @@ async fn a_paused_readers_queued_elements_make_room_and_are_reloaded_in_order() 
         12 + reloads,
         "every read is a first load or a counted reload"
     );
+    assert_invariants(&w).await;
     w.cache.send(Shutdown).await.unwrap();
 }
 
@@ -536,6 +581,70 @@ async fn units_competing_for_too_little_room_complete_one_after_the_other() {
         });
         check_epochs(&join(h1).await, &(20..28).collect(), 1);
         check_epochs(&join(h2).await, &(30..38).collect(), 1);
+        assert_invariants(&w).await;
         w.cache.send(Shutdown).await.unwrap();
     }
+}
+
+#[actix::test]
+async fn the_actors_check_their_invariants_every_so_often_and_a_broken_one_fails() {
+    let w = world("invariants", 32, 1 << 20);
+    let subset: RoaringBitmap = (0..40).collect();
+    let (s, r) = w.job(1, subset.clone(), 1, 8).await;
+    // A job nobody reads: it stays registered, without credit.
+    let (idle, _) = w.job(2, subset.clone(), 1, 8).await;
+    check_epochs(
+        &join(read_all(w.instance.clone(), r, Duration::ZERO)).await,
+        &subset,
+        1,
+    );
+    wait_until("job 1's 40 acknowledgements", || {
+        s.acknowledged.load(Relaxed) == 40
+    })
+    .await;
+    assert_eq!(idle.sampled.load(Relaxed), 0);
+    let cache = w.cache.send(cache::probe::Inspect).await.unwrap();
+    let sampler = w.sampler.send(sampler::probe::Inspect).await.unwrap();
+    // Each delivery message, load and poll is one message to the cache.
+    assert!(cache.messages > 40, "{} cache messages", cache.messages);
+    assert!(
+        sampler.messages >= 3,
+        "{} sampler messages",
+        sampler.messages
+    );
+    if cfg!(debug_assertions) {
+        assert!(cache.full_checks >= 6 && sampler.full_checks >= 2);
+    }
+    assert_invariants(&w).await;
+
+    // Broken on purpose: the full check names what broke, and the periodic check panics
+    // (debug builds) at the next message it is due after.
+    let (direct, periodic) = w.cache.send(cache::probe::LeakReference).await.unwrap();
+    let err = direct.expect_err("a leaked reference breaks the cache's invariants");
+    assert!(err.contains("references for 0 queued"), "{err}");
+    if cfg!(debug_assertions) {
+        let p = periodic.expect("the periodic check runs and panics");
+        assert!(
+            p.starts_with("cache: invariant broken after operation"),
+            "{p}"
+        );
+        assert!(p.contains("references for 0 queued"), "{p}");
+    } else {
+        assert_eq!(periodic, None, "release builds never run the full check");
+    }
+    let (direct, periodic) = w.sampler.send(sampler::probe::Overdraw(2)).await.unwrap();
+    let err = direct.expect_err("an overdrawn job breaks the sampler's invariants");
+    assert!(err.contains("beyond its credit and lookahead"), "{err}");
+    if cfg!(debug_assertions) {
+        let p = periodic.expect("the periodic check runs and panics");
+        assert!(
+            p.starts_with("sampler: invariant broken after operation"),
+            "{p}"
+        );
+    } else {
+        assert_eq!(periodic, None, "release builds never run the full check");
+    }
+    // Both took their breakage back.
+    assert_invariants(&w).await;
+    w.cache.send(Shutdown).await.unwrap();
 }

@@ -66,8 +66,7 @@ impl IndependentSampler {
     }
 }
 
-impl IndependentSampler {
-    /// Inserts a job at `epoch` with `remaining` (within its dataset) left of it.
+impl Sampler for IndependentSampler {
     fn insert_job(
         &mut self,
         spec: JobSpec,
@@ -94,23 +93,6 @@ impl IndependentSampler {
         self.jobs.insert(spec.key, job);
         self.order.push(spec.key);
         Ok(())
-    }
-}
-
-impl Sampler for IndependentSampler {
-    fn add_job(&mut self, spec: JobSpec) -> Result<(), SamplerError> {
-        let remaining = spec.dataset.clone();
-        self.insert_job(spec, 0, remaining)
-    }
-
-    fn resume_job(
-        &mut self,
-        spec: JobSpec,
-        epoch: u32,
-        remaining: RoaringBitmap,
-    ) -> Result<(), SamplerError> {
-        super::check_resume(&spec, epoch, &remaining)?;
-        self.insert_job(spec, epoch, remaining)
     }
 
     fn remove_job(&mut self, key: JobKey) -> Result<(), SamplerError> {
@@ -181,5 +163,42 @@ impl Sampler for IndependentSampler {
             .values()
             .filter(|j| j.remaining.contains(element))
             .count() as u32
+    }
+
+    /// Every registered job is listed once in `order`; its remaining set is a non-empty part
+    /// of its dataset (an emptied one has started its next epoch or left); a replayed job's
+    /// order is a permutation of its dataset.
+    fn check_invariants(&self) -> Result<(), String> {
+        let listed: std::collections::HashSet<&JobKey> = self.order.iter().collect();
+        if listed.len() != self.order.len()
+            || listed.len() != self.jobs.len()
+            || self.jobs.keys().any(|k| !listed.contains(k))
+        {
+            return Err(format!(
+                "order lists {:?} for {} jobs",
+                self.order,
+                self.jobs.len()
+            ));
+        }
+        for (key, j) in &self.jobs {
+            if j.remaining.is_empty() {
+                return Err(format!("job {key} has an empty remaining set"));
+            }
+            if !j.remaining.is_subset(&j.dataset) {
+                return Err(format!(
+                    "job {key}'s remaining set is not within its dataset"
+                ));
+            }
+            if j.epochs.is_some_and(|e| j.epoch >= e) {
+                return Err(format!("job {key} is past its last epoch"));
+            }
+            if let Some(order) = &j.order
+                && (order.len() as u64 != j.dataset.len()
+                    || order.iter().any(|&e| !j.dataset.contains(e)))
+            {
+                return Err(format!("job {key}'s replayed order is not its dataset"));
+            }
+        }
+        Ok(())
     }
 }

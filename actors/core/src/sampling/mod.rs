@@ -178,13 +178,29 @@ pub struct JobSpec {
 /// The common interface of the samplers; the simulator and the Sampler actor use only this.
 pub trait Sampler: Send {
     /// Registers a job; it starts its epoch 0 at the next round it is active in.
-    fn add_job(&mut self, spec: JobSpec) -> Result<(), SamplerError>;
+    fn add_job(&mut self, spec: JobSpec) -> Result<(), SamplerError> {
+        let remaining = spec.dataset.clone();
+        self.insert_job(spec, 0, remaining)
+    }
     /// Registers a job in the middle of `epoch` (0-based) with what it still needs of that
     /// epoch: the rest of the epoch is a uniform random permutation of `remaining` (a non-empty
     /// part of the dataset; positions continue from the elements already delivered), and later
     /// epochs cover the whole dataset. `spec.epochs` counts from epoch 0, so the job's budget
     /// ends as if it had never stopped.
     fn resume_job(
+        &mut self,
+        spec: JobSpec,
+        epoch: u32,
+        remaining: RoaringBitmap,
+    ) -> Result<(), SamplerError> {
+        check_resume(&spec, epoch, &remaining)?;
+        self.insert_job(spec, epoch, remaining)
+    }
+    /// What [`Sampler::add_job`] and [`Sampler::resume_job`] share: registers a job at `epoch`
+    /// with `remaining` left of it, refusing a duplicate key, an empty dataset and zero epochs.
+    /// It trusts the caller on the start itself (`remaining` a non-empty part of the dataset,
+    /// `epoch` within the budget): call those two, which check it.
+    fn insert_job(
         &mut self,
         spec: JobSpec,
         epoch: u32,
@@ -205,8 +221,9 @@ pub trait Sampler: Send {
     fn jobs(&self) -> Vec<JobKey>;
     /// How many registered jobs still need `element` in their current epoch (RefCnt's count).
     fn need_count(&self, element: ElementId) -> u32;
-    /// Checks the sampler's internal invariants against their definitions (for tests and
-    /// debugging; linear in the size of the data).
+    /// Checks the sampler's internal invariants against their definitions; returns the first
+    /// that fails. Linear in the size of the data: the tests call it after every step, and
+    /// the Sampler actor in debug builds every so often (see [`crate::invariants`]).
     fn check_invariants(&self) -> Result<(), String> {
         Ok(())
     }

@@ -914,3 +914,40 @@ fn identical_jobs_share_every_pick_beside_a_job_that_differs() {
         "only {leaf_rounds} rounds outside the shared part"
     );
 }
+
+/// Two overlapping jobs on a tree, sampled together for `rounds` rounds.
+fn sampled_tree(rounds: usize, corrupt: bool) -> DependentSamplingTree {
+    let mut t = DependentSamplingTree::new();
+    t.add_job(spec(1, bitmap(0..100_000), 1)).unwrap();
+    t.add_job(spec(2, bitmap(50_000..150_000), 2)).unwrap();
+    if corrupt {
+        t.shrink_dataset(1, 0..50_000);
+    }
+    let mut round = Round::default();
+    for _ in 0..rounds {
+        t.sample(&[1, 2], &mut round).unwrap();
+    }
+    t
+}
+
+#[test]
+fn the_tree_checks_itself_every_1024th_round() {
+    let t = sampled_tree(2 * crate::invariants::EVERY as usize + 1, false);
+    let want = if cfg!(debug_assertions) { 2 } else { 0 };
+    assert_eq!(t.full_checks(), want);
+}
+
+#[test]
+#[cfg_attr(
+    debug_assertions,
+    should_panic(expected = "dependent sampling tree: invariant broken after operation 1024")
+)]
+fn a_broken_tree_fails_its_periodic_check() {
+    let t = sampled_tree(crate::invariants::EVERY as usize - 1, true);
+    assert!(
+        t.check_invariants().is_err(),
+        "the full check sees the broken tree"
+    );
+    // Debug builds: the next round's periodic check panics. Release builds never check.
+    sampled_tree(crate::invariants::EVERY as usize, true);
+}

@@ -51,15 +51,19 @@
 //! The tree has one random stream. It is seeded from the first job's seed, and each later job
 //! mixes its seed into it, so a run is reproducible when the same jobs join in the same order
 //! and request in the same rounds; any change in cross-job timing changes the orders.
+//!
+//! Split: this file holds the tree's shape and its updates; `tree/draw.rs` deciding and
+//! drawing (Algorithm 1 and 2).
+
+mod draw;
 
 use rand::rngs::Xoshiro256PlusPlus;
-use rand::{Rng, RngExt, SeedableRng};
+use rand::{Rng, SeedableRng};
 use roaring::RoaringBitmap;
 
-use super::{
-    ElementId, JobEvent, JobKey, JobSpec, KeyMap, Round, Sampler, SamplerError, mix64,
-    uniform_element,
-};
+use super::{ElementId, JobEvent, JobKey, JobSpec, KeyMap, Round, Sampler, SamplerError, mix64};
+use crate::invariants::Periodic;
+use draw::Group;
 
 #[derive(Debug, Clone)]
 struct Job {
@@ -76,26 +80,6 @@ struct Job {
     epochs: Option<u32>,
 }
 
-/// Uniform draws tried before the residual of a coupled leaf draw is computed exactly.
-const REJECTION_TRIES: usize = 64;
-
-/// Where a group of jobs draws its shared element from.
-#[derive(Debug, Clone, Copy)]
-enum Source {
-    /// The merged spine vertices `V_lo ..= V_hi`, of total size `len`.
-    Spine { lo: usize, hi: usize, len: u64 },
-    /// The leaf of the job at this position.
-    Leaf(usize),
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Group {
-    source: Source,
-    /// Range into the active positions.
-    first: usize,
-    end: usize,
-}
-
 /// The dependent sampling tree; see the module docs.
 #[derive(Debug, Clone)]
 pub struct DependentSamplingTree {
@@ -105,6 +89,10 @@ pub struct DependentSamplingTree {
     position: KeyMap<usize>,
     rng: Xoshiro256PlusPlus,
     seeded: bool,
+    /// Rounds sampled, and the full checks run after every 1024th (debug builds; sparse: the
+    /// statistical tests build trees by the thousand for a few rounds each, and check them
+    /// after every step themselves; see [`crate::invariants`]).
+    checks: Periodic,
     // Scratch buffers reused across rounds.
     active: Vec<usize>,
     groups: Vec<Group>,
@@ -128,6 +116,7 @@ impl DependentSamplingTree {
             position: KeyMap::default(),
             rng: Xoshiro256PlusPlus::seed_from_u64(0),
             seeded: false,
+            checks: Periodic::sparse(),
             active: Vec::new(),
             groups: Vec::new(),
             picked: Vec::new(),
@@ -140,6 +129,20 @@ impl DependentSamplingTree {
     #[cfg(test)]
     pub(crate) fn reseed(&mut self, seed: u64) {
         self.rng = Xoshiro256PlusPlus::seed_from_u64(mix64(seed));
+    }
+
+    /// Full checks run so far (a test reads it to see that they run).
+    #[cfg(test)]
+    pub(crate) fn full_checks(&self) -> u64 {
+        self.checks.checks()
+    }
+
+    /// Breaks the tree's definition on purpose: `ids` leave the job's dataset (and not its
+    /// remaining set, which is then no longer within it). Sampling goes on unaffected.
+    #[cfg(test)]
+    pub(crate) fn shrink_dataset(&mut self, key: JobKey, ids: std::ops::Range<ElementId>) {
+        let p = self.position[&key];
+        self.jobs[p].dataset.remove_range(ids);
     }
 
     /// Number of registered jobs.
@@ -162,7 +165,8 @@ impl DependentSamplingTree {
     }
 
     /// Recomputes the whole tree from the remaining sets and compares it with the maintained
-    /// one. Used by the tests; returns a description of the first difference.
+    /// one (linear in the data: the tests run it after every step, the Sampler actor's debug
+    /// builds every so often); returns a description of the first difference.
     fn check_tree(&self) -> Result<(), String> {
         let n = self.jobs.len();
         if self.spine.len() != n || self.spine_len.len() != n {
@@ -399,105 +403,82 @@ impl DependentSamplingTree {
         }
     }
 
-    /// Draws an element uniformly from a source.
-    fn draw(&mut self, source: Source) -> ElementId {
-        match source {
-            Source::Spine { lo, hi, len } => {
-                let mut r = self.rng.random_range(0..len);
-                for k in lo..=hi {
-                    if r < self.spine_len[k] {
-                        return uniform_element(&self.spine[k], self.spine_len[k], &mut self.rng);
-                    }
-                    r -= self.spine_len[k];
-                }
-                unreachable!("rank beyond the merged vertices' total size")
-            }
-            Source::Leaf(p) => {
-                let job = &self.jobs[p];
-                uniform_element(&job.leaf, job.leaf_len, &mut self.rng)
-            }
+    /// Starts the next epoch of the job at `p`, or removes it when its budget is spent.
+    fn end_epoch(&mut self, p: usize, events: &mut Vec<JobEvent>) {
+        let key = self.jobs[p].key;
+        let epoch = self.jobs[p].epoch;
+        events.push(JobEvent::EpochEnded { job: key, epoch });
+        let mut job = self.take_at(p);
+        if job.epochs.is_some_and(|e| epoch + 1 >= e) {
+            events.push(JobEvent::Finished { job: key });
+            self.position.remove(&key);
+            self.reindex();
+            self.rebuild_prefix(p);
+            return;
+        }
+        job.epoch += 1;
+        job.remaining = job.dataset.clone();
+        job.remaining_len = job.dataset_len;
+        let q = self.insert_at_sorted(job);
+        self.reindex();
+        self.rebuild_prefix(p.max(q));
+    }
+
+    /// The positions of the active jobs (`self.active`), ascending, each once.
+    fn activate(&mut self, active: &[JobKey]) -> Result<(), SamplerError> {
+        self.active.clear();
+        for &key in active {
+            let p = self.pos(key)?;
+            self.active.push(p);
+        }
+        self.active.sort_unstable();
+        self.active.dedup();
+        Ok(())
+    }
+
+    /// Writes the round's deliveries: each group's jobs receive its element (coincidences
+    /// across groups merge into one group of `out`).
+    fn hand_out(&mut self, picks: &[ElementId], out: &mut Round) {
+        for (g, &element) in self.groups.iter().zip(picks) {
+            out.push_group(
+                element,
+                self.active[g.first..g.end].iter().map(|&p| {
+                    let j = &self.jobs[p];
+                    debug_assert!(j.remaining_len > 0, "a job with nothing left is sampled");
+                    (j.key, j.epoch, (j.dataset_len - j.remaining_len) as u32)
+                }),
+            );
         }
     }
 
-    /// Draws from the leaf of position `b`, maximally coupled with `x`, the element drawn from
-    /// the leaf of position `a` in this round: the result is uniform over `L_b` (as an
-    /// independent draw would be) and equals `x` with probability `|L_a ∩ L_b| / max(|L_a|,
-    /// |L_b|)`, so jobs with identical leaves share their pick. See the module docs.
-    fn draw_leaf_coupled(&mut self, a: usize, x: ElementId, b: usize) -> ElementId {
-        let (la, lb) = (self.jobs[a].leaf_len, self.jobs[b].leaf_len);
-        // Take x with probability min(1, la / lb) when it is in L_b: each y of L_a ∩ L_b gets
-        // min(1/la, 1/lb) this way.
-        if self.jobs[b].leaf.contains(x) && (la >= lb || self.rng.random_range(0..lb) < la) {
-            return x;
+    /// Removes the picked elements from the pickers' remaining sets (compensation).
+    fn compensate(&mut self, out: &Round) {
+        let mut pickers = std::mem::take(&mut self.pickers);
+        for range in &out.groups {
+            pickers.clear();
+            pickers.extend(
+                out.deliveries[range.clone()]
+                    .iter()
+                    .map(|d| self.position[&d.job]),
+            );
+            self.take_element(out.deliveries[range.start].element, &pickers);
         }
-        // Otherwise the rest of the uniform distribution over L_b: y outside L_a weighs 1/lb,
-        // y in L_a ∩ L_b weighs 1/lb - 1/la when la > lb and nothing otherwise. By rejection
-        // from uniform draws over L_b (one draw on average over all rounds), then exactly.
-        for _ in 0..REJECTION_TRIES {
-            let y = uniform_element(&self.jobs[b].leaf, lb, &mut self.rng);
-            if !self.jobs[a].leaf.contains(y) || (la > lb && self.rng.random_range(0..la) >= lb) {
-                return y;
-            }
-        }
-        let (leaf_a, leaf_b) = (&self.jobs[a].leaf, &self.jobs[b].leaf);
-        let outside = leaf_b - leaf_a;
-        let (n_out, n_in) = (outside.len(), lb - outside.len());
-        // Masses in units of 1 / (la · lb): outside la each, inside la - lb each (if la > lb).
-        let w_out = n_out * la;
-        let w_in = if la > lb { n_in * (la - lb) } else { 0 };
-        if self.rng.random_range(0..w_out + w_in) < w_out {
-            uniform_element(&outside, n_out, &mut self.rng)
-        } else {
-            let inside = leaf_b & leaf_a;
-            uniform_element(&inside, n_in, &mut self.rng)
-        }
+        self.pickers = pickers;
     }
 
-    /// Algorithm 1 over the active positions (in `self.active`, ascending): fills `self.groups`.
-    fn decide(&mut self) {
-        self.groups.clear();
-        let mut offered_to: Option<usize> = None; // S = V_0 ..= V_s
-        let mut s_size = 0u64;
-        let mut i = 0;
-        while i < self.active.len() {
-            let m = self.active[i];
-            let lo = offered_to.map_or(0, |s| s + 1);
-            let c: u64 = self.spine_len[lo..=m].iter().sum();
-            // The chain: the first job takes I with probability c / (|R| - |S|), each next one
-            // with (|R_prev| - |S|) / (|R_next| - |S|) given that its predecessor took it.
-            let mut k = i;
-            let mut prev = c;
-            while k < self.active.len() && prev > 0 {
-                let denom = self.jobs[self.active[k]].remaining_len - s_size;
-                debug_assert!(prev <= denom || k == i, "positions out of order");
-                if prev >= denom || self.rng.random_range(0..denom) < prev {
-                    prev = denom;
-                    k += 1;
-                } else {
-                    break;
-                }
+    /// Ends the epochs that are over: a finished job is at position 0 (its remaining set is
+    /// empty), after [`Self::restore_order`].
+    fn end_epochs(&mut self, events: &mut Vec<JobEvent>) {
+        while let Some(job) = self.jobs.first() {
+            if job.remaining_len > 0 {
+                break;
             }
-            if k == i {
-                self.groups.push(Group {
-                    source: Source::Leaf(m),
-                    first: i,
-                    end: i + 1,
-                });
-                i += 1;
-            } else {
-                self.groups.push(Group {
-                    source: Source::Spine { lo, hi: m, len: c },
-                    first: i,
-                    end: k,
-                });
-                i = k;
-            }
-            offered_to = Some(m);
-            s_size += c;
+            self.end_epoch(0, events);
         }
     }
+}
 
-    /// Inserts a job at `epoch` with `remaining` (within its dataset) left of it.
+impl Sampler for DependentSamplingTree {
     fn insert_job(
         &mut self,
         spec: JobSpec,
@@ -538,44 +519,6 @@ impl DependentSamplingTree {
         Ok(())
     }
 
-    /// Starts the next epoch of the job at `p`, or removes it when its budget is spent.
-    fn end_epoch(&mut self, p: usize, events: &mut Vec<JobEvent>) {
-        let key = self.jobs[p].key;
-        let epoch = self.jobs[p].epoch;
-        events.push(JobEvent::EpochEnded { job: key, epoch });
-        let mut job = self.take_at(p);
-        if job.epochs.is_some_and(|e| epoch + 1 >= e) {
-            events.push(JobEvent::Finished { job: key });
-            self.position.remove(&key);
-            self.reindex();
-            self.rebuild_prefix(p);
-            return;
-        }
-        job.epoch += 1;
-        job.remaining = job.dataset.clone();
-        job.remaining_len = job.dataset_len;
-        let q = self.insert_at_sorted(job);
-        self.reindex();
-        self.rebuild_prefix(p.max(q));
-    }
-}
-
-impl Sampler for DependentSamplingTree {
-    fn add_job(&mut self, spec: JobSpec) -> Result<(), SamplerError> {
-        let remaining = spec.dataset.clone();
-        self.insert_job(spec, 0, remaining)
-    }
-
-    fn resume_job(
-        &mut self,
-        spec: JobSpec,
-        epoch: u32,
-        remaining: RoaringBitmap,
-    ) -> Result<(), SamplerError> {
-        super::check_resume(&spec, epoch, &remaining)?;
-        self.insert_job(spec, epoch, remaining)
-    }
-
     fn remove_job(&mut self, key: JobKey) -> Result<(), SamplerError> {
         let p = self.pos(key)?;
         self.take_at(p);
@@ -586,67 +529,26 @@ impl Sampler for DependentSamplingTree {
 
     fn sample(&mut self, active: &[JobKey], out: &mut Round) -> Result<(), SamplerError> {
         out.clear();
-        self.active.clear();
-        for &key in active {
-            let p = self.pos(key)?;
-            self.active.push(p);
-        }
-        self.active.sort_unstable();
-        self.active.dedup();
+        self.activate(active)?;
         if self.active.is_empty() {
             return Ok(());
         }
         self.decide();
-
-        // Draw one element per group (Algorithm 2), merging coincidences across groups.
-        self.picked.clear();
-        let groups = std::mem::take(&mut self.groups);
-        let mut by_group = Vec::with_capacity(groups.len());
-        // The first leaf drawn this round: later leaf draws are coupled with it.
-        let mut first_leaf: Option<(usize, ElementId)> = None;
-        for g in &groups {
-            let element = match (g.source, first_leaf) {
-                (Source::Leaf(b), Some((a, x))) => self.draw_leaf_coupled(a, x, b),
-                (source, _) => self.draw(source),
-            };
-            if let (Source::Leaf(a), None) = (g.source, first_leaf) {
-                first_leaf = Some((a, element));
-            }
-            by_group.push(element);
-        }
-        let active = std::mem::take(&mut self.active);
-        for (g, &element) in groups.iter().zip(&by_group) {
-            out.push_group(
-                element,
-                active[g.first..g.end].iter().map(|&p| {
-                    let j = &self.jobs[p];
-                    (j.key, j.epoch, (j.dataset_len - j.remaining_len) as u32)
-                }),
-            );
-        }
-        // Remove the picked elements from the pickers' remaining sets (compensation).
-        let mut pickers = std::mem::take(&mut self.pickers);
-        for gi in 0..out.groups.len() {
-            let range = out.groups[gi].clone();
-            pickers.clear();
-            pickers.extend(
-                out.deliveries[range.clone()]
-                    .iter()
-                    .map(|d| self.position[&d.job]),
-            );
-            self.take_element(out.deliveries[range.start].element, &pickers);
-        }
-        self.pickers = pickers;
-        self.groups = groups;
-        self.active = active;
-
+        let picks = self.draw_groups();
+        self.hand_out(&picks, out);
+        self.compensate(out);
         self.restore_order();
-        // Epoch ends: a finished job is at position 0 (its remaining set is empty).
-        while let Some(job) = self.jobs.first() {
-            if job.remaining_len > 0 {
-                break;
-            }
-            self.end_epoch(0, &mut out.events);
+        self.end_epochs(&mut out.events);
+        debug_assert!(
+            self.position.len() == self.jobs.len() && self.spine.len() == self.jobs.len(),
+            "{} positions and {} spine vertices for {} jobs",
+            self.position.len(),
+            self.spine.len(),
+            self.jobs.len()
+        );
+        if self.checks.count() {
+            self.checks
+                .verify("dependent sampling tree", self.check_tree());
         }
         Ok(())
     }

@@ -173,6 +173,14 @@ impl CacheActor {
 
     fn evict(&mut self, key: u64) -> Option<SlotEntry> {
         let e = self.slots.remove(&key)?;
+        debug_assert_eq!(
+            e.pushed, 0,
+            "key {key:#x}: a slot a ring holds is never evicted"
+        );
+        debug_assert!(
+            !self.policy.contains(key),
+            "key {key:#x}: evicted, still tracked"
+        );
         self.by_slot.remove(&e.slot.slot);
         self.stats.evictions.fetch_add(1, Relaxed);
         self.room_changed = true;
@@ -190,7 +198,6 @@ impl CacheActor {
         let need = self.policy.refcount(key).unwrap_or(0);
         self.policy.remove(key);
         let Some(e) = self.evict(key) else { return };
-        debug_assert_eq!(e.pushed, 0, "a pushed slot is never evicted");
         self.stats.evictions_needed.fetch_add(1, Relaxed);
         self.pending.insert(
             key,
@@ -305,6 +312,7 @@ impl CacheActor {
                     if l.refs > 0 {
                         self.policy.pin(key);
                     }
+                    self.debug_assert_slot(key);
                     return None;
                 }
                 Err(dataplane::Error::Full { .. } | dataplane::Error::NoFreeSlot { .. }) => {
@@ -315,6 +323,10 @@ impl CacheActor {
                             &self.stats.evictions_needed
                         };
                         reason.fetch_add(1, Relaxed);
+                        debug_assert!(
+                            self.slots.get(&victim).is_none_or(|e| e.uses() == 0),
+                            "key {victim:#x}: the policy's victim is used"
+                        );
                         self.evict(victim);
                         continue;
                     }

@@ -26,11 +26,22 @@
 //! again when its ring reaches it (a *reload*, counted with `evictions{reason="needed"}`), so
 //! every epoch stays an exact permutation whatever is evicted.
 //!
-//! Split: this file holds the state, the handlers and the polls; `flow.rs` the loads, room
-//! and eviction under pressure; `rings.rs` what goes into the rings.
+//! Split: this file holds the state, the poll and the handlers; `jobs.rs` opens and closes
+//! a job's rings; `deliver.rs` queues a Sampler's deliveries; `acks.rs` takes the clients'
+//! acknowledgements and gives credit; `liveness.rs` probes the clients and paces the polls;
+//! `flow.rs` the loads, room and eviction under pressure; `rings.rs` what goes into the rings;
+//! `invariants.rs` what debug builds check after each message.
 
+mod acks;
+mod deliver;
 mod flow;
+mod invariants;
+mod jobs;
+mod liveness;
 mod rings;
+
+#[cfg(test)]
+pub(crate) use invariants::probe;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -38,11 +49,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use dataplane::{ReaderStatus, RingWriter, SlotRef, Writer};
+use dataplane::{RingWriter, SlotRef, Writer};
+use joader_core::invariants::Periodic;
 use roaring::RoaringBitmap;
 
 use super::messages::*;
-use super::stats::{CacheStats, JobState, JobStats};
+use super::stats::{CacheStats, JobStats};
 use joader_core::cache::{Policy, PolicyKind};
 
 /// Settings of the cache.
@@ -174,16 +186,9 @@ pub struct CacheActor {
     last_liveness: Instant,
     /// The next poll, and whether it was scheduled at the idle interval.
     next_poll: Option<(SpawnHandle, bool)>,
+    /// Messages (and polls) handled, and the full invariant checks run after them.
+    checks: Periodic,
 }
-
-/// How often the clients' liveness is probed (two syscalls per ring).
-const LIVENESS_INTERVAL: Duration = Duration::from_millis(20);
-/// How long after its registration a job's attach is watched at the fast tick.
-const ATTACH_WATCH: Duration = Duration::from_secs(2);
-/// How often an idle cache (see `CacheActor::idle`) polls at all.
-const IDLE_POLL: Duration = Duration::from_millis(50);
-/// How often a job's reading rate is measured.
-const RATE_INTERVAL: Duration = Duration::from_millis(250);
 
 fn split_key(key: u64) -> (DatasetId, PipelineId, u32) {
     (
@@ -226,6 +231,7 @@ impl CacheActor {
             last_poll: Instant::now(),
             last_liveness: Instant::now(),
             next_poll: None,
+            checks: Periodic::default(),
         }
     }
 
@@ -249,457 +255,87 @@ impl CacheActor {
             .store(self.sources.len() as u64, Relaxed);
     }
 
-    /// A job's epoch starts: every cached element of its subset is needed once more.
-    fn epoch_started(&mut self, dataset: DatasetId, pipeline: PipelineId, subset: &RoaringBitmap) {
-        for &key in self.slots.keys() {
-            let (ds, pl, el) = split_key(key);
-            if ds == dataset && pl == pipeline && subset.contains(el) {
-                let r = self.policy.refcount(key).unwrap_or(0);
-                self.policy.set_refcount(key, r + 1);
-            }
-        }
-    }
-
-    /// A pushed record was acknowledged (or its reader reclaimed): its slot is no longer held
-    /// by that ring.
-    fn release(&mut self, r: SlotRef) {
-        let Some(&(cur, key)) = self.by_slot.get(&r.slot) else {
-            return;
-        };
-        if cur != r {
-            return;
-        }
-        if let Some(e) = self.slots.get_mut(&key) {
-            e.pushed = e.pushed.saturating_sub(1);
-            if e.uses() == 0 {
-                self.policy.unpin(key);
-            }
-            // Unpinned, or now only queued (evictable for a sooner need): either may make room.
-            self.room_changed = true;
-        }
-    }
-
-    /// Drops the reference a queued (never pushed) entry held.
-    fn unref(&mut self, key: u64) {
-        if let Some(e) = self.slots.get_mut(&key) {
-            e.queued = e.queued.saturating_sub(1);
-            if e.uses() == 0 {
-                self.policy.unpin(key);
-                self.room_changed = true;
-            }
-        } else if let Some(l) = self.loading.get_mut(&key) {
-            l.refs = l.refs.saturating_sub(1);
-        } else if let Some(p) = self.pending.get_mut(&key) {
-            p.refs = p.refs.saturating_sub(1);
-            if p.refs == 0 {
-                self.pending.remove(&key);
-            }
-        } else if let Some(f) = self.failed.get_mut(&key) {
-            f.1 = f.1.saturating_sub(1);
-            if f.1 == 0 {
-                self.failed.remove(&key);
-            }
-        }
-    }
-
-    /// Polls acknowledgements and client liveness of every ring.
+    /// Polls acknowledgements and client liveness of every ring, then loads and pushes what
+    /// they let in.
     fn poll(&mut self) {
-        let now = Instant::now();
-        // Capped so that a long pause of the actor is not all blamed on the rings.
-        let interval = now
-            .duration_since(self.last_poll)
-            .min(Duration::from_secs(1));
-        self.last_poll = now;
-        let probe = now.duration_since(self.last_liveness) >= LIVENESS_INTERVAL;
-        if probe {
-            self.last_liveness = now;
-        }
-        let mut gone: Vec<(JobId, String)> = Vec::new();
-        let mut done: Vec<JobId> = Vec::new();
-        let mut released: Vec<SlotRef> = Vec::new();
+        let clock = self.poll_clock();
+        let mut polled = Polled::default();
         for (&id, job) in &mut self.jobs {
-            let mut credit = 0u32;
-            let mut alive = false;
-            // Rings whose client read to the end and left (the job ends when every one has).
-            let mut finished_rings = 0;
-            for rr in &mut job.rings {
-                match rr.ring.poll_acks() {
-                    Ok(refs) => released.extend(refs),
-                    Err(e) => {
-                        gone.push((id, format!("client broke the ring protocol: {e}")));
-                        continue;
-                    }
-                }
-                let acked = rr.ring.acked();
-                for _ in rr.acked..acked {
-                    if rr.shadow.pop_front().unwrap_or(false) {
-                        credit += 1;
-                    }
-                }
-                rr.acked = acked;
-                // A stall: the client is attached, has taken everything pushed and could
-                // take more (it has credit), but nothing is ready for it.
-                if rr.alive
-                    && rr.ring.consumer_position() == rr.ring.pushed()
-                    && rr.ring.free_credit() > 0
-                    && job.stats.state() != JobState::Finished
-                {
-                    job.stats
-                        .stall_us
-                        .fetch_add(interval.as_micros() as u64, Relaxed);
-                }
-                if !probe {
-                    alive |= rr.alive;
-                    continue;
-                }
-                rr.alive = false;
-                rr.probed = true;
-                match rr.ring.reader_status() {
-                    ReaderStatus::Alive => {
-                        alive = true;
-                        rr.alive = true;
-                    }
-                    ReaderStatus::Dead => gone.push((id, "client process died".into())),
-                    // A ring cannot be reopened: a client that left before the end of the
-                    // job ends it.
-                    ReaderStatus::Detached if job.stats.state() != JobState::Finished => {
-                        gone.push((id, "client detached before the end of the job".into()));
-                    }
-                    // Finished and read: once every rank's client has (a fast rank that
-                    // left must not close the rings its job's slower ranks still read).
-                    ReaderStatus::Detached => finished_rings += 1,
-                    ReaderStatus::NotAttached => {}
-                }
-            }
-            if probe && finished_rings == job.rings.len() {
-                done.push(id);
-            }
-            if alive {
-                job.stats.set_state(JobState::Running);
-            }
+            let credit = job.poll_rings(id, clock, &mut polled);
             // New rates reorder the needs: waiting payloads may now find room.
-            self.room_changed |= measure_rate(job, now);
+            self.room_changed |= job.measure_rate(clock.now);
             // Credit only once every rank reads: an unattached job must not pin the cache.
-            // (The registry adds the job to its Sampler before it answers the client, so the
-            // Sampler knows the job before any client can attach.)
-            if !job.granted && job.rings.iter().all(|rr| rr.ring.reader_attached()) {
-                job.granted = true;
-                tracing::debug!(job = id, "every rank attached: credit granted");
-                job.sampler.do_send(JobSignal::Credit {
-                    job: id,
-                    n: job.credit,
-                });
-            }
-            if credit > 0 {
-                job.stats.acknowledged.fetch_add(u64::from(credit), Relaxed);
-                job.sampler
-                    .do_send(JobSignal::Credit { job: id, n: credit });
-            }
+            job.grant_on_attach(id);
+            job.return_credit(id, credit);
         }
-        for r in released {
-            self.release(r);
-        }
-        for (id, reason) in gone {
-            self.close_job(id, Some(reason));
-        }
-        for id in done {
-            self.close_job(id, None);
-        }
+        self.settle(polled);
         self.drain_waiting();
         self.issue_loads();
         self.pump();
     }
 
-    /// Nothing can change but by a message or a client attaching, leaving or dying (which the
-    /// liveness probe notices): nothing loading, pending or waiting for room, and every ring
-    /// either fully acknowledged or without a live client, with nothing queued that it could
-    /// take.
-    fn idle(&self) -> bool {
-        self.loading.is_empty()
-            && self.pending.is_empty()
-            // A job just registered: its client is expected to attach any moment, and is
-            // served at once when it does (later attachers wait for an idle poll).
-            && self
-                .jobs
-                .values()
-                .all(|j| j.granted || j.opened.elapsed() > ATTACH_WATCH)
-            && self.jobs.values().all(|j| {
-                j.rings.iter().all(|rr| {
-                    (rr.ring.pushed() == rr.ring.acked() || (rr.probed && !rr.alive))
-                        && (rr.queue.is_empty() || rr.ring.free_credit() == 0)
-                })
-            })
-    }
-
-    /// Schedules the next poll: one tick away while anything moves, [`IDLE_POLL`] when idle
-    /// (an idle server's cache costs a few probes a second, not a thousand polls).
-    fn schedule_poll(&mut self, ctx: &mut Context<Self>) {
-        let idle = self.idle();
-        let delay = if idle { IDLE_POLL } else { self.tick };
-        let handle = ctx.run_later(delay, |act, ctx| {
-            act.next_poll = None;
-            act.poll();
-            act.schedule_poll(ctx);
-        });
-        self.next_poll = Some((handle, idle));
-    }
-
-    /// Something arrived: if the cache is no longer idle and the next poll is an idle one,
-    /// poll at the fast tick instead (never later than already scheduled).
-    fn wake(&mut self, ctx: &mut Context<Self>) {
-        if let Some((handle, true)) = self.next_poll
-            && !self.idle()
-        {
-            ctx.cancel_future(handle);
-            self.next_poll = None;
-            self.schedule_poll(ctx);
+    /// Applies what a poll found once every job is polled: acknowledged slots are released,
+    /// then the jobs whose clients are gone, or done, are closed.
+    fn settle(&mut self, polled: Polled) {
+        for r in polled.released {
+            self.release(r);
         }
-    }
-
-    /// Drops a job's rings and everything it held; tells its sampler when it failed.
-    fn close_job(&mut self, id: JobId, failure: Option<String>) {
-        let Some(mut job) = self.jobs.remove(&id) else {
-            return;
-        };
-        for rr in &mut job.rings {
-            for r in rr.ring.reclaim_reader() {
-                self.release(r);
-            }
+        for (id, reason) in polled.gone {
+            self.close_job(id, Some(reason));
         }
-        for rr in job.rings.drain(..) {
-            for entry in rr.queue {
-                if let Entry::Item { key, .. } = entry {
-                    self.unref(key);
-                }
-            }
-            drop(rr.ring);
-        }
-        self.room_changed = true;
-        job.stats.closed.store(true, Relaxed);
-        // The last job of a dataset forgets its source (the dataset may be deleted: its index
-        // must not live on here). Loads in flight hold their own reference.
-        if !self.jobs.values().any(|j| j.dataset == job.dataset) {
-            self.sources.remove(&job.dataset);
-        }
-        if let Some(reason) = failure {
-            tracing::warn!(job = id, reason = %reason, "job stopped");
-            job.stats.set_state(JobState::Failed(reason));
-            job.sampler.do_send(JobSignal::Gone { job: id });
-        }
-        self.update_gauges();
-    }
-
-    fn queue_end(&mut self, end: &EndAt) {
-        if let Some(j) = self.jobs.get_mut(&end.job) {
-            for rr in &mut j.rings {
-                rr.queue.push_back(Entry::EndOfEpoch { epoch: end.epoch });
-                if end.finished {
-                    rr.queue.push_back(Entry::EndOfStream);
-                }
-            }
-        }
-    }
-
-    fn shutdown(&mut self) {
-        // The data segment is marked shut down first, so that a client whose ring is closed
-        // next learns why (`server_gone`: "server shut down"), not merely `ring_closed`.
-        self.writer.take();
-        let ids: Vec<JobId> = self.jobs.keys().copied().collect();
-        for id in ids {
+        for id in polled.done {
             self.close_job(id, None);
-        }
-        self.slots.clear();
-        self.by_slot.clear();
-        self.waiting.clear();
-        self.pending.clear();
-        self.pending_order.clear();
-    }
-
-    fn open_job(&mut self, msg: OpenJob) -> Result<Vec<RingInfo>, OpenJobError> {
-        let Some(writer) = &self.writer else {
-            return Err(OpenJobError::ShutDown);
-        };
-        if self.jobs.contains_key(&msg.job) {
-            return Err(OpenJobError::AlreadyOpen(msg.job));
-        }
-        if msg.ranks == 0 || msg.capacity == 0 || msg.batch == 0 || msg.batch > msg.capacity {
-            return Err(OpenJobError::Empty);
-        }
-        // No reservation against the other jobs: a job costs cache memory only while its
-        // client reads (credit is granted on attach), so a sweep of many jobs is admitted.
-        let mut rings = Vec::new();
-        let mut infos = Vec::new();
-        for rank in 0..msg.ranks {
-            let name = format!("{}-r{rank}", msg.ring_prefix);
-            match writer.create_ring(&name, msg.capacity) {
-                Ok(ring) => {
-                    infos.push(RingInfo {
-                        rank,
-                        ring: name,
-                        segment: ring.segment_name().to_string(),
-                        reader_index: ring.reader_index(),
-                        capacity: ring.capacity(),
-                    });
-                    rings.push(RankRing {
-                        ring,
-                        queue: VecDeque::new(),
-                        ready: 0,
-                        ready_items: 0,
-                        shadow: VecDeque::new(),
-                        acked: 0,
-                        epoch_count: 0,
-                        alive: false,
-                        probed: false,
-                    });
-                }
-                Err(e) => {
-                    return Err(OpenJobError::Ring {
-                        ring: name,
-                        message: e.to_string(),
-                    });
-                }
-            }
-        }
-        // The sampler's credit is what the rings hold in total.
-        let credit = rings.iter().map(|r| r.ring.capacity()).sum();
-        self.sources.insert(msg.dataset, msg.source);
-        let now = Instant::now();
-        self.jobs.insert(
-            msg.job,
-            CacheJob {
-                dataset: msg.dataset,
-                pipeline: msg.pipeline,
-                prepare: msg.prepare,
-                subset: msg.subset,
-                rings,
-                batch: msg.batch,
-                credit,
-                granted: false,
-                opened: now,
-                rate: None,
-                rate_mark: (now, 0),
-                stats: msg.stats,
-                sampler: msg.sampler,
-                resume: msg.resume,
-            },
-        );
-        self.update_gauges();
-        Ok(infos)
-    }
-
-    fn deliver(&mut self, msg: Deliver) {
-        // A dataset whose last job closed meanwhile: nothing is left to deliver to.
-        if !self.sources.contains_key(&msg.dataset) {
-            return;
-        }
-        let mut ends = msg.ends.iter().peekable();
-        for (gi, group) in msg.groups.iter().enumerate() {
-            while let Some(end) = ends.next_if(|e| e.after <= gi) {
-                self.queue_end(end);
-            }
-            for item in &group.items {
-                let Some(job) = self.jobs.get_mut(&item.job) else {
-                    continue;
-                };
-                let resumed = job.resume.take();
-                let (pipeline, stats, subset) =
-                    (job.pipeline, job.stats.clone(), job.subset.clone());
-                let rank = (item.position % job.rings.len() as u32) as usize;
-                if let Some(remaining) = resumed {
-                    // A resumed epoch starts: only what remains of it is needed once more.
-                    self.epoch_started(msg.dataset, pipeline, &remaining);
-                } else if item.position == 0 {
-                    self.epoch_started(msg.dataset, pipeline, &subset);
-                }
-                let key = cache_key(msg.dataset, pipeline, group.element);
-                self.stats.requests.fetch_add(1, Relaxed);
-                let hit = self.want(key, group.need);
-                let counter = if hit {
-                    (&self.stats.hits, &stats.hits)
-                } else {
-                    (&self.stats.misses, &stats.misses)
-                };
-                counter.0.fetch_add(1, Relaxed);
-                counter.1.fetch_add(1, Relaxed);
-                if let Some(job) = self.jobs.get_mut(&item.job) {
-                    job.rings[rank].queue.push_back(Entry::Item {
-                        key,
-                        element: group.element,
-                        epoch: item.epoch,
-                        position: item.position,
-                    });
-                }
-            }
-        }
-        for end in ends {
-            self.queue_end(end);
-        }
-        self.issue_loads();
-        self.pump();
-    }
-
-    /// A queued delivery of `key` takes a reference on it wherever it is; returns whether it
-    /// is served without a read of its own (cached, loading or about to load for another).
-    fn want(&mut self, key: u64, need: u32) -> bool {
-        if let Some(e) = self.slots.get_mut(&key) {
-            e.queued += 1;
-            if e.uses() == 1 {
-                self.policy.pin(key);
-            }
-            self.policy.hit(key);
-            self.policy.set_refcount(key, need);
-            true
-        } else if let Some(l) = self.loading.get_mut(&key) {
-            l.refs += 1;
-            l.need = need;
-            true
-        } else if let Some(p) = self.pending.get_mut(&key) {
-            p.refs += 1;
-            p.need = need;
-            true
-        } else if let Some(f) = self.failed.get_mut(&key) {
-            f.1 += 1;
-            false
-        } else {
-            self.pending.insert(
-                key,
-                Pending {
-                    refs: 1,
-                    need,
-                    reload: false,
-                },
-            );
-            self.pending_order.push_back(key);
-            false
         }
     }
 }
 
-/// Updates a job's reading-rate estimate: records taken per second, measured only over
-/// intervals in which the client had something to take (a starved client is not slow, a
-/// paused one is). Returns whether it measured.
-fn measure_rate(job: &mut CacheJob, now: Instant) -> bool {
-    let (at, before) = job.rate_mark;
-    let elapsed = now.duration_since(at);
-    if elapsed < RATE_INTERVAL {
-        return false;
+/// What a poll found that changes the cache once every job has been polled.
+#[derive(Default)]
+struct Polled {
+    /// Slots of acknowledged records.
+    released: Vec<SlotRef>,
+    /// Jobs whose client broke the protocol, died or left early, with why.
+    gone: Vec<(JobId, String)>,
+    /// Jobs every rank's client read to the end and left.
+    done: Vec<JobId>,
+}
+
+impl CacheJob {
+    /// Polls each of the job's rings (its acknowledgements, a stall, its client's liveness)
+    /// and notes what the probes found; returns the credit the acknowledgements return.
+    fn poll_rings(&mut self, id: JobId, clock: liveness::PollClock, polled: &mut Polled) -> u32 {
+        let mut credit = 0u32;
+        let mut alive = false;
+        // Rings whose client read to the end and left (the job ends when every one has).
+        let mut finished = 0;
+        for rr in &mut self.rings {
+            match rr.take_acks() {
+                Ok((released, c)) => {
+                    polled.released.extend(released);
+                    credit += c;
+                }
+                Err(e) => {
+                    polled
+                        .gone
+                        .push((id, format!("client broke the ring protocol: {e}")));
+                    continue;
+                }
+            }
+            rr.count_stall(&self.stats, clock.interval);
+            if !clock.probe {
+                alive |= rr.alive;
+                continue;
+            }
+            match rr.probe(&self.stats) {
+                liveness::Probe::Alive => alive = true,
+                liveness::Probe::Gone(reason) => polled.gone.push((id, reason.into())),
+                liveness::Probe::Finished => finished += 1,
+                liveness::Probe::Waiting => {}
+            }
+        }
+        self.note_liveness(id, clock.probe, alive, finished, polled);
+        credit
     }
-    let taken: u64 = job.rings.iter().map(|rr| rr.ring.consumer_position()).sum();
-    let waiting: u64 = job
-        .rings
-        .iter()
-        .map(|rr| rr.ring.pushed() - rr.ring.consumer_position().min(rr.ring.pushed()))
-        .sum();
-    let moved = taken.saturating_sub(before);
-    if moved > 0 || waiting > 0 {
-        let now_rate = moved as f64 / elapsed.as_secs_f64();
-        job.rate = Some(match job.rate {
-            Some(r) => 0.5 * r + 0.5 * now_rate,
-            None => now_rate,
-        });
-    }
-    job.rate_mark = (now, taken);
-    true
 }
 
 impl Actor for CacheActor {
@@ -719,6 +355,7 @@ impl Handler<OpenJob> for CacheActor {
     fn handle(&mut self, msg: OpenJob, ctx: &mut Context<Self>) -> Self::Result {
         let opened = self.open_job(msg);
         self.wake(ctx);
+        self.after_message();
         opened
     }
 }
@@ -732,6 +369,7 @@ impl Handler<CloseJob> for CacheActor {
         self.issue_loads();
         self.pump();
         self.wake(ctx);
+        self.after_message();
     }
 }
 
@@ -739,6 +377,7 @@ impl Handler<Shutdown> for CacheActor {
     type Result = ();
     fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) {
         self.shutdown();
+        self.after_message();
     }
 }
 
@@ -747,6 +386,7 @@ impl Handler<Deliver> for CacheActor {
     fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) {
         self.deliver(msg);
         self.wake(ctx);
+        self.after_message();
     }
 }
 
@@ -755,5 +395,6 @@ impl Handler<Loaded> for CacheActor {
     fn handle(&mut self, msg: Loaded, ctx: &mut Context<Self>) {
         self.loaded(msg);
         self.wake(ctx);
+        self.after_message();
     }
 }

@@ -9,7 +9,7 @@ use crate::service::stats::JobState;
 
 impl CacheActor {
     /// The entry can be pushed now.
-    fn is_ready(&self, entry: &Entry) -> bool {
+    pub(super) fn is_ready(&self, entry: &Entry) -> bool {
         match entry {
             Entry::Item { key, .. } => {
                 self.slots.contains_key(key) || self.failed.contains_key(key)
@@ -71,6 +71,13 @@ impl CacheActor {
                     rr.ready = 0;
                     rr.ready_items = 0;
                 }
+                debug_assert!(
+                    rr.ready <= rr.queue.len() && rr.ready_items <= rr.ready.min(batch),
+                    "job {id}: a ready prefix of {} ({} items) in a queue of {}",
+                    rr.ready,
+                    rr.ready_items,
+                    rr.queue.len()
+                );
             }
             self.jobs.insert(id, job);
         }
@@ -102,6 +109,8 @@ impl CacheActor {
                     stats.delivered.fetch_add(1, Relaxed);
                     rr.shadow.push_back(true);
                     rr.epoch_count += 1;
+                    // A pushed slot stays pinned until its record is acknowledged.
+                    self.debug_assert_slot(key);
                 } else if let Some(&(code, _)) = self.failed.get(&key) {
                     rr.ring
                         .push_error(element, code, u64::from(epoch), u64::from(position))?;
@@ -110,6 +119,8 @@ impl CacheActor {
                     rr.shadow.push_back(true);
                     rr.epoch_count += 1;
                     self.unref(key);
+                } else {
+                    debug_assert!(false, "key {key:#x} pushed neither cached nor failed");
                 }
             }
             Entry::EndOfEpoch { epoch } => {

@@ -23,12 +23,17 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+mod invariants;
 mod pace;
+
+#[cfg(test)]
+pub(crate) use invariants::probe;
 
 use crate::service::messages::{
     AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, EndAt, JobId, JobSignal, Pass, RemoveJob,
 };
 use crate::service::stats::{CacheStats, JobStats};
+use joader_core::invariants::Periodic;
 use joader_core::sampling::{
     DependentSamplingTree, IndependentSampler, JobEvent, JobSpec, Round, Sampler, SamplerError,
     SamplerKind,
@@ -78,6 +83,8 @@ pub struct SamplerActor {
     cohort_until: Option<Instant>,
     /// The origin of the grid on which jobs join passes (see [`pace`]).
     started: Instant,
+    /// Messages (and timed passes) handled, and the full invariant checks run after them.
+    checks: Periodic,
 }
 
 impl SamplerActor {
@@ -101,6 +108,7 @@ impl SamplerActor {
             start_window: Duration::ZERO,
             cohort_until: None,
             started: Instant::now(),
+            checks: Periodic::default(),
         }
     }
 
@@ -160,6 +168,7 @@ impl SamplerActor {
             }
             act.scheduled = None;
             act.pass();
+            act.after_message();
             // A pass stops after MAX_ROUNDS_PER_PASS rounds: what is left goes on next window.
             act.wake(ctx);
         });
@@ -169,11 +178,48 @@ impl SamplerActor {
     /// DSA jobs that keep pace join the rounds within their lookahead (see [`pace`]).
     fn pass(&mut self) {
         let now = Instant::now();
+        self.end_holds(now);
+        self.choose_joiners(now);
+        let mut out = Deliver {
+            dataset: self.dataset,
+            groups: Vec::new(),
+            ends: Vec::new(),
+        };
+        let mut active: Vec<JobId> = Vec::new();
+        for _ in 0..MAX_ROUNDS_PER_PASS {
+            let mut any = false;
+            for kind in [SamplerKind::Dsa, SamplerKind::Isa] {
+                match self.sample_round(kind, &mut active, &mut out) {
+                    Ok(sampled) => any |= sampled,
+                    Err(e) => {
+                        let dataset = self.dataset;
+                        tracing::error!(error = %e, dataset, "sampler refused a round");
+                        return;
+                    }
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        if !out.groups.is_empty() || !out.ends.is_empty() {
+            self.downstream.do_send(out);
+        }
+        self.flush_records();
+    }
+
+    /// Ends the start windows that are over.
+    fn end_holds(&mut self, now: Instant) {
         for j in self.jobs.values_mut() {
             if j.held_until.is_some_and(|t| t <= now) {
                 j.held_until = None;
             }
         }
+    }
+
+    /// Decides which DSA jobs without credit join this pass's rounds within their lookahead:
+    /// those that keep pace with the fastest job that can move (see [`pace`]).
+    fn choose_joiners(&mut self, now: Instant) {
         let lead = self
             .jobs
             .values()
@@ -193,110 +239,137 @@ impl SamplerActor {
                 && j.credit > -i64::from(j.lookahead)
                 && j.pace.join(self.started, now, lead);
         }
-        let mut out = Deliver {
-            dataset: self.dataset,
-            groups: Vec::new(),
-            ends: Vec::new(),
+    }
+
+    /// Samples one round of the `kind` jobs that can move, with the joiners, into `out`;
+    /// returns whether there was one (some job of that kind could move).
+    fn sample_round(
+        &mut self,
+        kind: SamplerKind,
+        active: &mut Vec<JobId>,
+        out: &mut Deliver,
+    ) -> Result<bool, SamplerError> {
+        if !self.round_jobs(kind, active) {
+            return Ok(false);
+        }
+        let sampler: &mut dyn Sampler = match kind {
+            SamplerKind::Dsa => &mut self.dsa,
+            SamplerKind::Isa => &mut self.isa,
         };
-        let mut active: Vec<JobId> = Vec::new();
-        for _ in 0..MAX_ROUNDS_PER_PASS {
-            let mut any = false;
-            for kind in [SamplerKind::Dsa, SamplerKind::Isa] {
-                active.clear();
-                active.extend(
-                    self.jobs
-                        .iter()
-                        .filter(|(_, j)| j.kind == kind && Self::can_move(j))
-                        .map(|(k, _)| *k),
-                );
-                if active.is_empty() {
-                    continue;
+        sampler.sample(active, &mut self.round)?;
+        debug_assert_eq!(
+            self.round.deliveries.len(),
+            active.len(),
+            "every job of a round receives exactly one element"
+        );
+        self.stats.rounds.fetch_add(1, Relaxed);
+        self.stats
+            .round_deliveries
+            .fetch_add(self.round.deliveries.len() as u64, Relaxed);
+        self.stats
+            .round_elements
+            .fetch_add(self.round.groups.len() as u64, Relaxed);
+        self.add_picks(kind, out);
+        self.charge_deliveries();
+        self.add_events(out);
+        Ok(true)
+    }
+
+    /// The jobs of a `kind` round into `active` (sorted): those that can move and, if any
+    /// can, the joiners still within their lookahead. Returns whether any can move.
+    fn round_jobs(&self, kind: SamplerKind, active: &mut Vec<JobId>) -> bool {
+        active.clear();
+        active.extend(
+            self.jobs
+                .iter()
+                .filter(|(_, j)| j.kind == kind && Self::can_move(j))
+                .map(|(k, _)| *k),
+        );
+        if active.is_empty() {
+            return false;
+        }
+        active.extend(
+            self.jobs
+                .iter()
+                .filter(|(_, j)| {
+                    j.kind == kind && j.joins && j.credit <= 0 && j.credit > -i64::from(j.lookahead)
+                })
+                .map(|(k, _)| *k),
+        );
+        active.sort_unstable();
+        true
+    }
+
+    /// Appends the round's picks to `out`: each element with its need count and the
+    /// deliveries that share it.
+    fn add_picks(&self, kind: SamplerKind, out: &mut Deliver) {
+        let sampler = self.sampler(kind);
+        for (element, ds) in self.round.picks() {
+            let need = sampler.need_count(element);
+            let items = ds
+                .iter()
+                .map(|d| DeliverItem {
+                    job: d.job,
+                    epoch: d.epoch,
+                    position: d.position,
+                })
+                .collect();
+            out.groups.push(DeliverGroup {
+                element,
+                need,
+                items,
+            });
+        }
+    }
+
+    /// Charges each delivery of the round to its job: its credit, its counters, its record.
+    fn charge_deliveries(&mut self) {
+        for d in &self.round.deliveries {
+            let j = self.jobs.get_mut(&d.job);
+            debug_assert!(j.is_some(), "job {} was sampled but is not known", d.job);
+            if let Some(j) = j {
+                if let Some((_, buf)) = &mut j.record {
+                    buf.push([d.epoch, d.position, d.element]);
                 }
-                active.extend(
-                    self.jobs
-                        .iter()
-                        .filter(|(_, j)| {
-                            j.kind == kind
-                                && j.joins
-                                && j.credit <= 0
-                                && j.credit > -i64::from(j.lookahead)
-                        })
-                        .map(|(k, _)| *k),
+                j.credit -= 1;
+                debug_assert!(
+                    j.credit >= -i64::from(j.lookahead),
+                    "job {}: sampled beyond its credit and lookahead ({} left, lookahead {})",
+                    d.job,
+                    j.credit,
+                    j.lookahead
                 );
-                any = true;
-                active.sort_unstable();
-                let sampler: &mut dyn Sampler = match kind {
-                    SamplerKind::Dsa => &mut self.dsa,
-                    SamplerKind::Isa => &mut self.isa,
-                };
-                if let Err(e) = sampler.sample(&active, &mut self.round) {
-                    tracing::error!(error = %e, dataset = self.dataset, "sampler refused a round");
-                    return;
-                }
-                self.stats.rounds.fetch_add(1, Relaxed);
-                self.stats
-                    .round_deliveries
-                    .fetch_add(self.round.deliveries.len() as u64, Relaxed);
-                self.stats
-                    .round_elements
-                    .fetch_add(self.round.groups.len() as u64, Relaxed);
-                for (element, ds) in self.round.picks() {
-                    let need = sampler.need_count(element);
-                    let items = ds
-                        .iter()
-                        .map(|d| DeliverItem {
-                            job: d.job,
-                            epoch: d.epoch,
-                            position: d.position,
-                        })
-                        .collect();
-                    out.groups.push(DeliverGroup {
-                        element,
-                        need,
-                        items,
+                j.stats.sampled.fetch_add(1, Relaxed);
+                j.stats.epoch.store(u64::from(d.epoch), Relaxed);
+                j.stats.position.store(u64::from(d.position), Relaxed);
+            }
+        }
+    }
+
+    /// Appends the round's ends of epochs to `out` (after the picks so far); a finished job
+    /// leaves, its last end marked as the end of its stream.
+    fn add_events(&mut self, out: &mut Deliver) {
+        let after = out.groups.len();
+        for ev in &self.round.events {
+            match *ev {
+                JobEvent::EpochEnded { job, epoch } => {
+                    out.ends.push(EndAt {
+                        after,
+                        job,
+                        epoch,
+                        finished: false,
                     });
                 }
-                for d in &self.round.deliveries {
-                    if let Some(j) = self.jobs.get_mut(&d.job) {
-                        if let Some((_, buf)) = &mut j.record {
-                            buf.push([d.epoch, d.position, d.element]);
-                        }
-                        j.credit -= 1;
-                        j.stats.sampled.fetch_add(1, Relaxed);
-                        j.stats.epoch.store(u64::from(d.epoch), Relaxed);
-                        j.stats.position.store(u64::from(d.position), Relaxed);
+                JobEvent::Finished { job } => {
+                    if let Some(mut j) = self.jobs.remove(&job) {
+                        flush_record(&mut j);
                     }
-                }
-                let after = out.groups.len();
-                for ev in &self.round.events {
-                    match *ev {
-                        JobEvent::EpochEnded { job, epoch } => {
-                            out.ends.push(EndAt {
-                                after,
-                                job,
-                                epoch,
-                                finished: false,
-                            });
-                        }
-                        JobEvent::Finished { job } => {
-                            if let Some(mut j) = self.jobs.remove(&job) {
-                                flush_record(&mut j);
-                            }
-                            if let Some(last) = out.ends.last_mut().filter(|e| e.job == job) {
-                                last.finished = true;
-                            }
-                        }
+                    if let Some(last) = out.ends.last_mut().filter(|e| e.job == job) {
+                        last.finished = true;
                     }
                 }
             }
-            if !any {
-                break;
-            }
         }
-        if !out.groups.is_empty() || !out.ends.is_empty() {
-            self.downstream.do_send(out);
-        }
-        self.flush_records();
     }
 
     /// Sends the pass's recorded deliveries of each recording job to its recorder (off this
@@ -321,9 +394,9 @@ impl Actor for SamplerActor {
     type Context = Context<Self>;
 }
 
-impl Handler<AddJob> for SamplerActor {
-    type Result = Result<(), SamplerError>;
-    fn handle(&mut self, msg: AddJob, ctx: &mut Context<Self>) -> Self::Result {
+impl SamplerActor {
+    /// Registers a job with the sampler of its kind (ISA for a replay), fresh or resumed.
+    fn add_job(&mut self, msg: AddJob, ctx: &mut Context<Self>) -> Result<(), SamplerError> {
         if self.jobs.contains_key(&msg.job) {
             return Err(SamplerError::DuplicateJob(msg.job));
         }
@@ -349,6 +422,11 @@ impl Handler<AddJob> for SamplerActor {
                 sampler.resume_job(spec, epoch, (*remaining).clone())?
             }
         }
+        debug_assert!(
+            self.sampler(kind).epoch(msg.job).is_some(),
+            "job {}: added, unknown to its sampler",
+            msg.job
+        );
         self.jobs.insert(
             msg.job,
             JobEntry {
@@ -369,17 +447,58 @@ impl Handler<AddJob> for SamplerActor {
         self.wake(ctx);
         Ok(())
     }
+
+    /// Removes a job (gone, or removed by the registry) from its sampler.
+    fn remove_job(&mut self, job: JobId) {
+        if let Some(j) = self.jobs.remove(&job) {
+            let _ = match j.kind {
+                SamplerKind::Dsa => self.dsa.remove_job(job),
+                SamplerKind::Isa => self.isa.remove_job(job),
+            };
+        }
+        debug_assert!(
+            self.dsa.epoch(job).is_none() && self.isa.epoch(job).is_none(),
+            "job {job}: removed, still known to a sampler"
+        );
+    }
+
+    /// The job's credit came back: `n` more deliveries may be outstanding.
+    fn credit(&mut self, job: JobId, n: u32, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        self.credited(job, now);
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.pace.returned(now);
+            j.credit += i64::from(n);
+            if j.credit > -i64::from(j.lookahead) {
+                j.pace.eligible(now);
+            }
+        }
+        self.wake(ctx);
+    }
+
+    /// The sampler of a kind.
+    fn sampler(&self, kind: SamplerKind) -> &dyn Sampler {
+        match kind {
+            SamplerKind::Dsa => &self.dsa,
+            SamplerKind::Isa => &self.isa,
+        }
+    }
+}
+
+impl Handler<AddJob> for SamplerActor {
+    type Result = Result<(), SamplerError>;
+    fn handle(&mut self, msg: AddJob, ctx: &mut Context<Self>) -> Self::Result {
+        let added = self.add_job(msg, ctx);
+        self.after_message();
+        added
+    }
 }
 
 impl Handler<RemoveJob> for SamplerActor {
     type Result = ();
     fn handle(&mut self, msg: RemoveJob, _: &mut Context<Self>) {
-        if let Some(j) = self.jobs.remove(&msg.job) {
-            let _ = match j.kind {
-                SamplerKind::Dsa => self.dsa.remove_job(msg.job),
-                SamplerKind::Isa => self.isa.remove_job(msg.job),
-            };
-        }
+        self.remove_job(msg.job);
+        self.after_message();
     }
 }
 
@@ -387,6 +506,7 @@ impl Handler<Pass> for SamplerActor {
     type Result = ();
     fn handle(&mut self, _: Pass, _: &mut Context<Self>) {
         self.pass();
+        self.after_message();
     }
 }
 
@@ -394,255 +514,12 @@ impl Handler<JobSignal> for SamplerActor {
     type Result = ();
     fn handle(&mut self, msg: JobSignal, ctx: &mut Context<Self>) {
         match msg {
-            JobSignal::Credit { job, n } => {
-                let now = Instant::now();
-                self.credited(job, now);
-                if let Some(j) = self.jobs.get_mut(&job) {
-                    j.pace.returned(now);
-                    j.credit += i64::from(n);
-                    if j.credit > -i64::from(j.lookahead) {
-                        j.pace.eligible(now);
-                    }
-                }
-                self.wake(ctx);
-            }
-            JobSignal::Gone { job } => {
-                <Self as Handler<RemoveJob>>::handle(self, RemoveJob { job }, ctx);
-            }
+            JobSignal::Credit { job, n } => self.credit(job, n, ctx),
+            JobSignal::Gone { job } => self.remove_job(job),
         }
+        self.after_message();
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use roaring::RoaringBitmap;
-    use std::collections::BTreeSet;
-    use std::sync::Mutex;
-
-    /// Records what the sampler sends; `Sync` answers once every earlier message is handled.
-    struct Capture(Arc<Mutex<Vec<Deliver>>>);
-    impl Actor for Capture {
-        type Context = Context<Self>;
-    }
-    impl Handler<Deliver> for Capture {
-        type Result = ();
-        fn handle(&mut self, msg: Deliver, _: &mut Context<Self>) {
-            self.0.lock().unwrap().push(msg);
-        }
-    }
-    #[derive(Message)]
-    #[rtype(result = "()")]
-    struct Sync;
-    impl Handler<Sync> for Capture {
-        type Result = ();
-        fn handle(&mut self, _: Sync, _: &mut Context<Self>) {}
-    }
-
-    /// A tick that never fires during a test: the test samples with [`Pass`].
-    const NEVER: Duration = Duration::from_secs(3600);
-
-    fn add(
-        job: JobId,
-        ids: std::ops::Range<u32>,
-        kind: SamplerKind,
-        credit: u32,
-        epochs: Option<u32>,
-    ) -> AddJob {
-        AddJob {
-            job,
-            subset: Arc::new(ids.collect::<RoaringBitmap>()),
-            seed: job,
-            epochs,
-            sampler: kind,
-            credit,
-            lookahead: 0,
-            stats: Arc::new(JobStats::default()),
-            resume: None,
-            replay: None,
-            record: None,
-        }
-    }
-
-    /// Runs one pass and returns once its deliveries have reached the capture.
-    async fn pass(s: &Addr<SamplerActor>, cap: &Addr<Capture>) {
-        s.send(Pass).await.unwrap();
-        cap.send(Sync).await.unwrap();
-    }
-
-    fn count(job: JobId, got: &[Deliver]) -> usize {
-        got.iter()
-            .flat_map(|d| &d.groups)
-            .flat_map(|g| &g.items)
-            .filter(|i| i.job == job)
-            .count()
-    }
-
-    #[actix::test]
-    async fn samples_within_credit_and_resumes_on_credit() {
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let cap = Capture(got.clone()).start();
-        let s = SamplerActor::new(
-            1,
-            cap.clone().recipient(),
-            NEVER,
-            Arc::new(CacheStats::default()),
-        )
-        .start();
-        s.send(add(1, 0..100, SamplerKind::Dsa, 10, Some(1)))
-            .await
-            .unwrap()
-            .unwrap();
-        s.send(add(2, 50..150, SamplerKind::Dsa, 4, Some(1)))
-            .await
-            .unwrap()
-            .unwrap();
-        s.send(add(3, 0..20, SamplerKind::Isa, 5, Some(1)))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            s.send(add(3, 0..20, SamplerKind::Isa, 5, None))
-                .await
-                .unwrap(),
-            Err(SamplerError::DuplicateJob(3))
-        );
-        pass(&s, &cap).await;
-        {
-            let g = got.lock().unwrap();
-            assert_eq!(
-                (count(1, &g), count(2, &g), count(3, &g)),
-                (10, 4, 5),
-                "credit caps deliveries"
-            );
-            for d in g.iter() {
-                for grp in &d.groups {
-                    assert!(grp.items.len() <= 2);
-                }
-            }
-        }
-        // A pass without new credit samples nothing.
-        pass(&s, &cap).await;
-        {
-            let g = got.lock().unwrap();
-            assert_eq!((count(1, &g), count(2, &g), count(3, &g)), (10, 4, 5));
-        }
-        // Job 3 (independent, 20 elements) gets the rest of its epoch and finishes.
-        s.do_send(JobSignal::Credit { job: 3, n: 100 });
-        s.do_send(JobSignal::Gone { job: 2 });
-        s.do_send(JobSignal::Credit { job: 2, n: 100 });
-        pass(&s, &cap).await;
-        let g = got.lock().unwrap();
-        assert_eq!(count(2, &g), 4, "a gone job receives nothing more");
-        assert_eq!(count(3, &g), 20, "job 3 received exactly its epoch");
-        let ids: BTreeSet<u32> = g
-            .iter()
-            .flat_map(|d| &d.groups)
-            .filter(|grp| grp.items.iter().any(|i| i.job == 3))
-            .map(|grp| grp.element)
-            .collect();
-        assert_eq!(
-            ids,
-            (0..20).collect(),
-            "job 3 received its whole subset once"
-        );
-        let end = g
-            .iter()
-            .flat_map(|d| &d.ends)
-            .find(|e| e.job == 3)
-            .expect("job 3's epoch ended");
-        assert_eq!((end.epoch, end.finished), (0, true));
-    }
-
-    #[actix::test]
-    async fn jobs_with_credit_in_the_same_pass_share_elements() {
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let cap = Capture(got.clone()).start();
-        let stats = Arc::new(CacheStats::default());
-        let s = SamplerActor::new(1, cap.clone().recipient(), NEVER, stats.clone()).start();
-        s.send(add(1, 0..1000, SamplerKind::Dsa, 200, None))
-            .await
-            .unwrap()
-            .unwrap();
-        s.send(add(2, 0..1000, SamplerKind::Dsa, 200, None))
-            .await
-            .unwrap()
-            .unwrap();
-        // Both jobs have credit before the first pass: DSA shares every pick of identical
-        // jobs (probability |R1 ∩ R2| / max = 1).
-        pass(&s, &cap).await;
-        let g = got.lock().unwrap();
-        let groups: Vec<&DeliverGroup> = g.iter().flat_map(|d| &d.groups).collect();
-        assert_eq!(groups.len(), 200);
-        assert!(
-            groups
-                .iter()
-                .all(|grp| grp.items.len() == 2 && grp.need == 0),
-            "identical jobs share every pick"
-        );
-        // The counters behind `joader_sampler_picks_total` and `…_pick_jobs_total`.
-        assert_eq!(stats.round_elements.load(Relaxed), 200);
-        assert_eq!(stats.round_deliveries.load(Relaxed), 400);
-    }
-
-    /// Deliveries of `job` in order: its elements.
-    fn elements(job: JobId, got: &[Deliver]) -> Vec<u32> {
-        got.iter()
-            .flat_map(|d| &d.groups)
-            .filter(|g| g.items.iter().any(|i| i.job == job))
-            .map(|g| g.element)
-            .collect()
-    }
-
-    #[actix::test]
-    async fn jobs_starting_in_one_window_are_sampled_together_from_their_first_element() {
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let cap = Capture(got.clone()).start();
-        let stats = Arc::new(CacheStats::default());
-        let s = SamplerActor::new(1, cap.clone().recipient(), Duration::from_millis(1), stats)
-            .with_start_window(Duration::from_secs(2))
-            .start();
-        for (job, kind) in [
-            (1, SamplerKind::Dsa),
-            (2, SamplerKind::Dsa),
-            (3, SamplerKind::Isa),
-        ] {
-            s.send(add(job, 0..1000, kind, 0, None))
-                .await
-                .unwrap()
-                .unwrap();
-        }
-        let credit = |job| JobSignal::Credit { job, n: 64 };
-        // Job 1's clients attach: its first credit waits for the window (a pass samples the
-        // ISA job 3, which shares nothing and does not wait, and not job 1).
-        s.send(credit(1)).await.unwrap();
-        s.send(credit(3)).await.unwrap();
-        pass(&s, &cap).await;
-        {
-            let g = got.lock().unwrap();
-            assert_eq!(count(1, &g), 0, "job 1 waits for the start window");
-            assert_eq!(count(3, &g), 64, "an ISA job starts at once");
-        }
-        // Job 2 attaches within the window: both start at its end, in the same passes.
-        s.send(credit(2)).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            cap.send(Sync).await.unwrap();
-            let started = {
-                let g = got.lock().unwrap();
-                count(1, &g) == 64 && count(2, &g) == 64
-            };
-            if started {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the window never ended");
-            actix::clock::sleep(Duration::from_millis(10)).await;
-        }
-        let g = got.lock().unwrap();
-        assert_eq!(
-            elements(1, &g),
-            elements(2, &g),
-            "identical jobs started together share every pick"
-        );
-    }
-}
+mod tests;

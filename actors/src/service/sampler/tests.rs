@@ -1,0 +1,246 @@
+//! The Sampler actor alone: what it sends downstream for given credit, captured, with passes
+//! driven by the tests (a tick that never fires) so that sharing is the algorithm's, not timing's.
+
+use super::*;
+use roaring::RoaringBitmap;
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+/// Records what the sampler sends; `Sync` answers once every earlier message is handled.
+struct Capture(Arc<Mutex<Vec<Deliver>>>);
+impl Actor for Capture {
+    type Context = Context<Self>;
+}
+impl Handler<Deliver> for Capture {
+    type Result = ();
+    fn handle(&mut self, msg: Deliver, _: &mut Context<Self>) {
+        self.0.lock().unwrap().push(msg);
+    }
+}
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Sync;
+impl Handler<Sync> for Capture {
+    type Result = ();
+    fn handle(&mut self, _: Sync, _: &mut Context<Self>) {}
+}
+
+/// A tick that never fires during a test: the test samples with [`Pass`].
+const NEVER: Duration = Duration::from_secs(3600);
+
+fn add(
+    job: JobId,
+    ids: std::ops::Range<u32>,
+    kind: SamplerKind,
+    credit: u32,
+    epochs: Option<u32>,
+) -> AddJob {
+    AddJob {
+        job,
+        subset: Arc::new(ids.collect::<RoaringBitmap>()),
+        seed: job,
+        epochs,
+        sampler: kind,
+        credit,
+        lookahead: 0,
+        stats: Arc::new(JobStats::default()),
+        resume: None,
+        replay: None,
+        record: None,
+    }
+}
+
+/// Runs one pass and returns once its deliveries have reached the capture.
+async fn pass(s: &Addr<SamplerActor>, cap: &Addr<Capture>) {
+    s.send(Pass).await.unwrap();
+    cap.send(Sync).await.unwrap();
+}
+
+/// The sampler holds its invariants, and its periodic checks ran (debug builds).
+async fn assert_invariants(s: &Addr<SamplerActor>) {
+    let i = s.send(probe::Inspect).await.unwrap();
+    assert_eq!(i.check, Ok(()));
+    assert!(i.messages > 0);
+    assert_eq!(
+        i.full_checks,
+        joader_core::invariants::checks_after(i.messages)
+    );
+}
+
+fn count(job: JobId, got: &[Deliver]) -> usize {
+    got.iter()
+        .flat_map(|d| &d.groups)
+        .flat_map(|g| &g.items)
+        .filter(|i| i.job == job)
+        .count()
+}
+
+#[actix::test]
+async fn samples_within_credit_and_resumes_on_credit() {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let cap = Capture(got.clone()).start();
+    let s = SamplerActor::new(
+        1,
+        cap.clone().recipient(),
+        NEVER,
+        Arc::new(CacheStats::default()),
+    )
+    .start();
+    s.send(add(1, 0..100, SamplerKind::Dsa, 10, Some(1)))
+        .await
+        .unwrap()
+        .unwrap();
+    s.send(add(2, 50..150, SamplerKind::Dsa, 4, Some(1)))
+        .await
+        .unwrap()
+        .unwrap();
+    s.send(add(3, 0..20, SamplerKind::Isa, 5, Some(1)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        s.send(add(3, 0..20, SamplerKind::Isa, 5, None))
+            .await
+            .unwrap(),
+        Err(SamplerError::DuplicateJob(3))
+    );
+    pass(&s, &cap).await;
+    {
+        let g = got.lock().unwrap();
+        assert_eq!(
+            (count(1, &g), count(2, &g), count(3, &g)),
+            (10, 4, 5),
+            "credit caps deliveries"
+        );
+        for d in g.iter() {
+            for grp in &d.groups {
+                assert!(grp.items.len() <= 2);
+            }
+        }
+    }
+    // A pass without new credit samples nothing.
+    pass(&s, &cap).await;
+    {
+        let g = got.lock().unwrap();
+        assert_eq!((count(1, &g), count(2, &g), count(3, &g)), (10, 4, 5));
+    }
+    // Job 3 (independent, 20 elements) gets the rest of its epoch and finishes.
+    s.do_send(JobSignal::Credit { job: 3, n: 100 });
+    s.do_send(JobSignal::Gone { job: 2 });
+    s.do_send(JobSignal::Credit { job: 2, n: 100 });
+    pass(&s, &cap).await;
+    assert_invariants(&s).await;
+    let g = got.lock().unwrap();
+    assert_eq!(count(2, &g), 4, "a gone job receives nothing more");
+    assert_eq!(count(3, &g), 20, "job 3 received exactly its epoch");
+    let ids: BTreeSet<u32> = g
+        .iter()
+        .flat_map(|d| &d.groups)
+        .filter(|grp| grp.items.iter().any(|i| i.job == 3))
+        .map(|grp| grp.element)
+        .collect();
+    assert_eq!(
+        ids,
+        (0..20).collect(),
+        "job 3 received its whole subset once"
+    );
+    let end = g
+        .iter()
+        .flat_map(|d| &d.ends)
+        .find(|e| e.job == 3)
+        .expect("job 3's epoch ended");
+    assert_eq!((end.epoch, end.finished), (0, true));
+}
+
+#[actix::test]
+async fn jobs_with_credit_in_the_same_pass_share_elements() {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let cap = Capture(got.clone()).start();
+    let stats = Arc::new(CacheStats::default());
+    let s = SamplerActor::new(1, cap.clone().recipient(), NEVER, stats.clone()).start();
+    s.send(add(1, 0..1000, SamplerKind::Dsa, 200, None))
+        .await
+        .unwrap()
+        .unwrap();
+    s.send(add(2, 0..1000, SamplerKind::Dsa, 200, None))
+        .await
+        .unwrap()
+        .unwrap();
+    // Both jobs have credit before the first pass: DSA shares every pick of identical
+    // jobs (probability |R1 ∩ R2| / max = 1).
+    pass(&s, &cap).await;
+    assert_invariants(&s).await;
+    let g = got.lock().unwrap();
+    let groups: Vec<&DeliverGroup> = g.iter().flat_map(|d| &d.groups).collect();
+    assert_eq!(groups.len(), 200);
+    assert!(
+        groups
+            .iter()
+            .all(|grp| grp.items.len() == 2 && grp.need == 0),
+        "identical jobs share every pick"
+    );
+    // The counters behind `joader_sampler_picks_total` and `…_pick_jobs_total`.
+    assert_eq!(stats.round_elements.load(Relaxed), 200);
+    assert_eq!(stats.round_deliveries.load(Relaxed), 400);
+}
+
+/// Deliveries of `job` in order: its elements.
+fn elements(job: JobId, got: &[Deliver]) -> Vec<u32> {
+    got.iter()
+        .flat_map(|d| &d.groups)
+        .filter(|g| g.items.iter().any(|i| i.job == job))
+        .map(|g| g.element)
+        .collect()
+}
+
+#[actix::test]
+async fn jobs_starting_in_one_window_are_sampled_together_from_their_first_element() {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let cap = Capture(got.clone()).start();
+    let stats = Arc::new(CacheStats::default());
+    let s = SamplerActor::new(1, cap.clone().recipient(), Duration::from_millis(1), stats)
+        .with_start_window(Duration::from_secs(2))
+        .start();
+    for (job, kind) in [
+        (1, SamplerKind::Dsa),
+        (2, SamplerKind::Dsa),
+        (3, SamplerKind::Isa),
+    ] {
+        s.send(add(job, 0..1000, kind, 0, None))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let credit = |job| JobSignal::Credit { job, n: 64 };
+    // Job 1's clients attach: its first credit waits for the window (a pass samples the
+    // ISA job 3, which shares nothing and does not wait, and not job 1).
+    s.send(credit(1)).await.unwrap();
+    s.send(credit(3)).await.unwrap();
+    pass(&s, &cap).await;
+    {
+        let g = got.lock().unwrap();
+        assert_eq!(count(1, &g), 0, "job 1 waits for the start window");
+        assert_eq!(count(3, &g), 64, "an ISA job starts at once");
+    }
+    // Job 2 attaches within the window: both start at its end, in the same passes.
+    s.send(credit(2)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        cap.send(Sync).await.unwrap();
+        let started = {
+            let g = got.lock().unwrap();
+            count(1, &g) == 64 && count(2, &g) == 64
+        };
+        if started {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the window never ended");
+        actix::clock::sleep(Duration::from_millis(10)).await;
+    }
+    let g = got.lock().unwrap();
+    assert_eq!(
+        elements(1, &g),
+        elements(2, &g),
+        "identical jobs started together share every pick"
+    );
+}
