@@ -26,9 +26,9 @@ pub mod collate;
 mod copy;
 mod error;
 mod futex;
-mod instance;
 #[cfg(test)]
 mod fuzz;
+mod instance;
 mod layout;
 pub mod names;
 pub mod prefetch;
@@ -39,6 +39,7 @@ mod shm;
 
 pub use alloc::ArenaStats;
 pub use error::{Error, Result};
+pub use instance::remove_dead_instance;
 pub use layout::{
     DATA_MAGIC, Format, LAYOUT_VERSION, MAP_ALIGN, RING_MAGIC, RecordKind, element_error,
 };
@@ -47,7 +48,6 @@ pub use reader::{
     LIVENESS_SLICE, RawBatch, RawReader, Reader,
 };
 pub use ring::{ReaderStatus, RingWriter};
-pub use instance::remove_dead_instance;
 pub use segment::{SegmentConfig, SlotMeta, SlotRef, Writer};
 pub use shm::Access;
 

@@ -8,10 +8,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::alloc::{Arena, ArenaStats};
 use crate::error::{Error, Result};
+use crate::instance::{InstanceLock, remove_stale_objects};
 use crate::layout::{
     DATA_MAGIC, DataLayout, Format, LAYOUT_VERSION, hdr, page_size, seg_state, slot, slot_state,
 };
-use crate::instance::{InstanceLock, remove_stale_objects};
 use crate::names;
 use crate::ring::RingWriter;
 use crate::shm::{self, Mapping};

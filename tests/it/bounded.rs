@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
 use joader_tools::client::{Client, ReadOptions, consume};
+use serde_json::{Value, json};
 
 use crate::common::{DEADLINE, TempDir, TestServer, unique_instance, wait_for};
 

@@ -179,8 +179,8 @@ impl TestServer {
             .env("JOADER_LOG", "info")
             // A stopped test server gives running jobs 5 s, not 30 (a flag overrides it).
             .env("JOADER_DRAIN_GRACE_S", "5");
-        let started = spawn_serve(cmd, env, usize::MAX, DEADLINE)
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        let started =
+            spawn_serve(cmd, env, usize::MAX, DEADLINE).unwrap_or_else(|e| panic!("{e:#}"));
         TestServer {
             child: Some(started.child),
             instance: instance.to_string(),
@@ -222,10 +222,7 @@ impl Drop for TestServer {
         // /dev/shm; remove them, unless a restarted server of the instance runs.
         let _ = dataplane::remove_dead_instance(&self.instance);
         if std::thread::panicking() {
-            eprintln!(
-                "---- joader serve log ----\n{}",
-                self.log.text()
-            );
+            eprintln!("---- joader serve log ----\n{}", self.log.text());
         }
     }
 }

@@ -34,10 +34,10 @@
 //! Random augmentation never happens here: it is per job, after the cache.
 
 mod decode;
-mod resize;
-mod scaled;
 #[cfg(test)]
 mod fuzz;
+mod resize;
+mod scaled;
 #[cfg(test)]
 mod tests;
 

@@ -27,4 +27,3 @@ pub fn run(args: CleanupArgs) -> Result<()> {
     }
     Ok(())
 }
-

@@ -106,4 +106,3 @@ pub fn run(args: ConsumeArgs) -> Result<()> {
     println!("{summary}");
     Ok(())
 }
-

@@ -14,8 +14,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
 use crate::client::{Client, ReadOptions, consume};
-use crate::synth::{SynthSpec, generate_image_folder};
 use crate::inprocess::ServerHandle;
+use crate::synth::{SynthSpec, generate_image_folder};
 use server::Config;
 
 #[derive(Debug, Args)]

@@ -110,7 +110,8 @@ mod tests {
 
     #[test]
     fn the_address_is_the_addr_field_up_to_whitespace() {
-        let line = "2026-11-25T12:00:00Z  INFO server: joader is serving addr=127.0.0.1:40123 instance=x";
+        let line =
+            "2026-11-25T12:00:00Z  INFO server: joader is serving addr=127.0.0.1:40123 instance=x";
         assert_eq!(listen_address(line), Some("127.0.0.1:40123"));
         assert_eq!(listen_address("no address here"), None);
     }

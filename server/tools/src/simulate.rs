@@ -12,7 +12,6 @@ use joader_core::sampling::SamplerKind;
 
 use joader_core::sim::{self, JobScenario, ResultRow, Scenario};
 
-
 pub fn run(args: SimulateArgs) -> Result<()> {
     check_exclusive(&args)?;
     let mut scenarios: Vec<Scenario> = if args.preset.is_some() {

@@ -17,10 +17,10 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use dataplane::augment::{Augmenter, ItemOut, Output, RandomResizedCrop};
-use dataplane::Result;
 use dataplane::Format;
 use dataplane::Reader;
+use dataplane::Result;
+use dataplane::augment::{Augmenter, ItemOut, Output, RandomResizedCrop};
 use dataplane::{SegmentConfig, SlotMeta, Writer};
 
 /// Benchmark parameters.

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::{Actor, Addr, Handler};
-use joader_pipeline::{self as pipeline, Limits, Pipeline};
 use actors::service::{CacheStats, ElementSource, Load, LoadFailure, Loaded, Loader, Prepare};
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
+use joader_pipeline::{self as pipeline, Limits, Pipeline};
 use serde_json::{Value, json};
 
 use super::photos;

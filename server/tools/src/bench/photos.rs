@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use joader_pipeline::{self as pipeline, Limits, Output, Pipeline};
 use anyhow::{Context, Result, bail};
+use joader_pipeline::{self as pipeline, Limits, Output, Pipeline};
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 
 /// The colour photographs used, as paths inside the wheels.

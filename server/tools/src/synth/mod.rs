@@ -24,9 +24,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 
-use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 use anyhow::Context;
 use clap::Args;
+use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 use serde::{Deserialize, Serialize};
 
 mod scene;
@@ -279,4 +279,3 @@ pub fn gen_dataset(a: GenDatasetArgs) -> anyhow::Result<()> {
     println!("{n} images in {}", a.out.display());
     Ok(())
 }
-

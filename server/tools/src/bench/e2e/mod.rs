@@ -23,10 +23,10 @@ use std::sync::Arc;
 
 use std::time::Instant;
 
-use joader_pipeline::Pipeline;
-use joader_storage::{DatasetIndex, SourceSpec};
 use anyhow::Result;
 use clap::Args;
+use joader_pipeline::Pipeline;
+use joader_storage::{DatasetIndex, SourceSpec};
 
 use crate::synth::{SynthSpec, generate_image_folder};
 use report::{chart, markdown};

@@ -9,11 +9,11 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use joader_pipeline::{self as pipeline, Limits};
 use anyhow::{Context, Result};
 use crossbeam_channel::unbounded;
 use dataplane::Format;
 use dataplane::augment::{Augmenter, ItemOut, Output as AugOutput, RandomResizedCrop, item_key};
+use joader_pipeline::{self as pipeline, Limits};
 use rand::seq::SliceRandom;
 use rand::{SeedableRng, rngs::Xoshiro256PlusPlus};
 use serde_json::json;
@@ -21,9 +21,9 @@ use serde_json::json;
 use super::Ctx;
 use super::scenarios::{Scenario, wait_start};
 use crate::client::{Client, ReadOptions, consume};
-use server::procstat::process_cpu;
 use crate::inprocess::ServerHandle;
 use server::Config;
+use server::procstat::process_cpu;
 
 /// The PyTorch job, run with `python3 -c`.
 const TORCH_SCRIPT: &str = include_str!("torch_baseline.py");
