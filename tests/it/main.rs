@@ -3,10 +3,12 @@
 mod bench;
 mod bounded;
 mod cluster;
+mod codemap;
 mod common;
 mod decode;
 mod deploy;
 mod flow;
+mod layers;
 mod observability;
 mod openapi;
 mod resume;
