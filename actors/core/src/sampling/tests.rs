@@ -1,14 +1,15 @@
 //! Tests of the samplers: structure (proptest against the definitions and against "every
-//! element once per epoch"), exact distribution against the reference Algorithm 1 + 2,
-//! uniformity and locality. Statistical tests use fixed seeds, so they are deterministic; their
+//! element once per epoch"), exact distribution against the reference Algorithm 1 + 2 (whose
+//! own marginals are checked exactly, in rationals, with the leaf coupling active), the tree's
+//! exact fallback of the coupled leaf draw alone, uniformity and locality. Statistical tests use fixed seeds, so they are deterministic; their
 //! thresholds are at p = 0.001 so that a correct implementation passes with a wide margin.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use proptest::prelude::*;
 use roaring::RoaringBitmap;
 
-use super::reference::exact_round;
+use super::reference::{CoupledDraw, Coupling, Ratio, coupled, exact_round, exact_round_with};
 use super::*;
 
 fn bitmap(ids: impl IntoIterator<Item = u32>) -> RoaringBitmap {
@@ -950,4 +951,293 @@ fn a_broken_tree_fails_its_periodic_check() {
     );
     // Debug builds: the next round's periodic check panics. Release builds never check.
     sampled_tree(crate::invariants::EVERY as usize, true);
+}
+
+// The coupling of leaf draws, checked against the law it must keep rather than against a copy
+// of itself: the reference's exact enumeration must give every job exactly uniform marginals,
+// and the tree's exact fallback (forced by a tree that gives up its rejection loop at once)
+// must be uniform by chi-square and match the reference.
+
+fn set(ids: impl IntoIterator<Item = u32>) -> BTreeSet<u32> {
+    ids.into_iter().collect()
+}
+
+/// Whether a coupled draw is of some kind.
+type Holds = fn(&CoupledDraw) -> bool;
+
+/// Rounds in which the coupling is active: some outcomes draw two or three leaves (own sets),
+/// each later one coupled with the first, of more than two elements, overlapping in part. Jobs
+/// in tree order (ascending size); the comments give the leaves `L` and the spine `V`.
+fn coupled_states() -> Vec<Vec<BTreeSet<u32>>> {
+    vec![
+        // V_0 = {0,1}, V_1 = {30}; L_0 = {10,11,12,20,21}, L_1 = {10,11,31,32,33}: equal
+        // sizes, x outside L_1 in 3 of 5 draws.
+        vec![
+            set([0, 1, 10, 11, 12, 20, 21]),
+            set([0, 1, 10, 11, 30, 31, 32, 33]),
+            set([0, 1, 30, 40, 41, 42, 43, 44, 45]),
+        ],
+        // |L_0| = 4 < |L_1| = 6: L_0 = {10..=13}, L_1 = {10,11,30..=33}, overlapping in {10,11}.
+        vec![
+            set([0, 10, 11, 12, 13]),
+            set([0, 5, 10, 11, 30, 31, 32, 33]),
+            set([0, 5, 6, 40, 41, 42, 43, 44, 45, 46]),
+        ],
+        // |L_0| = 8 > |L_1| = 6: L_0 = {10..=17}, L_1 = {10..=13,30,31}; the rest of L_1's
+        // law weighs the overlap too.
+        vec![
+            set([0, 10, 11, 12, 13, 14, 15, 16, 17]),
+            set([0, 50, 51, 52, 53, 10, 11, 12, 13, 30, 31]),
+            set([0, 50, 51, 52, 53, 60, 61, 62, 63, 64, 65, 66, 67]),
+        ],
+        // L_1 = {10,11,12} inside L_0 = {10..=16}: the rest lies in the overlap alone.
+        vec![
+            set([0, 10, 11, 12, 13, 14, 15, 16]),
+            set([0, 50, 51, 52, 53, 54, 10, 11, 12]),
+            set([0, 50, 51, 52, 53, 54, 60, 61, 62, 63, 64, 65]),
+        ],
+        // Four jobs, a tie and an empty V_1: up to three leaves in one round, L_1 and L_2 both
+        // coupled with L_0 = {10,11,12,20}: L_1 = {10,11,21,22}, L_2 = {10,20,21,23,24}.
+        vec![
+            set([0, 10, 11, 12, 20]),
+            set([0, 10, 11, 21, 22]),
+            set([0, 7, 10, 20, 21, 23, 24]),
+            set([0, 7, 8, 9, 30, 31, 32, 33]),
+        ],
+    ]
+}
+
+/// The first way in which an enumerated round is not exactly uniform for every job: the
+/// outcomes must sum to 1, and each job's marginal must be 1/|R_j| on every element of its
+/// remaining set (so nothing elsewhere).
+fn marginal_defect(sets: &[BTreeSet<u32>], outcomes: &HashMap<Vec<u32>, Ratio>) -> Option<String> {
+    let total = outcomes.values().fold(Ratio::ZERO, |t, &p| t + p);
+    if total != Ratio::ONE {
+        return Some(format!("the outcomes sum to {total}"));
+    }
+    for (j, r) in sets.iter().enumerate() {
+        let mut marginal: BTreeMap<u32, Ratio> = BTreeMap::new();
+        for (outcome, &p) in outcomes {
+            let m = marginal.entry(outcome[j]).or_insert(Ratio::ZERO);
+            *m = *m + p;
+        }
+        let want = Ratio::new(1, r.len() as i128);
+        for (&e, &p) in &marginal {
+            if !r.contains(&e) {
+                return Some(format!("job {j} picks {e}, outside its set, with {p}"));
+            }
+            if p != want {
+                return Some(format!("job {j} picks {e} with {p}, not {want}"));
+            }
+        }
+        if marginal.len() != r.len() {
+            return Some(format!("job {j} never picks some of its set"));
+        }
+    }
+    None
+}
+
+/// From the reference's exact enumeration, in rationals: each job's pick is exactly uniform
+/// over its remaining set in rounds where the leaves draw coupled, in every case of the
+/// coupling (|L_a| below, equal to, above |L_b|; x in L_b or not; L_b inside L_a).
+#[test]
+fn coupled_rounds_are_exactly_uniform_for_every_job() {
+    let mut cases = BTreeSet::new();
+    for sets in coupled_states() {
+        let round = exact_round_with(&sets, coupled);
+        if let Some(defect) = marginal_defect(&sets, &round.outcomes) {
+            panic!("{defect} in {sets:?}");
+        }
+        assert!(
+            round
+                .coupled
+                .iter()
+                .any(|c| c.a > 2 && c.b > 2 && c.both > 0),
+            "no coupled draw of overlapping leaves over two elements in {sets:?}: {:?}",
+            round.coupled
+        );
+        cases.extend(round.coupled);
+    }
+    let wanted: [(&str, Holds); 5] = [
+        ("|L_a| < |L_b|", |c| c.a < c.b),
+        ("|L_a| = |L_b|", |c| c.a == c.b),
+        ("|L_a| > |L_b| with L_b reaching outside L_a", |c| {
+            c.a > c.b && c.b_only > 0
+        }),
+        ("L_b inside a larger L_a", |c| c.a > c.b && c.b_only == 0),
+        ("x outside L_b", |c| c.both < c.a),
+    ];
+    for (what, case) in wanted {
+        assert!(
+            cases
+                .iter()
+                .any(|c| c.a > 2 && c.b > 2 && c.both > 0 && case(c)),
+            "no state covers {what} with leaves over two elements: {cases:?}"
+        );
+    }
+}
+
+/// Broken on purpose: keeps `x` with the right probability but draws the miss uniformly over
+/// `b`, not from the rest of its law (elements of the overlap get too much).
+fn coupled_without_rest(a: &BTreeSet<u32>, x: u32, b: &BTreeSet<u32>, y: u32) -> Ratio {
+    let keep = if b.contains(&x) {
+        Ratio::new(a.len() as i128, b.len() as i128).min(Ratio::ONE)
+    } else {
+        Ratio::ZERO
+    };
+    let stay = if y == x { keep } else { Ratio::ZERO };
+    stay + (Ratio::ONE - keep) * Ratio::new(1, b.len() as i128)
+}
+
+/// Broken on purpose: keeps `x` whenever it is in `b`, whatever the sizes, else draws from
+/// `b \ a` (the overlap gets `1/|a|` each instead of `1/|b|`).
+fn coupled_greedy(a: &BTreeSet<u32>, x: u32, b: &BTreeSet<u32>, y: u32) -> Ratio {
+    if b.contains(&x) {
+        return if y == x { Ratio::ONE } else { Ratio::ZERO };
+    }
+    let outside: BTreeSet<u32> = b.difference(a).copied().collect();
+    if outside.contains(&y) {
+        Ratio::new(1, outside.len() as i128)
+    } else {
+        Ratio::ZERO
+    }
+}
+
+/// Broken on purpose, as a fallback that forgets the overlap's weight `|a| - |b|` when
+/// `|a| > |b|`: the miss is drawn from `b \ a` alone. Right whenever `|a| <= |b|`.
+fn coupled_rest_outside_only(a: &BTreeSet<u32>, x: u32, b: &BTreeSet<u32>, y: u32) -> Ratio {
+    let keep = if b.contains(&x) {
+        Ratio::new(a.len() as i128, b.len() as i128).min(Ratio::ONE)
+    } else {
+        Ratio::ZERO
+    };
+    let stay = if y == x { keep } else { Ratio::ZERO };
+    let outside: BTreeSet<u32> = b.difference(a).copied().collect();
+    if outside.contains(&y) {
+        stay + (Ratio::ONE - keep) * Ratio::new(1, outside.len() as i128)
+    } else {
+        stay
+    }
+}
+
+/// The exact check has teeth. Each wrong coupling above is right in some cases (all three
+/// when the leaves do not overlap; the greedy one when |L_a| = |L_b|; the one without the rest
+/// when L_b lies inside L_a; the one with its rest outside the overlap when |L_a| <= |L_b|),
+/// and the check rejects it on exactly the coupled states that have a coupled draw where it is
+/// wrong; each is rejected on some state, and every state rejects some.
+#[test]
+fn a_wrong_coupling_fails_the_exact_marginal_check() {
+    let wrong: [(&str, Coupling, Holds); 3] = [
+        ("without the rest", coupled_without_rest, |c| {
+            c.both > 0 && c.b_only > 0
+        }),
+        ("greedy", coupled_greedy, |c| c.both > 0 && c.a != c.b),
+        (
+            "rest outside the overlap only",
+            coupled_rest_outside_only,
+            |c| c.both > 0 && c.a > c.b,
+        ),
+    ];
+    let mut rejected = [0; 3];
+    for sets in coupled_states() {
+        let cases = exact_round_with(&sets, coupled).coupled;
+        let mut here = 0;
+        for (i, (what, coupling, wrong_in)) in wrong.iter().enumerate() {
+            let round = exact_round_with(&sets, *coupling);
+            let defect = marginal_defect(&sets, &round.outcomes);
+            assert_eq!(
+                defect.is_some(),
+                cases.iter().any(wrong_in),
+                "the coupling {what} on {sets:?} (coupled draws {cases:?}): {defect:?}"
+            );
+            rejected[i] += usize::from(defect.is_some());
+            here += usize::from(defect.is_some());
+        }
+        assert!(here > 0, "every wrong coupling passes on {sets:?}");
+    }
+    for ((what, ..), n) in wrong.iter().zip(rejected) {
+        assert!(n > 0, "the coupling {what} passes on every state");
+    }
+}
+
+/// Samples one all-jobs round from clones of a tree that gives up its rejection loop at once
+/// (after `warmup` rounds of it), `trials` times: each job's pick must be uniform over its
+/// remaining set, and the joint law must be the reference's. Returns the fraction of trials
+/// whose round ran the exact fallback.
+fn exact_fallback_rounds(datasets: &[BTreeSet<u32>], warmup: usize, trials: u64, seed: u64) -> f64 {
+    let mut tree = DependentSamplingTree::new();
+    tree.give_up_rejection_at_once();
+    for (i, d) in datasets.iter().enumerate() {
+        tree.add_job(spec(
+            i as JobKey,
+            bitmap(d.iter().copied()),
+            seed + i as u64,
+        ))
+        .unwrap();
+    }
+    let mut round = Round::default();
+    for _ in 0..warmup {
+        let jobs = tree.jobs();
+        tree.sample(&jobs, &mut round).unwrap();
+        assert!(round.events.is_empty(), "warm-up must not end an epoch");
+    }
+    let order = tree.order();
+    let sets: Vec<BTreeSet<u32>> = order
+        .iter()
+        .map(|&k| tree.remaining(k).unwrap().iter().collect())
+        .collect();
+    let before = tree.exact_fallbacks();
+    let mut joint: Counts = HashMap::new();
+    let mut marginals: Vec<Counts> = vec![HashMap::new(); order.len()];
+    let mut fallback_rounds = 0;
+    for t in 0..trials {
+        let mut c = tree.clone();
+        c.reseed(seed.wrapping_mul(1_000_003) + t);
+        c.sample(&order, &mut round).unwrap();
+        fallback_rounds += u64::from(c.exact_fallbacks() > before);
+        let mut outcome = vec![u32::MAX; order.len()];
+        for d in &round.deliveries {
+            outcome[order.iter().position(|&k| k == d.job).unwrap()] = d.element;
+        }
+        for (m, &e) in marginals.iter_mut().zip(&outcome) {
+            *m.entry(vec![e]).or_default() += 1;
+        }
+        *joint.entry(outcome).or_default() += 1;
+    }
+    for (j, (m, r)) in marginals.iter().zip(&sets).enumerate() {
+        let expected: HashMap<Vec<u32>, f64> =
+            r.iter().map(|&e| (vec![e], 1.0 / r.len() as f64)).collect();
+        let (stat, df) = chi2(m, &expected, trials);
+        let crit = chi2_critical(df.max(1));
+        assert!(
+            stat < crit,
+            "job at position {j}: chi2 {stat:.1} >= {crit:.1} (df {df}) for {sets:?}"
+        );
+    }
+    let (stat, df) = chi2(&joint, &exact_round(&sets), trials);
+    let crit = chi2_critical(df.max(1));
+    assert!(
+        stat < crit,
+        "joint law vs reference: chi2 {stat:.1} >= {crit:.1} (df {df}) for {sets:?}"
+    );
+    fallback_rounds as f64 / trials as f64
+}
+
+/// The tree's exact fallback alone (the rejection loop leaves it only the draws whose 64 tries
+/// all fail, rare unless the rest of `L_b`'s law is a small part of `L_b`): a tree whose
+/// rejection loop gives up at once keeps every job's pick uniform and the joint law of the
+/// reference (whose marginals are exact, above), on the coupled states and on states its own
+/// rounds reach. A fallback that forgets the overlap's weight when `|L_a| > |L_b|` fails here
+/// with a chi-square above 1000.
+#[test]
+fn the_exact_fallback_alone_keeps_every_job_uniform() {
+    for (i, sets) in coupled_states().iter().enumerate() {
+        let seed = 100 + 10 * i as u64;
+        let ran = exact_fallback_rounds(sets, 0, 40_000, seed);
+        assert!(
+            ran > 0.1,
+            "the fallback ran in only {ran:.3} of rounds in {sets:?}"
+        );
+        exact_fallback_rounds(sets, 2, 40_000, seed + 1);
+    }
 }

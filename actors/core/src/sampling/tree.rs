@@ -99,6 +99,9 @@ pub struct DependentSamplingTree {
     picked: Vec<(ElementId, u32)>,
     need: Vec<bool>,
     pickers: Vec<usize>,
+    /// Tests only: the rejection tries of a coupled leaf draw, and its exact fallbacks run.
+    #[cfg(test)]
+    rejection: draw::Rejection,
 }
 
 impl Default for DependentSamplingTree {
@@ -122,6 +125,8 @@ impl DependentSamplingTree {
             picked: Vec::new(),
             need: Vec::new(),
             pickers: Vec::new(),
+            #[cfg(test)]
+            rejection: draw::Rejection::default(),
         }
     }
 

@@ -10,6 +10,26 @@ use crate::sampling::{ElementId, uniform_element};
 /// Uniform draws tried before the residual of a coupled leaf draw is computed exactly.
 const REJECTION_TRIES: usize = 64;
 
+/// Tests only: the uniform draws a coupled leaf draw tries before its exact fallback (a test
+/// sets none, so that every draw that does not take `x` is the fallback's, whose law it then
+/// checks), and how many times the fallback ran.
+#[cfg(test)]
+#[derive(Debug, Clone)]
+pub(super) struct Rejection {
+    tries: usize,
+    fallbacks: u64,
+}
+
+#[cfg(test)]
+impl Default for Rejection {
+    fn default() -> Self {
+        Self {
+            tries: REJECTION_TRIES,
+            fallbacks: 0,
+        }
+    }
+}
+
 /// Where a group of jobs draws its shared element from.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Source {
@@ -28,6 +48,19 @@ pub(super) struct Group {
 }
 
 impl DependentSamplingTree {
+    /// Tests only: coupled leaf draws give up the rejection loop at once, so that the exact
+    /// fallback draws whatever does not take the first leaf's element.
+    #[cfg(test)]
+    pub(crate) fn give_up_rejection_at_once(&mut self) {
+        self.rejection.tries = 0;
+    }
+
+    /// Tests only: how many coupled leaf draws have come from the exact fallback.
+    #[cfg(test)]
+    pub(crate) fn exact_fallbacks(&self) -> u64 {
+        self.rejection.fallbacks
+    }
+
     /// Draws an element uniformly from a source.
     fn draw(&mut self, source: Source) -> ElementId {
         match source {
@@ -62,11 +95,19 @@ impl DependentSamplingTree {
         // Otherwise the rest of the uniform distribution over L_b: y outside L_a weighs 1/lb,
         // y in L_a ∩ L_b weighs 1/lb - 1/la when la > lb and nothing otherwise. By rejection
         // from uniform draws over L_b (one draw on average over all rounds), then exactly.
-        for _ in 0..REJECTION_TRIES {
+        #[cfg(not(test))]
+        let tries = REJECTION_TRIES;
+        #[cfg(test)]
+        let tries = self.rejection.tries;
+        for _ in 0..tries {
             let y = uniform_element(&self.jobs[b].leaf, lb, &mut self.rng);
             if !self.jobs[a].leaf.contains(y) || (la > lb && self.rng.random_range(0..la) >= lb) {
                 return y;
             }
+        }
+        #[cfg(test)]
+        {
+            self.rejection.fallbacks += 1;
         }
         let (leaf_a, leaf_b) = (&self.jobs[a].leaf, &self.jobs[b].leaf);
         let outside = leaf_b - leaf_a;
