@@ -1,7 +1,10 @@
 //! `joader bench decode`: the shared pipeline (decode + resize shorter side 256 + center crop
-//! 224) against Pillow and Pillow with `draft()` on the same files in the same run, one thread
-//! each; joader's full-size decode path beside it (what the DCT scaling saves); and the
-//! Loader's real worker pool with one thread and with all cores.
+//! 224) against Pillow, Pillow with `draft()` and Pillow tuned (`draft()` plus its fused crop +
+//! resize, `resize(size, box=…, reducing_gap=2.0)`) on the same files in the same run, one
+//! thread each; joader's full-size decode path beside it (what the DCT scaling saves); and the
+//! Loader's real worker pool with one thread and with all cores. Every contender's output is
+//! kept (Pillow's `tobytes()`, joader's through `std::hint::black_box`), so no compiler or
+//! library can skip the work.
 //!
 //! By default the files are real photos ([`super::photos`]), kept in a cache folder; with
 //! `--from DIR` they are the user's own images, only read. Nothing is written into any dataset
@@ -58,6 +61,7 @@ struct Row {
     joader_full: f64,
     pillow: Option<f64>,
     pillow_draft: Option<f64>,
+    pillow_tuned: Option<f64>,
     loader_one: f64,
     loader_all: f64,
 }
@@ -97,14 +101,19 @@ pub fn decode(args: DecodeBenchArgs) -> Result<()> {
              progressive and one grayscale (sizes above a photo's are mosaics of native crops)"
         );
     }
+    println!(
+        "Pillow: convert(RGB), resize, crop; + draft(): a DCT-scaled decode first; tuned: draft(), \
+         then one resize((224, 224), BILINEAR, box=the crop, reducing_gap=2.0) (its fused crop + \
+         resize) on the decoded mode"
+    );
     if !pillow {
         println!("Pillow is not installed (pip install pillow): Pillow's columns are empty");
     }
     let header = format!(
-        "| files | images | bits/px | joader img/s | joader full decode | Pillow | Pillow + draft() | vs Pillow | vs Pillow + draft() | Loader 1 thread | Loader {threads} threads | scaling |"
+        "| files | images | bits/px | joader img/s | joader full decode | Pillow | Pillow + draft() | Pillow tuned | vs Pillow | vs Pillow + draft() | vs Pillow tuned | Loader 1 thread | Loader {threads} threads | scaling |"
     );
     println!("\n{header}");
-    println!("|{}", "---|".repeat(12));
+    println!("|{}", "---|".repeat(14));
     let mut rows = Vec::new();
     for (label, paths) in sets {
         let row = measure(&label, &paths, pillow, threads, args.min_seconds)?;
@@ -112,7 +121,7 @@ pub fn decode(args: DecodeBenchArgs) -> Result<()> {
         let ratio =
             |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.2}×", row.joader / x));
         println!(
-            "| {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {:.1} | {:.1} | {:.2}× |",
+            "| {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.2}× |",
             row.label,
             row.images,
             row.bits_per_pixel.map_or("-".into(), |b| format!("{b:.2}")),
@@ -120,8 +129,10 @@ pub fn decode(args: DecodeBenchArgs) -> Result<()> {
             row.joader_full,
             opt(row.pillow),
             opt(row.pillow_draft),
+            opt(row.pillow_tuned),
             ratio(row.pillow),
             ratio(row.pillow_draft),
+            ratio(row.pillow_tuned),
             row.loader_one,
             row.loader_all,
             row.loader_all / row.loader_one,
@@ -169,6 +180,7 @@ fn summary(rows: &[Row], threads: usize) -> Value {
                 "joader_full_decode_images_per_s": r.joader_full,
                 "pillow_images_per_s": r.pillow,
                 "pillow_draft_images_per_s": r.pillow_draft,
+                "pillow_tuned_images_per_s": r.pillow_tuned,
                 "loader_1_thread_images_per_s": r.loader_one,
                 "loader_all_threads_images_per_s": r.loader_all,
             })
@@ -180,6 +192,7 @@ fn summary(rows: &[Row], threads: usize) -> Value {
         "joader_full_decode_images_per_s": rate(&|r| Some(r.joader_full)),
         "pillow_images_per_s": rate(&|r| r.pillow),
         "pillow_draft_images_per_s": rate(&|r| r.pillow_draft),
+        "pillow_tuned_images_per_s": rate(&|r| r.pillow_tuned),
         "loader_threads": threads,
         "loader_1_thread_images_per_s": rate(&|r| Some(r.loader_one)),
         "loader_all_threads_images_per_s": rate(&|r| Some(r.loader_all)),
@@ -213,7 +226,8 @@ fn images_under(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Rounds of each measurement (see [`measure`]).
 const ROUNDS: usize = 3;
 
-/// Pillow's images per second (`mode`: `plain` or `draft`) on `paths`, in a Python process.
+/// Pillow's images per second (`mode`: `plain`, `draft` or `tuned`, see `pillow_decode.py`)
+/// on `paths`, in a Python process.
 fn pillow_rate(has_pillow: bool, mode: &str, min: f64, paths: &[PathBuf]) -> Option<f64> {
     if !has_pillow {
         return None;
@@ -270,20 +284,21 @@ fn measure(
     let slice = min / ROUNDS as f64;
     let files = Arc::new(files);
     let (mut joader, mut joader_full, mut loader_one, mut loader_all) = (0f64, 0f64, 0f64, 0f64);
-    let (mut pillow, mut pillow_draft) = (None::<f64>, None::<f64>);
+    let (mut pillow, mut pillow_draft, mut pillow_tuned) = (None::<f64>, None::<f64>, None::<f64>);
     let best = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(x), Some(y)) => Some(x.max(y)),
         (x, y) => x.or(y),
     };
     for _ in 0..ROUNDS {
         joader = joader.max(one_thread(&files, slice, |b| {
-            pipeline::run(&PIPELINE, b, &limits).is_ok()
+            pipeline::run(&PIPELINE, b, &limits)
         }));
         joader_full = joader_full.max(one_thread(&files, slice, |b| {
-            pipeline::run_full_decode(&PIPELINE, b, &limits).is_ok()
+            pipeline::run_full_decode(&PIPELINE, b, &limits)
         }));
         pillow = best(pillow, pillow_rate(has_pillow, "plain", slice, &kept));
         pillow_draft = best(pillow_draft, pillow_rate(has_pillow, "draft", slice, &kept));
+        pillow_tuned = best(pillow_tuned, pillow_rate(has_pillow, "tuned", slice, &kept));
         loader_one = loader_one.max(loader_pool(&files, 1, slice)?);
         loader_all = loader_all.max(loader_pool(&files, threads, slice)?);
     }
@@ -296,20 +311,22 @@ fn measure(
         joader_full,
         pillow,
         pillow_draft,
+        pillow_tuned,
         loader_one,
         loader_all,
     })
 }
 
 /// Images per second of `f` on this thread, over whole passes for at least `min` seconds
-/// (one image first, untimed, to warm up).
-fn one_thread(files: &[Vec<u8>], min: f64, f: impl Fn(&[u8]) -> bool) -> f64 {
-    f(&files[0]);
+/// (one image first, untimed, to warm up); every result goes through `black_box`, so that
+/// none of the work can be optimized away.
+fn one_thread<T>(files: &[Vec<u8>], min: f64, f: impl Fn(&[u8]) -> T) -> f64 {
+    std::hint::black_box(f(&files[0]));
     let start = Instant::now();
     let mut n = 0usize;
     loop {
         for b in files {
-            f(b);
+            std::hint::black_box(f(b));
         }
         n += files.len();
         let secs = start.elapsed().as_secs_f64();

@@ -3,9 +3,17 @@
 //! joader (an in-process server, one Rust consumer thread per job that augments what it
 //! reads), the Python client (one `joader.Loader` process per job, same server), independent
 //! loading (each job's own order read, decoded and resized by the same code on the same shared
-//! threads, augmented on the job's thread) and PyTorch's DataLoader, tuned; and the Python
-//! client's training loop from cache.
+//! threads, augmented on the job's thread) and PyTorch's DataLoader, tuned and with workers =
+//! cores per job; and the Python client's training loop from cache.
+//!
+//! Every system is timed alike (see [`Span`]): each job from its start (joader and the Python
+//! client: just before its registration; independent loading: just before its first task;
+//! PyTorch: just before `iter()` starts its workers; processes after their imports) to its last
+//! sample, and also from the end of its first batch, so that the start-up (registration, the
+//! Sampler's start window, the workers' start, the first loads) is counted in the headline
+//! figure and shown apart.
 
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
@@ -19,7 +27,7 @@ use rand::{SeedableRng, rngs::Xoshiro256PlusPlus};
 use serde_json::json;
 
 use super::Ctx;
-use super::scenarios::{Scenario, wait_start};
+use super::scenarios::{Scenario, run_processes, wait_start};
 use crate::client::{Client, ReadOptions, consume};
 use crate::inprocess::ServerHandle;
 use server::Config;
@@ -38,58 +46,66 @@ fn recipe_aug() -> RandomResizedCrop {
 #[derive(Debug, Clone)]
 pub(super) struct Outcome {
     pub(super) system: &'static str,
+    /// Each job's samples over its own span, from its start to its last sample.
     pub(super) per_job: Vec<f64>,
+    /// Every sample of every job over the span from the first job's start (its registration or
+    /// its first task) to the last sample: the headline figure.
     pub(super) aggregate: f64,
+    /// The samples after each job's first batch over the span from the first of those batches
+    /// to the last sample: what the run gives once every system has started.
+    pub(super) from_first: f64,
+    /// CPU over the whole span (start-up included) per sample (all samples).
     pub(super) cpu_ms_per_sample: f64,
     pub(super) decodes_per_sample: f64,
     pub(super) hit_ratio: Option<f64>,
-    /// Mean time from a job's start to its first batch (processes: after the imports).
-    pub(super) startup_s: Option<f64>,
-    /// Fraction of the loop's time spent waiting for the next batch (Python client).
+    /// Mean time from a job's start to the end of its first batch.
+    pub(super) startup_s: f64,
+    /// Fraction of the loop's time after the first batch spent waiting for the next batch
+    /// (Python client).
     pub(super) wait_frac: Option<f64>,
 }
 
-pub(super) fn summarize(
-    system: &'static str,
-    spans: &[(u64, Instant, Instant)],
-    cpu: f64,
-    decodes: f64,
-    hit: Option<f64>,
-) -> Outcome {
-    let zero = spans.iter().map(|s| s.1).min().unwrap_or_else(Instant::now);
-    let secs: Vec<(u64, f64, f64)> = spans
-        .iter()
-        .map(|s| {
-            let at = |i: Instant| i.duration_since(zero).as_secs_f64();
-            (s.0, at(s.1), at(s.2))
-        })
-        .collect();
-    summarize_secs(system, &secs, cpu, decodes, hit)
+/// One job's timing, in seconds on one clock: `start` is its registration (joader, the Python
+/// client), its first task (independent loading) or its DataLoader's start (PyTorch); `first`
+/// the end of its first batch, of `first_samples` samples; `end` its last sample; `samples`
+/// all its samples, the first batch's included.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Span {
+    pub(super) samples: u64,
+    pub(super) first_samples: u64,
+    pub(super) start: f64,
+    pub(super) first: f64,
+    pub(super) end: f64,
 }
 
-/// `spans` are (samples, start, end) in seconds on one clock.
-fn summarize_secs(
+/// The figures of `spans`: see [`Outcome`]. `cpu` and `decodes` are over the whole run.
+pub(super) fn summarize(
     system: &'static str,
-    spans: &[(u64, f64, f64)],
+    spans: &[Span],
     cpu: f64,
     decodes: f64,
     hit: Option<f64>,
 ) -> Outcome {
-    let total: u64 = spans.iter().map(|s| s.0).sum();
-    let first = spans.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
-    let last = spans.iter().map(|s| s.2).fold(f64::NEG_INFINITY, f64::max);
-    let wall = (last - first).max(1e-9);
+    let min = |f: fn(&Span) -> f64| spans.iter().map(f).fold(f64::INFINITY, f64::min);
+    let total: u64 = spans.iter().map(|s| s.samples).sum();
+    let after_first: u64 = spans.iter().map(|s| s.samples - s.first_samples).sum();
+    let last = spans
+        .iter()
+        .map(|s| s.end)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let rate = |n: u64, from: f64| n as f64 / (last - from).max(1e-9);
     Outcome {
         system,
         per_job: spans
             .iter()
-            .map(|s| s.0 as f64 / (s.2 - s.1).max(1e-9))
+            .map(|s| s.samples as f64 / (s.end - s.start).max(1e-9))
             .collect(),
-        aggregate: total as f64 / wall,
+        aggregate: rate(total, min(|s| s.start)),
+        from_first: rate(after_first, min(|s| s.first)),
         cpu_ms_per_sample: cpu * 1e3 / total.max(1) as f64,
         decodes_per_sample: decodes / total.max(1) as f64,
         hit_ratio: hit,
-        startup_s: None,
+        startup_s: spans.iter().map(|s| s.first - s.start).sum::<f64>() / spans.len().max(1) as f64,
         wait_frac: None,
     }
 }
@@ -142,20 +158,17 @@ pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome
     ))
 }
 
-/// One job of [`run_jobs`], timed like the Python client and PyTorch from its first batch: from
-/// the end of it (`samples` counts the samples after it), its start-up (registration, attach,
-/// the Sampler's start window, the first loads and that batch) apart.
+/// One job of [`run_jobs`] or [`run_independent`], on the monotonic clock (see [`Span`]).
 pub(super) struct JobRun {
     pub(super) samples: u64,
+    pub(super) first_samples: u64,
+    pub(super) start: Instant,
+    /// The end of its first batch (the batch read and augmented).
     pub(super) first: Instant,
     pub(super) end: Instant,
-    pub(super) startup: Duration,
-    /// Every sample it received, the first batch's included.
-    pub(super) delivered: u64,
 }
 
-/// [`summarize`] of [`JobRun`]s: the server's decodes are scaled to the samples timed (they
-/// include the first batches), and the mean start-up is reported.
+/// [`summarize`] of [`JobRun`]s.
 pub(super) fn summarize_runs(
     system: &'static str,
     runs: &[JobRun],
@@ -163,19 +176,28 @@ pub(super) fn summarize_runs(
     decodes: f64,
     hit: Option<f64>,
 ) -> Outcome {
-    let spans: Vec<(u64, Instant, Instant)> =
-        runs.iter().map(|r| (r.samples, r.first, r.end)).collect();
-    let timed: u64 = runs.iter().map(|r| r.samples).sum();
-    let delivered: u64 = runs.iter().map(|r| r.delivered).sum();
-    let decodes = decodes * timed as f64 / delivered.max(1) as f64;
-    let mut o = summarize(system, &spans, cpu, decodes, hit);
-    o.startup_s =
-        Some(runs.iter().map(|r| r.startup.as_secs_f64()).sum::<f64>() / runs.len().max(1) as f64);
-    o
+    let zero = runs
+        .iter()
+        .map(|r| r.start)
+        .min()
+        .unwrap_or_else(Instant::now);
+    let at = |i: Instant| i.duration_since(zero).as_secs_f64();
+    let spans: Vec<Span> = runs
+        .iter()
+        .map(|r| Span {
+            samples: r.samples,
+            first_samples: r.first_samples,
+            start: at(r.start),
+            first: at(r.first),
+            end: at(r.end),
+        })
+        .collect();
+    summarize(system, &spans, cpu, decodes, hit)
 }
 
 /// Runs the jobs of `sc` on the server of `client` with the training recipe, one consumer
-/// thread each (the client's augmentation included): see [`JobRun`].
+/// thread each (the client's augmentation included), each timed from just before its
+/// registration: see [`JobRun`].
 pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<JobRun>> {
     let lead = AtomicU64::new(0);
     let lead_done = AtomicU64::new(0);
@@ -187,6 +209,8 @@ pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<JobRun>> {
             .map(|(i, job)| {
                 let (lead, lead_done) = (&lead, &lead_done);
                 s.spawn(move || -> Result<JobRun> {
+                    // Job 0 releases the late jobs however it ends.
+                    let _release = (i == 0).then(|| Release(lead_done));
                     wait_start(job.start_frac, lead, u64::from(sc.jobs[0].subset.len() as u32), lead_done);
                     let start = Instant::now();
                     let reg = client.ok(
@@ -228,18 +252,9 @@ pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<JobRun>> {
                     if let Some(e) = failed {
                         anyhow::bail!("augmentation failed: {e}");
                     }
-                    if i == 0 {
-                        lead_done.store(1, Relaxed);
-                    }
                     let end = Instant::now();
-                    let (first, before) = first.unwrap_or((end, got.samples));
-                    Ok(JobRun {
-                        samples: got.samples - before,
-                        first,
-                        end,
-                        startup: first - start,
-                        delivered: got.samples,
-                    })
+                    let (first, first_samples) = first.unwrap_or((end, got.samples));
+                    Ok(JobRun { samples: got.samples, first_samples, start, first, end })
                 })
             })
             .collect();
@@ -259,7 +274,8 @@ pub(super) fn run_jobs(client: &Client, sc: &Scenario) -> Result<Vec<JobRun>> {
 /// all jobs share (joader's Loader threads), then augments it on its own thread (joader's
 /// consumer thread), with at most two batches in flight per job (what its ring holds). The
 /// jobs submit to one FIFO queue, so the workers stay busy at any K and serve the jobs in
-/// turn, and each system has the same threads: `workers` + one per job.
+/// turn, and each system has the same threads: `workers` + one per job. A job is timed from
+/// just before its first task, its first batch being its first `batch` elements augmented.
 pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
     type Prepared = Option<(Vec<u8>, (u32, u32, u32))>;
     let (task_tx, task_rx) = unbounded::<(usize, u32)>();
@@ -272,7 +288,7 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
         max_pixels: 100_000_000,
     };
     let cpu0 = process_cpu();
-    let spans = std::thread::scope(|s| -> Result<Vec<(u64, Instant, Instant)>> {
+    let runs = std::thread::scope(|s| -> Result<Vec<JobRun>> {
         for _ in 0..ctx.workers {
             let (task_rx, done, decodes, limits) = (task_rx.clone(), &done, &decodes, &limits);
             s.spawn(move || {
@@ -303,7 +319,7 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
             .map(|(i, job)| {
                 let (task_tx, done_rx, lead, lead_done) =
                     (task_tx.clone(), done[i].1.clone(), &lead, &lead_done);
-                s.spawn(move || -> Result<(u64, Instant, Instant)> {
+                s.spawn(move || -> Result<JobRun> {
                     // Job 0 releases the late jobs however it ends.
                     let _release = (i == 0).then(|| Release(lead_done));
                     wait_start(
@@ -323,6 +339,8 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
                     let (aug, mut augmenter) = (recipe_aug(), Augmenter::default());
                     let mut out = vec![0u8; 224 * 224 * 3];
                     let per = Duration::from_secs_f64(job.sleep_ms / 1e3);
+                    let first_samples = (sc.batch as u64).min(n);
+                    let mut first = None;
                     for got in 0..n {
                         let (data, (h, w, c)) = done_rx
                             .recv()?
@@ -342,11 +360,21 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
                         if !per.is_zero() {
                             std::thread::sleep(per);
                         }
+                        if got + 1 == first_samples {
+                            first = Some(Instant::now());
+                        }
                         if i == 0 {
                             lead.store(got + 1, Relaxed);
                         }
                     }
-                    Ok((n, start, Instant::now()))
+                    let end = Instant::now();
+                    Ok(JobRun {
+                        samples: n,
+                        first_samples,
+                        start,
+                        first: first.unwrap_or(end),
+                        end,
+                    })
                 })
             })
             .collect();
@@ -360,9 +388,9 @@ pub(super) fn run_independent(sc: &Scenario, ctx: &Ctx) -> Result<Outcome> {
             .collect()
     })?;
     let cpu = process_cpu() - cpu0;
-    Ok(summarize(
+    Ok(summarize_runs(
         "independent",
-        &spans,
+        &runs,
         cpu,
         decodes.load(Relaxed) as f64,
         None,
@@ -398,44 +426,7 @@ fn python_imports(code: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// One Python process per job, started after its scenario delay (a fraction of job 0's epoch
-/// time alone, measured first); each prints the JSON line its script documents.
-fn run_processes(
-    sc: &Scenario,
-    epoch_alone_s: f64,
-    args: impl Fn(usize, &super::scenarios::JobPlan) -> Vec<String>,
-) -> Result<Vec<serde_json::Value>> {
-    let t0 = Instant::now();
-    let children: Vec<_> = sc
-        .jobs
-        .iter()
-        .enumerate()
-        .map(|(i, job)| {
-            std::thread::sleep(Duration::from_secs_f64(
-                (job.start_frac * epoch_alone_s - t0.elapsed().as_secs_f64()).max(0.0),
-            ));
-            std::process::Command::new("python3")
-                .args(args(i, job))
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-        })
-        .collect();
-    let mut out = Vec::new();
-    for child in children {
-        let o = child?.wait_with_output()?;
-        anyhow::ensure!(
-            o.status.success(),
-            "a Python job failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let line = String::from_utf8_lossy(&o.stdout);
-        let last = line.lines().last().unwrap_or("");
-        out.push(serde_json::from_str(last).with_context(|| format!("job output {last:?}"))?);
-    }
-    Ok(out)
-}
-
+/// The figures of the processes' JSON lines (see `joader_python.py`, `torch_baseline.py`).
 fn outcome_of(
     system: &'static str,
     runs: &[serde_json::Value],
@@ -444,14 +435,19 @@ fn outcome_of(
     hit: Option<f64>,
 ) -> Outcome {
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(0.0);
-    let spans: Vec<(u64, f64, f64)> = runs
+    let u = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    let spans: Vec<Span> = runs
         .iter()
-        .map(|v| (v["n"].as_u64().unwrap_or(0), f(v, "first"), f(v, "end")))
+        .map(|v| Span {
+            samples: u(v, "n"),
+            first_samples: u(v, "n_first"),
+            start: f(v, "start"),
+            first: f(v, "first"),
+            end: f(v, "end"),
+        })
         .collect();
     let cpu = extra_cpu + runs.iter().map(|v| f(v, "cpu")).sum::<f64>();
-    let mut o = summarize_secs(system, &spans, cpu, decodes, hit);
-    o.startup_s =
-        Some(runs.iter().map(|v| f(v, "startup")).sum::<f64>() / runs.len().max(1) as f64);
+    let mut o = summarize(system, &spans, cpu, decodes, hit);
     if runs.iter().all(|v| v.get("wait").is_some()) {
         let wait: f64 = runs.iter().map(|v| f(v, "wait")).sum();
         let wall: f64 = runs.iter().map(|v| f(v, "end") - f(v, "first")).sum();
@@ -460,69 +456,73 @@ fn outcome_of(
     o
 }
 
+fn python(script: &str, args: &[String]) -> Command {
+    let mut c = Command::new("python3");
+    c.args(["-c", script]).args(args);
+    c
+}
+
 /// The Python client: one `joader.Loader` process per job against an in-process server.
-/// CPU is the clients' (from their first batch) plus the server's over the scenario.
-pub(super) fn run_python(
-    sc: &Scenario,
-    ctx: &Ctx,
-    tag: usize,
-    epoch_alone_s: f64,
-) -> Result<Outcome> {
+/// CPU is the clients' (from their start) plus the server's over the scenario.
+pub(super) fn run_python(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome> {
     let (server, client, _state) = start_server(ctx, &format!("p{tag}"))?;
     let url = server.url.clone();
     let cpu0 = process_cpu();
-    let runs = run_processes(sc, epoch_alone_s, |i, job| {
-        vec![
-            "-c".into(),
-            PYTHON_SCRIPT.into(),
-            url.clone(),
-            job.subset.start.to_string(),
-            job.subset.end.to_string(),
-            job.sleep_ms.to_string(),
-            sc.batch.to_string(),
-            i.to_string(),
-            format!("py{i}"),
-        ]
+    let runs = run_processes(sc, |i, job| {
+        python(
+            PYTHON_SCRIPT,
+            &[
+                url.clone(),
+                job.subset.start.to_string(),
+                job.subset.end.to_string(),
+                job.sleep_ms.to_string(),
+                sc.batch.to_string(),
+                i.to_string(),
+                format!("py{i}"),
+            ],
+        )
     })?;
     let server_cpu = process_cpu() - cpu0;
     let stats = client.ok("GET", "/v1/stats", None)?;
     server.stop()?;
-    let total: u64 = runs.iter().map(|v| v["n"].as_u64().unwrap_or(0)).sum();
-    // Decodes counted by the server include the first batches, which the timing leaves out.
-    let decodes = stats["decodes"].as_f64().unwrap_or(0.0);
-    let delivered = sc
-        .jobs
-        .iter()
-        .map(|j| j.subset.len() as f64)
-        .sum::<f64>()
-        .max(1.0);
     Ok(outcome_of(
         "python",
         &runs,
         server_cpu,
-        decodes / delivered * total as f64,
+        stats["decodes"].as_f64().unwrap_or(0.0),
         stats["hit_ratio"].as_f64(),
     ))
 }
 
-/// PyTorch, tuned: one process per job, each with workers = cores (persistent, one torch
-/// thread each), torchvision's RandomResizedCrop(224) + flip on the full images.
-pub(super) fn run_torch(sc: &Scenario, ctx: &Ctx, epoch_alone_s: f64) -> Result<Outcome> {
-    let runs = run_processes(sc, epoch_alone_s, |i, job| {
-        vec![
-            "-c".into(),
-            TORCH_SCRIPT.into(),
-            ctx.root.to_str().unwrap_or(".").into(),
-            job.subset.start.to_string(),
-            job.subset.end.to_string(),
-            job.sleep_ms.to_string(),
-            ctx.workers.to_string(),
-            sc.batch.to_string(),
-            i.to_string(),
-        ]
+/// The two PyTorch rows: tuned (`cores / K` workers per job, at least one, so that the K jobs
+/// together have about a worker per core) and `cores` workers per job (K × cores workers).
+pub(super) const TORCH: &str = "pytorch";
+pub(super) const TORCH_CORES_PER_JOB: &str = "pytorch, workers = cores per job";
+
+/// PyTorch: one process per job, each with `workers` persistent workers of one torch thread,
+/// torchvision's RandomResizedCrop(224) + flip on the full images.
+pub(super) fn run_torch(
+    sc: &Scenario,
+    ctx: &Ctx,
+    system: &'static str,
+    workers: usize,
+) -> Result<Outcome> {
+    let runs = run_processes(sc, |i, job| {
+        python(
+            TORCH_SCRIPT,
+            &[
+                ctx.root.to_str().unwrap_or(".").into(),
+                job.subset.start.to_string(),
+                job.subset.end.to_string(),
+                job.sleep_ms.to_string(),
+                workers.to_string(),
+                sc.batch.to_string(),
+                i.to_string(),
+            ],
+        )
     })?;
     let total: u64 = runs.iter().map(|v| v["n"].as_u64().unwrap_or(0)).sum();
-    Ok(outcome_of("pytorch", &runs, 0.0, total as f64, None))
+    Ok(outcome_of(system, &runs, 0.0, total as f64, None))
 }
 
 /// The training loop from cache: what [`run_cached_step`] measured.
@@ -544,13 +544,13 @@ pub(super) struct CachedStep {
 }
 
 /// One Python client job, batches of `batch`, with a training step simulated by a sleep of
-/// `step_ms` per batch, over the whole dataset from a cache that holds all of it: a first
-/// epoch without a step fills the cache, the second is timed (the share of its time spent
-/// waiting in `next()`).
+/// `step_ms` per batch, over the whole dataset from a cache that holds all of it (half as
+/// much again as the decoded dataset's bytes, `ctx.decoded_bytes`): a first epoch without a
+/// step fills the cache, the second is timed (the share of its time spent waiting in
+/// `next()`).
 pub(super) fn run_cached_step(ctx: &Ctx, batch: usize, step_ms: f64) -> Result<CachedStep> {
     let images = ctx.index.len() as u64;
-    // 500x375 resized to 256 on its shorter side is 342x256x3 bytes; room to spare.
-    let cache_bytes = (images * 342 * 256 * 3 * 3 / 2).max(ctx.cache_bytes);
+    let cache_bytes = (ctx.decoded_bytes * 3 / 2).max(ctx.cache_bytes);
     let (server, client, _state) = start_server_with(ctx, "cached", cache_bytes)?;
     let sc = Scenario {
         name: "cached step".into(),
@@ -561,19 +561,20 @@ pub(super) fn run_cached_step(ctx: &Ctx, batch: usize, step_ms: f64) -> Result<C
         }],
         batch,
     };
-    let runs = run_processes(&sc, 0.0, |_, job| {
-        vec![
-            "-c".into(),
-            PYTHON_SCRIPT.into(),
-            server.url.clone(),
-            job.subset.start.to_string(),
-            job.subset.end.to_string(),
-            job.sleep_ms.to_string(),
-            batch.to_string(),
-            "0".into(),
-            "cached".into(),
-            "1".into(),
-        ]
+    let runs = run_processes(&sc, |_, job| {
+        python(
+            PYTHON_SCRIPT,
+            &[
+                server.url.clone(),
+                job.subset.start.to_string(),
+                job.subset.end.to_string(),
+                job.sleep_ms.to_string(),
+                batch.to_string(),
+                "0".into(),
+                "cached".into(),
+                "1".into(),
+            ],
+        )
     })?;
     let stats = client.ok("GET", "/v1/stats", None)?;
     server.stop()?;
@@ -591,4 +592,35 @@ pub(super) fn run_cached_step(ctx: &Ctx, batch: usize, step_ms: f64) -> Result<C
         decodes_per_image: stats["decodes"].as_f64().unwrap_or(0.0) / images.max(1) as f64,
         client_cpu_ms: f("cpu") * 1e3 / samples.max(1) as f64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The headline counts every sample from the first start; the other figure the samples
+    /// after each first batch from the first of those batches.
+    #[test]
+    fn every_system_is_timed_from_its_start_and_from_its_first_batch() {
+        let span = |start, first, end| Span {
+            samples: 100,
+            first_samples: 10,
+            start,
+            first,
+            end,
+        };
+        let o = summarize(
+            "x",
+            &[span(0.0, 1.0, 4.0), span(1.0, 2.0, 5.0)],
+            2.0,
+            50.0,
+            None,
+        );
+        assert_eq!(o.aggregate, 200.0 / 5.0);
+        assert_eq!(o.from_first, 180.0 / 4.0);
+        assert_eq!(o.per_job, vec![25.0, 25.0]);
+        assert_eq!(o.startup_s, 1.0);
+        assert_eq!(o.cpu_ms_per_sample, 10.0);
+        assert_eq!(o.decodes_per_sample, 0.25);
+    }
 }

@@ -7,7 +7,9 @@
 //!    link to one of a few small JPEGs, is indexed: time until `ready` (indexing and
 //!    persisting), `RssAnon` growth per item.
 //! 2. `--jobs` jobs with `{"fraction": …}` subsets are registered one after the other: total
-//!    time, `RssAnon` growth per job; then the server's CPU over `--idle-seconds`.
+//!    time, `RssAnon` growth per job; then the server's CPU over `--idle-seconds` (by default
+//!    5,000 clock ticks: the kernel counts CPU time in whole ticks, so that the 1% target is
+//!    50 of them and the figure's resolution 0.02%).
 //! 3. On a generated dataset of 500×375 JPEGs with the decode pipeline (resize 256, center
 //!    crop 224) and batches of 32: one fast job alone, then the mix (fast, 1/10-speed, paused
 //!    mid-epoch, never attached) on a server whose cache holds the paused jobs' rings plus two
@@ -45,9 +47,10 @@ pub struct ScaleArgs {
     /// Jobs registered on the large dataset, with fractions 1/8, 2/8, …, 8/8 in turn.
     #[arg(long, default_value_t = 64)]
     pub jobs: u32,
-    /// Seconds over which the idle server's CPU is measured.
-    #[arg(long, default_value_t = 5.0)]
-    pub idle_seconds: f64,
+    /// Seconds over which the idle server's CPU is measured (default: 5,000 clock ticks, so that
+    /// the 1% target is 50 ticks; 50 s at 100 ticks per second).
+    #[arg(long)]
+    pub idle_seconds: Option<f64>,
     /// Images (500×375 JPEGs) of the mix's dataset: by default about four times what the
     /// mix's cache holds, so that a job alone is not served from a cache holding its whole
     /// dataset.
@@ -80,6 +83,9 @@ struct StateFigures {
     register_max_ms: f64,
     rss_per_job: f64,
     idle_cpu_percent: f64,
+    /// The idle window, seconds, and the server's CPU over it in clock ticks.
+    idle_seconds: f64,
+    idle_ticks: u64,
 }
 
 /// One run of a fast job alone.
@@ -124,7 +130,7 @@ struct MixFigures {
 
 pub fn run(mut args: ScaleArgs) -> Result<()> {
     if args.quick {
-        (args.items, args.jobs, args.idle_seconds) = (5_000, 8, 1.0);
+        (args.items, args.jobs, args.idle_seconds) = (5_000, 8, Some(1.0));
         (args.mix_images, args.mix, args.epochs) = (40, vec![1, 1, 1, 2], 2);
     }
     if args.mix.len() != 4 {
@@ -187,11 +193,16 @@ fn index_and_jobs(args: &ScaleArgs, data: &Path) -> Result<StateFigures> {
     // tick (so that a client attaching at once is served at once).
     let settle = (last_registration + IDLE_SETTLE).saturating_duration_since(Instant::now());
     std::thread::sleep(settle);
-    eprintln!("idle CPU over {} s…", args.idle_seconds);
+    let window = args
+        .idle_seconds
+        .unwrap_or(IDLE_TICKS as f64 / ticks_per_second());
+    eprintln!("idle CPU over {window} s…");
     let cpu0 = cpu_seconds(server.pid())?;
     let t = Instant::now();
-    std::thread::sleep(Duration::from_secs_f64(args.idle_seconds));
-    let idle = (cpu_seconds(server.pid())? - cpu0) / t.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs_f64(window));
+    let used = cpu_seconds(server.pid())? - cpu0;
+    let idle_seconds = t.elapsed().as_secs_f64();
+    let idle = used / idle_seconds;
     Ok(StateFigures {
         items,
         ready_s,
@@ -202,6 +213,8 @@ fn index_and_jobs(args: &ScaleArgs, data: &Path) -> Result<StateFigures> {
         register_max_ms,
         rss_per_job: rss2.saturating_sub(rss1) as f64 / f64::from(args.jobs.max(1)),
         idle_cpu_percent: idle * 100.0,
+        idle_seconds,
+        idle_ticks: (used * ticks_per_second()).round() as u64,
     })
 }
 
@@ -232,6 +245,13 @@ fn mix_server(tag: &str, images: &Path, cache_bytes: u64) -> Result<ServerProc> 
 /// How long after the last registration the idle CPU is measured from (the Cache watches a
 /// new job's attach at its fast tick for 2 s).
 const IDLE_SETTLE: Duration = Duration::from_secs(3);
+
+/// The default idle window in clock ticks: the 1% target is 50 of them.
+const IDLE_TICKS: u64 = 5_000;
+
+fn ticks_per_second() -> f64 {
+    procfs::ticks_per_second().max(1) as f64
+}
 
 fn job_field(c: &Client, name: &str, field: &str) -> Result<f64> {
     let j = c.ok("GET", &format!("/v1/jobs/{name}"), None)?;
@@ -451,8 +471,13 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
         mb(s.rss_per_job * f64::from(s.jobs))
     );
     println!(
-        "| idle CPU with {} registered jobs (from 3 s after the last registration) | {:.2}% of a core | <= 1% |",
-        s.jobs, s.idle_cpu_percent
+        "| idle CPU with {} registered jobs (from 3 s after the last registration) | {:.2}% of a core ({} clock ticks of 1/{:.0} s over {:.1} s; 1% is {:.0} ticks) | <= 1% |",
+        s.jobs,
+        s.idle_cpu_percent,
+        s.idle_ticks,
+        ticks_per_second(),
+        s.idle_seconds,
+        s.idle_seconds * ticks_per_second() / 100.0
     );
     println!(
         "| mix: cache bytes | {} = ({paused} paused rings x {RING} + 2 x {BATCH} x {attached} attached jobs) x {ELEMENT_BYTES} | |",
@@ -517,6 +542,8 @@ fn report(args: &ScaleArgs, s: &StateFigures, m: &MixFigures) {
             "register_max_ms": s.register_max_ms,
             "rss_bytes_per_job": s.rss_per_job,
             "idle_cpu_percent": s.idle_cpu_percent,
+            "idle_seconds": s.idle_seconds,
+            "idle_ticks": s.idle_ticks,
             "cache_bytes": m.cache_bytes,
             "alone_samples_per_s": m.alone,
             "alone_before_after_samples_per_s": [m.alone_before_after.0, m.alone_before_after.1],
