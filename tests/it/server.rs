@@ -922,12 +922,113 @@ fn create_folder_dataset_at(c: &joader_tools::client::Client, name: &str, root: 
     c.wait_ready(name, DEADLINE).unwrap();
 }
 
+/// SIGTERM with a grace that cannot end during the test: new work is refused while a running
+/// job goes on, and the drain ends on the event that ends it, the job finished and read, not
+/// on the grace (the test says when the job may finish, after it has seen the refusal).
 #[test]
-fn sigterm_drains_new_jobs_refused_running_ones_ended_with_a_clear_error() {
+fn sigterm_drains_refusing_new_jobs_until_the_running_ones_finish() {
     let root = dataset();
     let state = TempDir::new("drain");
     let instance = unique_instance("drain");
-    let mut server = TestServer::start(&instance, &state.0, root, &["--drain-grace-s", "3"]);
+    let mut server = TestServer::start(&instance, &state.0, root, &["--drain-grace-s", "3600"]);
+    let c = server.client();
+    create_folder_dataset_at(&c, "imgs", root);
+    let job = c
+        .ok(
+            "POST",
+            "/v1/jobs",
+            Some(&json!({"name": "last", "dataset": "imgs", "batch_size": 4, "epochs": 1})),
+        )
+        .unwrap();
+    let ring = job["ranks"][0]["ring"].as_str().unwrap().to_string();
+    let inst = instance.clone();
+    let (attached_tx, attached) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    // A client that reads a batch, waits until told, then reads the epoch to its end and
+    // leaves; returns how many samples it read.
+    let reader = std::thread::spawn(move || {
+        let r = dataplane::Reader::open(&inst, &ring).unwrap();
+        let first = r.next_batch(4, Some(DEADLINE)).unwrap();
+        let mut got = first.len();
+        r.ack(first);
+        attached_tx.send(()).unwrap();
+        let _ = go_rx.recv(); // told, or the test ended
+        let start = std::time::Instant::now();
+        loop {
+            let b = r.next_batch(4, Some(Duration::from_secs(1))).unwrap();
+            got += b.len();
+            let end = b.end_of_stream();
+            r.ack(b);
+            if end {
+                return got;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "waited {DEADLINE:?} in vain for the end of the job ({got} samples read)"
+            );
+        }
+    });
+    attached.recv().unwrap();
+    let pid = server.child.as_ref().unwrap().id();
+    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    // Draining: new work is refused as a transient condition, the API still answers. A job
+    // registered before the signal landed would run (and hold the drain) for ever: it is
+    // deleted, and the next try made.
+    let refused = wait_for("new jobs to be refused", || {
+        let (status, v) = c
+            .call(
+                "POST",
+                "/v1/jobs",
+                Some(&json!({"name": "late", "dataset": "imgs", "batch_size": 4})),
+            )
+            .ok()?;
+        if (200..300).contains(&status) {
+            c.ok("DELETE", "/v1/jobs/late", None).unwrap();
+        }
+        (status == 503).then_some(v)
+    });
+    assert_eq!(refused["error"]["code"], "shutting_down", "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{refused}"
+    );
+    // Running (or finished, if its whole epoch fits in its ring) but not ended: its client
+    // has not read it yet.
+    let j = c.ok("GET", "/v1/jobs/last", None).unwrap();
+    assert!(
+        matches!(j["state"].as_str(), Some("running" | "finished")),
+        "the running job goes on: {j}"
+    );
+    // The job reads to its end; then nothing runs and the server stops (with an hour of grace
+    // left: a server that waited it out would fail the wait below).
+    go.send(()).unwrap();
+    let got = reader.join().unwrap();
+    assert_eq!(
+        got,
+        (CLASSES * PER_CLASS) as usize,
+        "the whole epoch was read"
+    );
+    let status = wait_for("the server to exit once its last job ended", || {
+        server.child.as_mut().unwrap().try_wait().unwrap()
+    });
+    server.child = None; // reaped: nothing for the drop to stop
+    assert!(status.success(), "{status:?}");
+    assert!(shm_objects(&instance).is_empty(), "no segment is left");
+}
+
+/// SIGTERM with a job that never ends: the server stops once the grace is over (the test
+/// observes nothing within the grace, only what follows it), and the job's client gets an
+/// error that says so, never a hang.
+#[test]
+fn sigterm_drains_for_the_grace_then_ends_running_jobs_with_a_clear_error() {
+    let root = dataset();
+    let state = TempDir::new("drain-grace");
+    let instance = unique_instance("drain_grace");
+    let mut server = TestServer::start(&instance, &state.0, root, &["--drain-grace-s", "1"]);
     let c = server.client();
     create_folder_dataset_at(&c, "imgs", root);
     let job = c
@@ -961,26 +1062,7 @@ fn sigterm_drains_new_jobs_refused_running_ones_ended_with_a_clear_error() {
     let child = server.child.take().unwrap();
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    // Draining: new work is refused as a transient condition, the API still answers.
-    let refused = wait_for("new jobs to be refused", || {
-        let (status, v) = c
-            .call(
-                "POST",
-                "/v1/jobs",
-                Some(&json!({"name": "late", "dataset": "imgs", "batch_size": 4})),
-            )
-            .ok()?;
-        (status == 503).then_some(v)
-    });
-    assert_eq!(refused["error"]["code"], "shutting_down", "{refused}");
-    assert!(
-        refused["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("shutting down"),
-        "{refused}"
-    );
-    // After the grace period the server stops; the client gets an error that says so.
+    // After the grace the server stops; the client gets an error that says so.
     let (got, err) = reader.join().unwrap();
     assert!(got > 0);
     assert_eq!(

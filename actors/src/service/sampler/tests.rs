@@ -1,5 +1,6 @@
 //! The Sampler actor alone: what it sends downstream for given credit, captured, with passes
-//! driven by the tests (a tick that never fires) so that sharing is the algorithm's, not timing's.
+//! driven by the tests (a tick that never fires) and start windows ended by them
+//! ([`WindowOver`]), so that sharing is the algorithm's, not timing's.
 
 use super::*;
 use roaring::RoaringBitmap;
@@ -193,18 +194,38 @@ fn elements(job: JobId, got: &[Deliver]) -> Vec<u32> {
         .collect()
 }
 
+/// The test's stand-in for the clock reaching the end of the start window open now: every
+/// held start ends at the next pass (the test says when the window is over instead of
+/// waiting for it, so that which jobs start together never depends on the machine's speed).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct WindowOver;
+impl Handler<WindowOver> for SamplerActor {
+    type Result = ();
+    fn handle(&mut self, _: WindowOver, _: &mut Context<Self>) {
+        let now = Instant::now();
+        self.cohort_until = self.cohort_until.map(|t| t.min(now));
+        for j in self.jobs.values_mut() {
+            j.held_until = j.held_until.map(|t| t.min(now));
+        }
+    }
+}
+
 #[actix::test]
 async fn jobs_starting_in_one_window_are_sampled_together_from_their_first_element() {
     let got = Arc::new(Mutex::new(Vec::new()));
     let cap = Capture(got.clone()).start();
     let stats = Arc::new(CacheStats::default());
-    let s = SamplerActor::new(1, cap.clone().recipient(), Duration::from_millis(1), stats)
-        .with_start_window(Duration::from_secs(2))
+    // Neither the tick nor the window ends during the test: passes are the test's `Pass`, and
+    // the window ends on its `WindowOver`.
+    let s = SamplerActor::new(1, cap.clone().recipient(), NEVER, stats)
+        .with_start_window(NEVER)
         .start();
     for (job, kind) in [
         (1, SamplerKind::Dsa),
         (2, SamplerKind::Dsa),
         (3, SamplerKind::Isa),
+        (4, SamplerKind::Dsa),
     ] {
         s.send(add(job, 0..1000, kind, 0, None))
             .await
@@ -212,35 +233,52 @@ async fn jobs_starting_in_one_window_are_sampled_together_from_their_first_eleme
             .unwrap();
     }
     let credit = |job| JobSignal::Credit { job, n: 64 };
+    let counts = |jobs: &[JobId]| {
+        let g = got.lock().unwrap();
+        jobs.iter().map(|&j| count(j, &g)).collect::<Vec<_>>()
+    };
     // Job 1's clients attach: its first credit waits for the window (a pass samples the
     // ISA job 3, which shares nothing and does not wait, and not job 1).
     s.send(credit(1)).await.unwrap();
     s.send(credit(3)).await.unwrap();
     pass(&s, &cap).await;
+    assert_eq!(
+        counts(&[1, 3]),
+        [0, 64],
+        "job 1 waits for the start window; an ISA job starts at once"
+    );
+    // Job 2 attaches within the window: it waits for the same end.
+    s.send(credit(2)).await.unwrap();
+    pass(&s, &cap).await;
+    assert_eq!(counts(&[1, 2]), [0, 0], "both wait for the window's end");
+    // The window ends: both start in the same pass.
+    s.send(WindowOver).await.unwrap();
+    pass(&s, &cap).await;
+    assert_eq!(counts(&[1, 2]), [64, 64], "both start at the window's end");
     {
         let g = got.lock().unwrap();
-        assert_eq!(count(1, &g), 0, "job 1 waits for the start window");
-        assert_eq!(count(3, &g), 64, "an ISA job starts at once");
+        assert_eq!(
+            elements(1, &g),
+            elements(2, &g),
+            "identical jobs started together share every pick"
+        );
     }
-    // Job 2 attaches within the window: both start at its end, in the same passes.
-    s.send(credit(2)).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        cap.send(Sync).await.unwrap();
-        let started = {
-            let g = got.lock().unwrap();
-            count(1, &g) == 64 && count(2, &g) == 64
-        };
-        if started {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the window never ended");
-        actix::clock::sleep(Duration::from_millis(10)).await;
-    }
-    let g = got.lock().unwrap();
+    // A job whose first credit comes after the window ended opens a window of its own; the
+    // jobs already started never wait again.
+    s.send(credit(4)).await.unwrap();
+    s.send(credit(1)).await.unwrap();
+    pass(&s, &cap).await;
     assert_eq!(
-        elements(1, &g),
-        elements(2, &g),
-        "identical jobs started together share every pick"
+        counts(&[1, 2, 4]),
+        [128, 64, 0],
+        "a late job waits for a new window, a started one does not"
     );
+    s.send(WindowOver).await.unwrap();
+    pass(&s, &cap).await;
+    assert_eq!(
+        counts(&[4]),
+        [64],
+        "the late job starts at its window's end"
+    );
+    assert_invariants(&s).await;
 }
