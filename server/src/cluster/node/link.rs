@@ -139,7 +139,20 @@ async fn run_link(
             tokio::select! {
                 report = reports.recv() => {
                     let Some(mut report) = report else {
+                        // The closing handshake: the connection stays open until the leader
+                        // answers the Close. Dropped at once, the Close could arrive together
+                        // with the end of the connection, which actix-ws reports first (the
+                        // frame is lost): the leader would take the stream for broken and
+                        // mark this node lost.
                         let _ = sink.send(Message::Close(None)).await;
+                        let _ = tokio::time::timeout(timeout, async {
+                            while let Some(f) = frames.next().await {
+                                if matches!(f, Ok(Frame::Close(_)) | Err(_)) {
+                                    break;
+                                }
+                            }
+                        })
+                        .await;
                         return ("closed by the node (no multi-node job left)".into(), false);
                     };
                     while let Ok(more) = reports.try_recv() {
