@@ -17,7 +17,10 @@ fi
 # The decode tests fetch real photos from the scikit-image and scikit-learn wheels with pip
 # (into the build's temporary folder) and compare against Pillow when it is installed.
 python3 -m pip --version >/dev/null
-# The tests that need them fail (instead of skipping) when they are missing.
+# The tests that need them fail (instead of skipping) when they are missing: the Rust tests,
+# and the Python suites through `need` in their conftest.py (torch, scikit-learn, Pillow: the
+# steps below install them, torch with torchvision in one pip command; a failed install fails
+# the run).
 export JOADER_REQUIRE_TOOLS=1
 
 echo "== s3s-fs, the real S3 server of the s3 source's tests (built once, kept in the target dir)"
@@ -39,7 +42,7 @@ cargo test --workspace
 echo "== REST API fuzzing: schemathesis against the real server (installs schemathesis when missing)"
 JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" bash tests/schemathesis.sh
 
-echo "== python package (installs maturin, numpy, pytest, mypy and torch when missing)"
+echo "== python package (installs maturin, numpy, pytest, mypy, and torch with torchvision, when missing)"
 bash dataplane/python/ci.sh
 
 echo "== python client against the real server, and the Kubernetes manifests (installs scikit-learn and Pillow for the training-parity test, kubernetes-validate for the manifests)"

@@ -104,7 +104,10 @@ impl Drop for TempDir {
     }
 }
 
+use std::collections::HashMap;
+use std::io::Read;
 use std::process::{Child, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use joader_tools::serve_process::{ServeLog, spawn_serve};
@@ -227,23 +230,123 @@ impl Drop for TestServer {
     }
 }
 
+/// A consumer that [`consumer`] started: what [`finish`] needs to ask the server about its
+/// job when it does not end.
+struct Started {
+    url: String,
+    name: String,
+    rank: String,
+}
+
+/// The consumers started and not finished yet, by process id.
+fn consumers() -> &'static Mutex<HashMap<u32, Started>> {
+    static C: OnceLock<Mutex<HashMap<u32, Started>>> = OnceLock::new();
+    C.get_or_init(Default::default)
+}
+
+/// Reads a child's pipe to its end on a thread of its own (a child blocks on a full pipe).
+fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
 /// `joader consume` in its own process; [`finish`] waits for it and returns its JSON summary.
 pub fn consumer(url: &str, job: &Value, extra: &[&str]) -> Child {
-    Command::new(joader_bin())
+    let child = Command::new(joader_bin())
         .args(["consume", "--server", url, "--job", &job.to_string()])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn joader consume")
+        .expect("spawn joader consume");
+    let name = job["name"].as_str().unwrap_or("(named by the server)");
+    let rank = extra
+        .iter()
+        .position(|a| *a == "--rank")
+        .and_then(|i| extra.get(i + 1))
+        .unwrap_or(&"0");
+    consumers().lock().unwrap().insert(
+        child.id(),
+        Started {
+            url: url.to_string(),
+            name: name.to_string(),
+            rank: rank.to_string(),
+        },
+    );
+    child
 }
 
+/// Waits for a [`consumer`] to exit and returns its JSON summary; fails when it failed, or
+/// when it has not exited after [`DEADLINE`] (it is killed then), naming its job and the
+/// state the server reports for it.
 pub fn finish(child: Child) -> Value {
-    let out = child.wait_with_output().unwrap();
+    finish_within(child, DEADLINE)
+}
+
+/// [`finish`] with a deadline of its own (a test of the deadline itself).
+pub fn finish_within(child: Child, deadline: Duration) -> Value {
+    let (job, out) = exit_within(child, deadline);
     assert!(
         out.status.success(),
-        "consumer failed: {}",
+        "{job}: consumer failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("consumer summary")
+}
+
+/// Waits for a [`consumer`] to exit, successfully or not, and returns what it printed; fails
+/// like [`finish`] when it has not exited after [`DEADLINE`].
+pub fn outcome(child: Child) -> Output {
+    exit_within(child, DEADLINE).1
+}
+
+/// Waits for a consumer to exit; returns its job (for messages) and what it printed. Fails
+/// when it has not exited after `deadline` (it is killed then), naming its job and the state
+/// the server reports for it.
+fn exit_within(mut child: Child, deadline: Duration) -> (String, Output) {
+    let who = consumers().lock().unwrap().remove(&child.id());
+    let job = who
+        .as_ref()
+        .map(|w| format!("job {} rank {}", w.name, w.rank))
+        .unwrap_or_else(|| format!("consumer {}", child.id()));
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for joader consume") {
+            break status;
+        }
+        if start.elapsed() >= deadline {
+            // Asked before the kill: a killed client fails its job.
+            let state = who.as_ref().map_or_else(
+                || "unknown (not started by `consumer`)".to_string(),
+                |w| {
+                    joader_tools::consume::job_state(
+                        &joader_tools::client::Client::new(w.url.clone()),
+                        &w.name,
+                    )
+                },
+            );
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = stderr.join().unwrap_or_default();
+            panic!(
+                "{job}: joader consume has not finished after {deadline:?}; the server says: \
+                 {state}\n---- its stderr ----\n{}",
+                String::from_utf8_lossy(&err)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = Output {
+        status,
+        stdout: stdout.join().expect("read the consumer's output"),
+        stderr: stderr.join().expect("read the consumer's errors"),
+    };
+    (job, out)
 }

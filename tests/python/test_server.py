@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
+from conftest import need
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
@@ -138,7 +139,7 @@ def test_python_and_rust_clients_get_exact_epochs(server: Dict[str, Any]) -> Non
 
 
 def test_torch_adapter(server: Dict[str, Any]) -> None:
-    torch = pytest.importorskip("torch", reason="torch is not installed (tests/all.sh installs it)")
+    torch = need("torch", "tests/all.sh installs it")
     import joader.torch as jt
     ds = jt.JoaderDataset(server=server["url"], dataset="imgs", job="torch-job", batch_size=6, epochs=1)
     dl = torch.utils.data.DataLoader(ds, batch_size=None)
@@ -163,7 +164,7 @@ def test_errors_carry_the_server_code(server: Dict[str, Any]) -> None:
 def test_a_killed_run_resumes_from_its_state_dict(server: Dict[str, Any], tmp_path: Path) -> None:
     """Checkpoint mid-epoch, SIGKILL the client (preemption), restart from the saved state with
     the torch adapter's load_state_dict: the two parts are exactly one epoch, no duplicate."""
-    pytest.importorskip("torch", reason="torch is not installed (tests/all.sh installs it)")
+    need("torch", "tests/all.sh installs it")
     ckpt = tmp_path / "ckpt.json"
     common = f'server={server["url"]!r}, dataset="imgs", job="preempted", batch_size=4, epochs=2, seed=11'
     first = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
@@ -274,8 +275,8 @@ def test_a_recorded_epoch_is_traced_and_replayed_by_the_loader(server: Dict[str,
 def test_webp_lossy_and_lossless_decode_like_pillow(server: Dict[str, Any]) -> None:
     """WebP (image-webp) on a real photo: lossless exactly, lossy within 2 levels of Pillow's libwebp."""
     import numpy as np
-    from PIL import Image
-    from sklearn.datasets import load_sample_image
+    Image = need("PIL.Image", "tests/all.sh installs Pillow")
+    load_sample_image = need("sklearn.datasets", "tests/all.sh installs scikit-learn").load_sample_image
     photo = load_sample_image("china.jpg")[:240, :320]  # a real photo, 320x240
     folder = server["more"] / "webp"
     (folder / "c").mkdir(parents=True)

@@ -28,11 +28,23 @@ from typing import Any, Dict, Iterator, List, Tuple
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed (tests/all.sh installs it)")
-datasets = pytest.importorskip("sklearn.datasets", reason="scikit-learn is not installed (tests/all.sh installs it)")
-PIL = pytest.importorskip("PIL.Image", reason="Pillow is not installed (tests/all.sh installs it)")
+import joader
+from conftest import need
 
-import joader  # noqa: E402
+# Every test here needs them: imported by `tools` (skipped, or failed under
+# JOADER_REQUIRE_TOOLS=1, when one is missing).
+torch: Any = None
+datasets: Any = None
+PIL: Any = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tools() -> None:
+    global torch, datasets, PIL
+    torch = need("torch", "tests/all.sh installs it")
+    datasets = need("sklearn.datasets", "tests/all.sh installs scikit-learn")
+    PIL = need("PIL.Image", "tests/all.sh installs Pillow")
+
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))

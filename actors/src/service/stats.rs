@@ -40,6 +40,12 @@ pub struct JobStats {
     /// everything pushed and nothing was ready), summed over ranks; counted by the Cache
     /// actor at every acknowledgement poll.
     pub stall_us: AtomicU64,
+    /// Times one of the job's units (its next batch for a rank) was ready to go to a client
+    /// that had taken everything and had credit, but an element of it waited for room that
+    /// other jobs held: records they had not acknowledged, or elements they needed sooner. A
+    /// wait counts once per unit. Zero while the cache holds what every reading job may pin
+    /// (see `CacheActor::count_waits`): a slow job never holds a fast one back then.
+    pub waited_for_others: AtomicU64,
     pub state: Mutex<JobState>,
     /// The Cache has closed the job's rings (read to the end and left, failed, or stopped):
     /// nothing of the job is left in shared memory. `Finished` alone only says that the end
@@ -61,6 +67,7 @@ impl Default for JobStats {
             epoch: AtomicU64::new(0),
             position: AtomicU64::new(0),
             stall_us: AtomicU64::new(0),
+            waited_for_others: AtomicU64::new(0),
             state: Mutex::new(JobState::Waiting),
             closed: AtomicBool::new(false),
             record_dropped: AtomicU64::new(0),

@@ -343,7 +343,7 @@ async fn two_jobs_decode_each_element_once_and_get_exact_epochs() {
 async fn a_small_cache_applies_back_pressure_and_evicts() {
     let w = world("small", 12, 64 * 1024);
     let subset: RoaringBitmap = (100..180).collect();
-    let (_s, r) = w.job(1, subset.clone(), 1, 8).await;
+    let (s, r) = w.job(1, subset.clone(), 1, 8).await;
     let h = read_all(w.instance.clone(), r, Duration::from_millis(1));
     let seen = join(h).await;
     check_epochs(&seen, &subset, 1);
@@ -358,6 +358,8 @@ async fn a_small_cache_applies_back_pressure_and_evicts() {
     );
     // One job, one epoch: what it has read it never needs again.
     assert_eq!(w.stats.evictions_needed.load(Relaxed), 0);
+    // Its units waited for room its own ring held, never for another job's.
+    assert_eq!(s.waited_for_others.load(Relaxed), 0);
     assert_invariants(&w).await;
     w.cache.send(Shutdown).await.unwrap();
 }
@@ -435,6 +437,10 @@ async fn an_attached_reader_with_nothing_to_read_is_a_stall() {
 async fn unattached_jobs_hold_nothing_and_slow_jobs_do_not_stall_fast_ones() {
     // 24 slots; six registered jobs nobody reads would reserve 48 places between them (the
     // old admission refused the fourth, and their pushed rings pinned the cache for good).
+    // Each reader's ring (8 places) pins 8 slots at most: 24 slots are room for the three
+    // readers, so no unit of any job ever waits for room another job holds, however slowly
+    // the slow one reads. The Cache counts every such wait: finishing alone would not show
+    // that the fast jobs went at their own pace.
     let w = world("unattached", 24, 1 << 20);
     let subset: RoaringBitmap = (0..100).collect();
     let mut idle = Vec::new();
@@ -442,13 +448,20 @@ async fn unattached_jobs_hold_nothing_and_slow_jobs_do_not_stall_fast_ones() {
         idle.push(w.job(job, subset.clone(), 1, 8).await.0);
     }
     let (slow, r_slow) = w.job(1, subset.clone(), 1, 8).await;
-    let (_f1, r1) = w.job(2, subset.clone(), 1, 8).await;
-    let (_f2, r2) = w.job(3, subset.clone(), 1, 8).await;
+    let (f1, r1) = w.job(2, subset.clone(), 1, 8).await;
+    let (f2, r2) = w.job(3, subset.clone(), 1, 8).await;
     let crawl = read_all(w.instance.clone(), r_slow, Duration::from_millis(20));
     let fast1 = read_all(w.instance.clone(), r1, Duration::ZERO);
     let fast2 = read_all(w.instance.clone(), r2, Duration::ZERO);
     check_epochs(&join(fast1).await, &subset, 1);
     check_epochs(&join(fast2).await, &subset, 1);
+    for (who, s) in [("fast job 2", &f1), ("fast job 3", &f2)] {
+        assert_eq!(
+            s.waited_for_others.load(Relaxed),
+            0,
+            "{who}: a unit waited for room another job held"
+        );
+    }
     for s in &idle {
         assert_eq!(
             s.sampled.load(Relaxed),
@@ -459,6 +472,71 @@ async fn unattached_jobs_hold_nothing_and_slow_jobs_do_not_stall_fast_ones() {
     }
     check_epochs(&join(crawl).await, &subset, 1);
     assert_eq!(slow.state(), JobState::Finished);
+    assert_eq!(
+        slow.waited_for_others.load(Relaxed),
+        0,
+        "the slow job: a unit waited for room another job held"
+    );
+    assert_invariants(&w).await;
+    w.cache.send(Shutdown).await.unwrap();
+}
+
+#[actix::test]
+async fn a_unit_waiting_for_room_another_job_holds_is_counted() {
+    // 6 slots. Job 1's reader takes a batch of 4 and holds it, unacknowledged, until told;
+    // job 2 then needs a whole batch of 4 and finds room for 2: its delivery waits for job
+    // 1's acknowledgement (a stall the Cache counts), and goes on once job 1 reads on.
+    let w = world("waits", 6, 1 << 20);
+    let (s1, r1) = open(&w, 1, Arc::new((0..1000).collect()), 4).await;
+    let (s2, r2) = open(&w, 2, Arc::new((0..1000).collect()), 4).await;
+    // The whole unit is in the ring before the reader opens it: its first batch is all four.
+    w.cache.do_send(epoch_of(1, 10..14));
+    wait_until("job 1's unit pushed", || s1.delivered.load(Relaxed) == 4).await;
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let (taken, wait_taken) = std::sync::mpsc::channel::<usize>();
+    let inst = w.instance.clone();
+    let holder = std::thread::spawn(move || {
+        let reader = Reader::open(&inst, &r1).unwrap();
+        let mut got = Vec::new();
+        let mut first = true;
+        loop {
+            let b = reader
+                .next_batch(BATCH as usize, Some(Duration::from_secs(60)))
+                .unwrap();
+            got.extend(b.items().map(|i| i.meta.element_id));
+            if first {
+                first = false;
+                taken.send(b.len()).unwrap();
+                wait_go.recv().unwrap();
+            }
+            if b.end_of_stream() {
+                return got;
+            }
+        }
+    });
+    assert_eq!(wait_taken.recv().unwrap(), 4, "the holder's first batch");
+    let fast = read_all(w.instance.clone(), r2, Duration::ZERO);
+    w.cache.do_send(epoch_of(2, 20..28));
+    wait_until("job 2's unit counted as waiting for job 1", || {
+        s2.waited_for_others.load(Relaxed) > 0
+    })
+    .await;
+    assert_eq!(
+        s2.delivered.load(Relaxed),
+        0,
+        "job 2 cannot get a batch while job 1 holds its slots"
+    );
+    go.send(()).unwrap();
+    assert_eq!(join(holder).await, (10..14).collect::<Vec<_>>());
+    check_epochs(&join(fast).await, &(20..28).collect(), 1);
+    assert_eq!(
+        s1.waited_for_others.load(Relaxed),
+        0,
+        "job 1 waited only for its own reader"
+    );
+    // One count for the one unit that waited, however long it waited (job 2's second unit
+    // waited for its own reader only: job 1 held nothing any more).
+    assert_eq!(s2.waited_for_others.load(Relaxed), 1);
     assert_invariants(&w).await;
     w.cache.send(Shutdown).await.unwrap();
 }

@@ -1,18 +1,37 @@
-"""Shared fixtures: a `dataplane-fixture` writer process per test, unique instance names."""
+"""Shared fixtures: a `dataplane-fixture` writer process per test, unique instance names; and
+`need`, the import of a tool that a test cannot run without."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import numpy as np
 import pytest
 
 _counter = itertools.count()
+
+#: Set by tests/all.sh, which installs every tool the tests need (ci.sh installs torch): a
+#: missing one is then a failure of the test command, never a skip that would pass unseen.
+REQUIRE_TOOLS = os.environ.get("JOADER_REQUIRE_TOOLS") == "1"
+
+
+def need(module: str, why: str) -> Any:
+    """Imports `module` for a test that cannot run without it. When it is missing the test
+    skips, saying so, or fails naming it under JOADER_REQUIRE_TOOLS=1."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        missing = f"{module} is not installed ({why}): {e}"
+    # Outside the handler: the report says what is missing, not the import's traceback.
+    if REQUIRE_TOOLS:
+        pytest.fail(f"JOADER_REQUIRE_TOOLS=1 and {missing}", pytrace=False)
+    pytest.skip(missing)
 
 
 def fixture_binary() -> str:

@@ -1,18 +1,17 @@
-"""joader.torch with real torch (skipped with a message when torch is not installed)."""
+"""joader.torch with real torch (skipped with a message when torch is not installed, failed
+under JOADER_REQUIRE_TOOLS=1: see conftest.need)."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: the PyTorch adapter test needs it (ci.sh installs it when it can)")
-
-import joader  # noqa: E402
-from conftest import pattern  # noqa: E402
-from test_loader import FakeServer, registration  # noqa: E402
+import joader
+from conftest import need, pattern
+from test_loader import FakeServer, registration
 
 
 def test_iterable_dataset_with_dataloader(writer):
+    torch = need("torch", "the PyTorch adapter test needs it; ci.sh installs it")
     from joader.torch import JoaderDataset
 
     w = writer(rings="tr", elements=10, height=4, width=5, epochs=2)

@@ -124,6 +124,11 @@ pub struct JobView {
     pub errors: u64,
     /// Seconds the job's client waited on an empty ring.
     pub stall_s: f64,
+    /// Times one of the job's units (a rank's next batch) waited for cache room other jobs
+    /// held (records they had not acknowledged, or elements they needed sooner) while its
+    /// client had taken everything and had credit; once per unit. Zero while the cache holds
+    /// two batches per reading rank: then no job is held back by another.
+    pub waited_for_others: u64,
     pub batch_size: u32,
     pub seed: u64,
     pub world_size: u32,
@@ -180,6 +185,7 @@ pub fn job_view(j: &JobEntry) -> JobView {
         hit_ratio: s.hit_ratio(),
         errors: s.errors.load(Relaxed),
         stall_s: s.stall_us.load(Relaxed) as f64 / 1e6,
+        waited_for_others: s.waited_for_others.load(Relaxed),
         batch_size: j.request.batch_size,
         seed: j.request.seed,
         world_size: j.request.world_size.unwrap_or(1),

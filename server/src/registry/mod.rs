@@ -89,7 +89,7 @@ impl Inner {
 }
 
 /// A job's integer counters, in the order the metrics export them (`metrics::record`).
-pub fn job_counts(s: &JobStats) -> [u64; 7] {
+pub fn job_counts(s: &JobStats) -> [u64; 8] {
     let acked = s.acknowledged.load(Relaxed);
     [
         s.sampled.load(Relaxed),
@@ -99,6 +99,7 @@ pub fn job_counts(s: &JobStats) -> [u64; 7] {
         s.hits.load(Relaxed),
         s.misses.load(Relaxed),
         s.errors.load(Relaxed),
+        s.waited_for_others.load(Relaxed),
     ]
 }
 
@@ -113,7 +114,7 @@ pub struct Registering {
 /// the last of them stopped (the registry forgets the name `metrics_retention_s` later).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Retired {
-    pub counts: [u64; 7],
+    pub counts: [u64; 8],
     pub stall_s: f64,
     pub at: Option<Instant>,
 }

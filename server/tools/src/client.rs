@@ -119,10 +119,6 @@ pub struct Consumed {
     pub longest_wait: Duration,
 }
 
-/// Reads a ring until end of stream (or `max_samples`), acknowledging each batch after
-/// `pause(batch_len, fetch_time)`; calls `progress(samples)` after each batch. With
-/// `max_samples`, the last batch is kept unacknowledged and the reader attached for `hold`
-/// before returning (a client that stops reading without leaving).
 /// How [`consume`] reads.
 #[derive(Debug, Clone, Copy)]
 pub struct ReadOptions {
@@ -131,10 +127,58 @@ pub struct ReadOptions {
     pub hold: Duration,
 }
 
+/// The longest one read waits before it returns what it has (maybe nothing) and reads again.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A ring gave no record (data, error or end) for a whole deadline of [`consume_within`]: its
+/// job stalled or deadlocked. A caller that knows the job adds the server's word on it.
+#[derive(Debug, Clone)]
+pub struct Stalled {
+    pub ring: String,
+    /// How long the ring gave nothing.
+    pub waited: Duration,
+    /// Samples (data and error records) read before.
+    pub samples: u64,
+}
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ring {} gave no record for {:.0} s, after {} samples",
+            self.ring,
+            self.waited.as_secs_f64(),
+            self.samples
+        )
+    }
+}
+
+impl std::error::Error for Stalled {}
+
+/// Reads a ring until end of stream (or `max_samples`), acknowledging each batch after
+/// `pause(batch_len, fetch_time)`; calls `progress(samples)` after each batch. With
+/// `max_samples`, the last batch is kept unacknowledged and the reader attached for `hold`
+/// before returning (a client that stops reading without leaving). Waits for records as long
+/// as the server lives: [`consume_within`] gives up when none comes.
 pub fn consume(
     instance: &str,
     ring: &str,
     opts: ReadOptions,
+    pause: impl FnMut(usize, Duration) -> Duration,
+    progress: impl FnMut(u64),
+    check: impl FnMut(&dataplane::ItemMeta, &[u8]),
+) -> Result<Consumed> {
+    consume_within(instance, ring, opts, None, pause, progress, check)
+}
+
+/// [`consume`], failing with [`Stalled`] when the ring gives no record for `deadline` (a
+/// read's timeout returns an empty batch: without a deadline, a job that never delivers again
+/// would be read for ever).
+pub fn consume_within(
+    instance: &str,
+    ring: &str,
+    opts: ReadOptions,
+    deadline: Option<Duration>,
     mut pause: impl FnMut(usize, Duration) -> Duration,
     mut progress: impl FnMut(u64),
     mut check: impl FnMut(&dataplane::ItemMeta, &[u8]),
@@ -147,10 +191,34 @@ pub fn consume(
     let reader = dataplane::Reader::open(instance, ring)?;
     let mut out = Consumed::default();
     let start = Instant::now();
+    // Since when the reader has been waiting for a record (its own pauses do not count).
+    let mut waiting_since = start;
+    let mut got_records = false;
     loop {
         let t = Instant::now();
-        let b = reader.next_batch(batch, Some(Duration::from_secs(60)))?;
+        if got_records {
+            waiting_since = t;
+        }
+        let timeout = deadline.map_or(READ_TIMEOUT, |d| {
+            READ_TIMEOUT.min(d.saturating_sub(t.duration_since(waiting_since)))
+        });
+        let b = reader.next_batch(batch, Some(timeout))?;
         let fetch = t.elapsed();
+        got_records = !b.is_empty()
+            || !b.errors().is_empty()
+            || b.end_of_epoch().is_some()
+            || b.end_of_stream();
+        if let Some(d) = deadline
+            && !got_records
+            && waiting_since.elapsed() >= d
+        {
+            return Err(Stalled {
+                ring: ring.to_string(),
+                waited: waiting_since.elapsed(),
+                samples: out.samples,
+            }
+            .into());
+        }
         if out.samples == 0 {
             out.first_wait = fetch;
         } else {

@@ -28,6 +28,11 @@ pub struct ConsumeArgs {
     /// Write each element's payload as `<dir>/<epoch>-<position>-<element>.bin`.
     #[arg(long)]
     pub dump: Option<PathBuf>,
+    /// Fail when the ring gives no record for this many seconds (a job that stalled or
+    /// deadlocked), naming the job and the state the server reports for it; 0: wait as long
+    /// as the server lives.
+    #[arg(long, default_value_t = 600)]
+    pub deadline_s: u64,
     #[arg(long, env = "JOADER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 }
@@ -46,11 +51,17 @@ pub fn run(args: ConsumeArgs) -> Result<()> {
         .to_string();
     let ring = rank["ring"].as_str().context("no ring")?.to_string();
     let batch = body["batch_size"].as_u64().unwrap_or(32) as usize;
+    // The server names a job registered without a name.
+    let name = reg["job"]["name"]
+        .as_str()
+        .or(body["name"].as_str())
+        .unwrap_or_default()
+        .to_string();
     // Tell a waiting test that the job is registered.
     eprintln!("registered ring={ring}");
     let per = Duration::from_micros(args.sample_us);
     let mut dump_err = None;
-    let got = match crate::client::consume(
+    let got = match crate::client::consume_within(
         &instance,
         &ring,
         // Hold the unacknowledged batch until killed.
@@ -59,6 +70,7 @@ pub fn run(args: ConsumeArgs) -> Result<()> {
             max_samples: args.stop_after,
             hold: Duration::from_secs(3600),
         },
+        (args.deadline_s > 0).then(|| Duration::from_secs(args.deadline_s)),
         |n, _| per * n as u32,
         |_| {},
         |meta, data| {
@@ -75,12 +87,20 @@ pub fn run(args: ConsumeArgs) -> Result<()> {
     ) {
         Ok(got) => got,
         Err(e) => {
+            if let Some(stalled) = e.downcast_ref::<crate::client::Stalled>() {
+                bail!(
+                    "job {name} rank {}: {stalled} (--deadline-s {}: raise it for a job that is \
+                     only slow); the server says: {}",
+                    args.rank,
+                    args.deadline_s,
+                    job_state(&client, &name)
+                );
+            }
             // A closed ring: say why when the server failed the job (a multi-node job whose
             // node or leader was lost is `job_failed`).
             let closed = e
                 .downcast_ref::<dataplane::Error>()
                 .is_some_and(|d| d.code() == "ring_closed");
-            let name = body["name"].as_str().unwrap_or_default();
             if closed
                 && let Ok(job) = client.ok("GET", &format!("/v1/jobs/{name}"), None)
                 && job["state"] == "failed"
@@ -105,4 +125,29 @@ pub fn run(args: ConsumeArgs) -> Result<()> {
     });
     println!("{summary}");
     Ok(())
+}
+
+/// The job's state as the server reports it, in a line: its state (and why it failed), where
+/// it is, and the counters that tell a stall (what was sampled, pushed and acknowledged, the
+/// client's time on an empty ring, the units that waited for room other jobs held).
+pub fn job_state(client: &crate::client::Client, name: &str) -> String {
+    match client.ok("GET", &format!("/v1/jobs/{name}"), None) {
+        Ok(j) => format!(
+            "state {}{}, epoch {} position {}, sampled {} delivered {} acknowledged {}, \
+             stall_s {}, waited_for_others {}",
+            j["state"].as_str().unwrap_or("?"),
+            j["reason"]
+                .as_str()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default(),
+            j["epoch"],
+            j["position"],
+            j["sampled"],
+            j["delivered"],
+            j["acknowledged"],
+            j["stall_s"],
+            j["waited_for_others"],
+        ),
+        Err(e) => format!("nothing: the job's state could not be read ({e:#})"),
+    }
 }

@@ -23,6 +23,13 @@ impl RankRing {
             }
         }
         self.acked = acked;
+        debug_assert!(
+            released.len() as u64 <= self.pinned,
+            "{} slots released of {} held",
+            released.len(),
+            self.pinned
+        );
+        self.pinned = self.pinned.saturating_sub(released.len() as u64);
         debug_assert_eq!(
             self.shadow.len() as u64,
             self.ring.pushed() - self.acked,

@@ -223,7 +223,7 @@ impl CacheActor {
     /// Every element of a unit has the same need, and needs are totally ordered by (time,
     /// job), so that room always goes to one unit first: two units each half cached would
     /// otherwise wait for each other.
-    fn need_times(&self) -> HashMap<u64, Need> {
+    pub(super) fn need_times(&self) -> HashMap<u64, Need> {
         let fastest = self
             .jobs
             .values()
@@ -380,14 +380,19 @@ impl Need {
         job: JobId::MAX,
     };
 
-    fn cmp(&self, other: &Need) -> std::cmp::Ordering {
+    pub(super) fn cmp(&self, other: &Need) -> std::cmp::Ordering {
         self.time
             .total_cmp(&other.time)
             .then(self.job.cmp(&other.job))
     }
+
+    /// The job that needs the key soonest.
+    pub(super) fn job(&self) -> JobId {
+        self.job
+    }
 }
 
 /// A key's need; a key no ring has queued is needed never.
-fn need_of(times: &HashMap<u64, Need>, key: u64) -> Need {
+pub(super) fn need_of(times: &HashMap<u64, Need>, key: u64) -> Need {
     times.get(&key).copied().unwrap_or(Need::NEVER)
 }

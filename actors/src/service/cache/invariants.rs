@@ -12,7 +12,7 @@
 //! - the references a key holds are exactly the deliveries queued for it in the rings;
 //! - each ring's shadow has one flag per record pushed and not acknowledged, its ready prefix
 //!   is ready and at most one unit, and the slots' pushed counts are at most its outstanding
-//!   records;
+//!   records and exactly the data records the rings hold (their `pinned` counts);
 //! - the cache keeps the source of exactly the datasets of its jobs.
 
 use std::collections::{HashMap, HashSet};
@@ -186,7 +186,7 @@ impl CacheActor {
     /// Each ring's shadow and ready prefix; the slots' pushed counts against the records
     /// outstanding in the rings.
     fn check_rings(&self) -> Result<(), String> {
-        let mut outstanding = 0u64;
+        let (mut outstanding, mut pinned) = (0u64, 0u64);
         for (id, job) in &self.jobs {
             for (rank, rr) in job.rings.iter().enumerate() {
                 let at = format!("job {id} rank {rank}");
@@ -221,12 +221,18 @@ impl CacheActor {
                     return Err(format!("{at}: {e:?} in the ready prefix is not ready"));
                 }
                 outstanding += rr.shadow.iter().filter(|&&credit| credit).count() as u64;
+                pinned += rr.pinned;
             }
         }
         let pushed: u64 = self.slots.values().map(|e| u64::from(e.pushed)).sum();
         if pushed > outstanding {
             return Err(format!(
                 "the slots count {pushed} pushed records, the rings {outstanding} outstanding"
+            ));
+        }
+        if self.writer.is_some() && pushed != pinned {
+            return Err(format!(
+                "the slots count {pushed} pushed records, the rings hold {pinned} data records"
             ));
         }
         Ok(())

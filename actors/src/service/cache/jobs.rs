@@ -44,6 +44,8 @@ impl CacheActor {
                         ready: 0,
                         ready_items: 0,
                         shadow: VecDeque::new(),
+                        pinned: 0,
+                        waited: false,
                         acked: 0,
                         epoch_count: 0,
                         alive: false,

@@ -129,6 +129,11 @@ struct RankRing {
     ready_items: usize,
     /// One flag per record pushed and not yet acknowledged: does it return credit?
     shadow: VecDeque<bool>,
+    /// Data records pushed and not yet acknowledged: the slots the ring holds.
+    pinned: u64,
+    /// The unit at the queue's front was counted as waiting for room other jobs hold
+    /// (`JobStats::waited_for_others`); cleared when a unit is pushed.
+    waited: bool,
     acked: u64,
     epoch_count: u64,
     /// The client was attached and alive at the last liveness probe.

@@ -1,9 +1,13 @@
 //! What goes into the rings: each ring receives its job's queue in order, one unit at a time
 //! (a whole batch, or what is left of an epoch before its end), once every element of the
-//! unit is cached (or failed, and goes as an error record).
+//! unit is cached (or failed, and goes as an error record). And which units wait for room
+//! that other jobs hold (`JobStats::waited_for_others`): what "a slow job never holds a fast
+//! one back" means, counted.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 
+use super::flow::{Need, need_of};
 use super::{CacheActor, Entry, JobId, RankRing};
 use crate::service::stats::JobState;
 
@@ -39,12 +43,19 @@ impl CacheActor {
                 ))
     }
 
+    /// Pushes what the rings can take (see [`push_units`](Self::push_units)), then counts the
+    /// units that wait for room other jobs hold.
+    pub(super) fn pump(&mut self) {
+        self.push_units();
+        self.count_waits();
+    }
+
     /// Pushes every complete unit each ring has room for, in order, keeping at most one batch
     /// ahead of its client (pushed, not taken), and none while memory is short (payloads wait
     /// for room) until the client has taken what was pushed. What a stopped reader pins is
     /// then the batch it holds plus at most one, never its whole ring; the rest of what it
     /// was sampled stays evictable for the readers that read.
-    pub(super) fn pump(&mut self) {
+    fn push_units(&mut self) {
         let short = !self.waiting.is_empty();
         let mut broken: Vec<(JobId, String)> = Vec::new();
         let job_ids: Vec<JobId> = self.jobs.keys().copied().collect();
@@ -70,6 +81,7 @@ impl CacheActor {
                     }
                     rr.ready = 0;
                     rr.ready_items = 0;
+                    rr.waited = false;
                 }
                 debug_assert!(
                     rr.ready <= rr.queue.len() && rr.ready_items <= rr.ready.min(batch),
@@ -106,6 +118,7 @@ impl CacheActor {
                         .push_data(e.slot, u64::from(epoch), u64::from(position))?;
                     e.queued = e.queued.saturating_sub(1);
                     e.pushed += 1;
+                    rr.pinned += 1;
                     stats.delivered.fetch_add(1, Relaxed);
                     rr.shadow.push_back(true);
                     rr.epoch_count += 1;
@@ -142,6 +155,150 @@ impl CacheActor {
             }
         }
         Ok(())
+    }
+}
+
+impl CacheActor {
+    /// Counts, once per unit, each ring whose next unit could go to its client now (the
+    /// client has taken everything pushed, and the ring's credit, as the cache has polled
+    /// it, has room for the unit) but for elements that wait for room, when other jobs hold
+    /// some of that room: records they have not acknowledged, or cached elements they need
+    /// sooner (which `store` in `flow.rs` may not evict).
+    ///
+    /// Counted on a consistent view only, so that the count says what the jobs held and not
+    /// when the cache happened to run: with nothing acknowledged that the cache has not polled
+    /// (a slot it thinks held may be free already), and after the waiting payloads tried for
+    /// room again with no client moving meanwhile (a payload that last tried before its
+    /// client took a batch may wait on a need that is gone). A view that moved is decided at
+    /// the next message or poll. Then, when the cache has room for what every reading ring
+    /// may hold (the batch its client holds and one more, pushed or being completed: two
+    /// batches per ring), no unit ever waits for another job, however slow its reader.
+    fn count_waits(&mut self) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        // Cheap tests first: what follows costs about two rounds of room-making.
+        let candidates = self.blocked();
+        if !candidates
+            .iter()
+            .any(|&(id, _, _)| self.others_hold_anything(id))
+        {
+            return;
+        }
+        let Some(view) = self.client_view() else {
+            return;
+        };
+        self.room_changed = true;
+        self.drain_waiting();
+        self.push_units();
+        let blocked = self.blocked();
+        if blocked.is_empty() || self.client_view().as_ref() != Some(&view) {
+            return;
+        }
+        let times = self.need_times();
+        for (id, rank, keys) in blocked {
+            if !self.held_by_others(id, &keys, &times) {
+                continue;
+            }
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.rings[rank].waited = true;
+                job.stats.waited_for_others.fetch_add(1, Relaxed);
+                tracing::debug!(
+                    job = id,
+                    rank,
+                    waiting = keys.len(),
+                    "a unit waits for room other jobs hold"
+                );
+            }
+        }
+    }
+
+    /// The rings, not counted yet, whose next unit could go to its client now but for its
+    /// elements that wait for room: (job, rank, those elements' keys).
+    fn blocked(&self) -> Vec<(JobId, usize, Vec<u64>)> {
+        let mut out = Vec::new();
+        for (&id, job) in &self.jobs {
+            if !job.granted {
+                continue;
+            }
+            let batch = job.batch as usize;
+            for (rank, rr) in job.rings.iter().enumerate() {
+                if rr.waited || untaken(rr) > 0 {
+                    continue;
+                }
+                // The unit: up to a batch of items, or through an end.
+                let (mut records, mut items, mut keys) = (0u64, 0usize, Vec::new());
+                for entry in &rr.queue {
+                    records += 1;
+                    let Entry::Item { key, .. } = *entry else {
+                        break;
+                    };
+                    if self.waiting.contains_key(&key) {
+                        keys.push(key);
+                    }
+                    items += 1;
+                    if items == batch {
+                        break;
+                    }
+                }
+                let outstanding = rr.ring.pushed() - rr.acked.min(rr.ring.pushed());
+                let credit = u64::from(rr.ring.capacity()).saturating_sub(outstanding);
+                if !keys.is_empty() && credit >= records {
+                    out.push((id, rank, keys));
+                }
+            }
+        }
+        out
+    }
+
+    /// Where every client is (its consumer position, ring by ring), or `None` while some
+    /// client has acknowledged records the cache has not polled yet.
+    fn client_view(&self) -> Option<Vec<(JobId, u64)>> {
+        let mut view = Vec::new();
+        for (&id, job) in &self.jobs {
+            for rr in &job.rings {
+                if rr.ring.acks_pending() {
+                    return None;
+                }
+                view.push((id, rr.ring.consumer_position()));
+            }
+        }
+        view.sort_unstable();
+        Some(view)
+    }
+
+    /// Some other job than `id` has records pushed and not acknowledged, or deliveries queued.
+    fn others_hold_anything(&self, id: JobId) -> bool {
+        self.jobs.iter().any(|(&other, j)| {
+            other != id
+                && j.rings
+                    .iter()
+                    .any(|rr| rr.pinned > 0 || !rr.queue.is_empty())
+        })
+    }
+
+    /// Other jobs than `id` hold room that the waiting `keys` cannot take: slots their rings
+    /// have pushed and not had acknowledged, or cached elements they have queued and need
+    /// sooner.
+    fn held_by_others(&self, id: JobId, keys: &[u64], times: &HashMap<u64, Need>) -> bool {
+        let pinned = self
+            .jobs
+            .iter()
+            .any(|(&other, j)| other != id && j.rings.iter().any(|rr| rr.pinned > 0));
+        if pinned {
+            return true;
+        }
+        let Some(mine) = keys
+            .iter()
+            .map(|&k| need_of(times, k))
+            .max_by(|a, b| a.cmp(b))
+        else {
+            return false;
+        };
+        self.slots.iter().any(|(&k, e)| {
+            let need = need_of(times, k);
+            e.pushed == 0 && e.queued > 0 && need.job() != id && need.cmp(&mine).is_lt()
+        })
     }
 }
 
