@@ -43,7 +43,9 @@ use systems::{
 
 #[derive(Debug, Args)]
 pub struct E2eArgs {
-    /// Dataset folder (generated on first use, reused afterwards).
+    /// Where the dataset is generated (on first use, reused afterwards): its `e2e` folder, or
+    /// `e2e-quick` with `--quick`. Only that folder is indexed, so the other benches' datasets
+    /// beside it (`cluster`, `scale` under the same default folder) are never read.
     #[arg(long, default_value = "joader-bench-data")]
     pub data: PathBuf,
     #[arg(long, default_value_t = 10)]
@@ -111,11 +113,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
         quality: 90,
         seed: 2022,
     };
-    let data = if args.quick {
-        args.data.join("quick")
-    } else {
-        args.data.clone()
-    };
+    let data = args.data.join(if args.quick { "e2e-quick" } else { "e2e" });
     std::fs::create_dir_all(&data)?;
     let root = data.canonicalize()?;
     let t = Instant::now();
