@@ -196,13 +196,30 @@ impl TestServer {
         joader_tools::client::Client::new(self.url.clone())
     }
 
+    /// Sends SIGTERM (the server drains, then stops) without waiting.
+    pub fn sigterm(&self) {
+        if let Some(child) = &self.child {
+            let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+
+    /// Waits for a server told to stop to exit (`what`: the state awaited), and checks that it
+    /// exited successfully and left nothing of its instance in /dev/shm.
+    pub fn exits_cleanly(&mut self, what: &str) {
+        let child = self.child.as_mut().expect("a running server");
+        let status = wait_for(what, || child.try_wait().unwrap());
+        self.child = None; // reaped: nothing for the drop to stop
+        assert!(status.success(), "{status:?}");
+        assert!(shm_objects(&self.instance).is_empty(), "no segment is left");
+    }
+
     /// SIGTERM, then waits; returns whether it exited successfully.
     pub fn stop(&mut self) -> bool {
+        self.sigterm();
         let Some(mut child) = self.child.take() else {
             return true;
         };
-        let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         let start = Instant::now();
         loop {
             if let Ok(Some(status)) = child.try_wait() {

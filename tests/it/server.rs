@@ -969,9 +969,7 @@ fn sigterm_drains_refusing_new_jobs_until_the_running_ones_finish() {
         }
     });
     attached.recv().unwrap();
-    let pid = server.child.as_ref().unwrap().id();
-    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    server.sigterm();
     // Draining: new work is refused as a transient condition, the API still answers. A job
     // registered before the signal landed would run (and hold the drain) for ever: it is
     // deleted, and the next try made.
@@ -1012,12 +1010,7 @@ fn sigterm_drains_refusing_new_jobs_until_the_running_ones_finish() {
         (CLASSES * PER_CLASS) as usize,
         "the whole epoch was read"
     );
-    let status = wait_for("the server to exit once its last job ended", || {
-        server.child.as_mut().unwrap().try_wait().unwrap()
-    });
-    server.child = None; // reaped: nothing for the drop to stop
-    assert!(status.success(), "{status:?}");
-    assert!(shm_objects(&instance).is_empty(), "no segment is left");
+    server.exits_cleanly("the server to exit once its last job ended");
 }
 
 /// SIGTERM with a job that never ends: the server stops once the grace is over (the test
@@ -1059,9 +1052,7 @@ fn sigterm_drains_for_the_grace_then_ends_running_jobs_with_a_clear_error() {
         let j = c.ok("GET", "/v1/jobs/endless", None).ok()?;
         (j["acknowledged"].as_u64()? > 0).then_some(())
     });
-    let child = server.child.take().unwrap();
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    server.sigterm();
     // After the grace the server stops; the client gets an error that says so.
     let (got, err) = reader.join().unwrap();
     assert!(got > 0);
@@ -1071,10 +1062,7 @@ fn sigterm_drains_for_the_grace_then_ends_running_jobs_with_a_clear_error() {
         "a clear end-of-service error: {err}"
     );
     assert!(err.to_string().contains("shut down"), "{err}");
-    let mut child = child;
-    let status = wait_for("the server to exit", || child.try_wait().unwrap());
-    assert!(status.success(), "{status:?}");
-    assert!(shm_objects(&instance).is_empty(), "no segment is left");
+    server.exits_cleanly("the server to exit");
 }
 
 #[test]

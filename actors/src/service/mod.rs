@@ -23,3 +23,22 @@ pub use stats::{CacheStats, JobState, JobStats};
 
 #[cfg(test)]
 mod tests;
+
+/// Test-only: what an actor's periodic invariant check did, asked the same way of the Cache and
+/// the Sampler (each answers [`probe::Inspect`] in its `invariants.rs`).
+#[cfg(test)]
+pub(crate) mod probe {
+    use actix::prelude::*;
+
+    /// Asks an actor for its message count, its full checks so far and a full check now.
+    #[derive(Message)]
+    #[rtype(result = "Inspection")]
+    pub(crate) struct Inspect;
+
+    #[derive(Debug)]
+    pub(crate) struct Inspection {
+        pub(crate) messages: u64,
+        pub(crate) full_checks: u64,
+        pub(crate) check: Result<(), String>,
+    }
+}

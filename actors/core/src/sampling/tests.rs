@@ -288,10 +288,14 @@ proptest! {
     }
 }
 
-/// Builds a tree, optionally runs some all-jobs rounds, then compares the joint distribution of
-/// one more round with the exact distribution of the reference Algorithm 1 + 2.
-fn compare_with_reference(datasets: &[Vec<u32>], warmup_rounds: usize, trials: u64, seed: u64) {
-    let mut tree = DependentSamplingTree::new();
+/// `tree` with one job per dataset (seeds `seed`, `seed + 1`, …) after `warmup` rounds of all
+/// its jobs, with the jobs' order and their remaining sets in that order.
+fn warmed_up(
+    mut tree: DependentSamplingTree,
+    datasets: &[Vec<u32>],
+    warmup: usize,
+    seed: u64,
+) -> (DependentSamplingTree, Vec<JobKey>, Vec<BTreeSet<u32>>) {
     for (i, d) in datasets.iter().enumerate() {
         tree.add_job(spec(
             i as JobKey,
@@ -301,16 +305,44 @@ fn compare_with_reference(datasets: &[Vec<u32>], warmup_rounds: usize, trials: u
         .unwrap();
     }
     let mut round = Round::default();
-    for _ in 0..warmup_rounds {
+    for _ in 0..warmup {
         let jobs = tree.jobs();
         tree.sample(&jobs, &mut round).unwrap();
         assert!(round.events.is_empty(), "warm-up must not end an epoch");
     }
     let order = tree.order();
-    let sets: Vec<BTreeSet<u32>> = order
+    let sets = order
         .iter()
         .map(|&k| tree.remaining(k).unwrap().iter().collect())
         .collect();
+    (tree, order, sets)
+}
+
+/// Trial `t`: one round of a copy of `tree` reseeded for it; the copy, and each job's element
+/// in `order`.
+fn trial(
+    tree: &DependentSamplingTree,
+    order: &[JobKey],
+    seed: u64,
+    t: u64,
+    round: &mut Round,
+) -> (DependentSamplingTree, Vec<u32>) {
+    let mut c = tree.clone();
+    c.reseed(seed.wrapping_mul(1_000_003) + t);
+    c.sample(order, round).unwrap();
+    let mut outcome = vec![u32::MAX; order.len()];
+    for d in &round.deliveries {
+        outcome[order.iter().position(|&k| k == d.job).unwrap()] = d.element;
+    }
+    (c, outcome)
+}
+
+/// Builds a tree, optionally runs some all-jobs rounds, then compares the joint distribution of
+/// one more round with the exact distribution of the reference Algorithm 1 + 2.
+fn compare_with_reference(datasets: &[Vec<u32>], warmup_rounds: usize, trials: u64, seed: u64) {
+    let (tree, order, sets) =
+        warmed_up(DependentSamplingTree::new(), datasets, warmup_rounds, seed);
+    let mut round = Round::default();
     let exact = exact_round(&sets);
     let total: f64 = exact.values().sum();
     assert!(
@@ -319,14 +351,7 @@ fn compare_with_reference(datasets: &[Vec<u32>], warmup_rounds: usize, trials: u
     );
     let mut counts: HashMap<Vec<u32>, u64> = HashMap::new();
     for t in 0..trials {
-        let mut c = tree.clone();
-        c.reseed(seed.wrapping_mul(1_000_003) + t);
-        c.sample(&order, &mut round).unwrap();
-        let mut outcome = vec![u32::MAX; order.len()];
-        for d in &round.deliveries {
-            let i = order.iter().position(|&k| k == d.job).unwrap();
-            outcome[i] = d.element;
-        }
+        let (_, outcome) = trial(&tree, &order, seed, t, &mut round);
         *counts.entry(outcome).or_default() += 1;
     }
     let (stat, df) = chi2(&counts, &exact, trials);
@@ -1165,40 +1190,21 @@ fn a_wrong_coupling_fails_the_exact_marginal_check() {
 /// remaining set, and the joint law must be the reference's. Returns the fraction of trials
 /// whose round ran the exact fallback.
 fn exact_fallback_rounds(datasets: &[BTreeSet<u32>], warmup: usize, trials: u64, seed: u64) -> f64 {
-    let mut tree = DependentSamplingTree::new();
-    tree.give_up_rejection_at_once();
-    for (i, d) in datasets.iter().enumerate() {
-        tree.add_job(spec(
-            i as JobKey,
-            bitmap(d.iter().copied()),
-            seed + i as u64,
-        ))
-        .unwrap();
-    }
-    let mut round = Round::default();
-    for _ in 0..warmup {
-        let jobs = tree.jobs();
-        tree.sample(&jobs, &mut round).unwrap();
-        assert!(round.events.is_empty(), "warm-up must not end an epoch");
-    }
-    let order = tree.order();
-    let sets: Vec<BTreeSet<u32>> = order
+    let mut forced = DependentSamplingTree::new();
+    forced.give_up_rejection_at_once();
+    let datasets: Vec<Vec<u32>> = datasets
         .iter()
-        .map(|&k| tree.remaining(k).unwrap().iter().collect())
+        .map(|d| d.iter().copied().collect())
         .collect();
+    let (tree, order, sets) = warmed_up(forced, &datasets, warmup, seed);
+    let mut round = Round::default();
     let before = tree.exact_fallbacks();
     let mut joint: Counts = HashMap::new();
     let mut marginals: Vec<Counts> = vec![HashMap::new(); order.len()];
     let mut fallback_rounds = 0;
     for t in 0..trials {
-        let mut c = tree.clone();
-        c.reseed(seed.wrapping_mul(1_000_003) + t);
-        c.sample(&order, &mut round).unwrap();
+        let (c, outcome) = trial(&tree, &order, seed, t, &mut round);
         fallback_rounds += u64::from(c.exact_fallbacks() > before);
-        let mut outcome = vec![u32::MAX; order.len()];
-        for d in &round.deliveries {
-            outcome[order.iter().position(|&k| k == d.job).unwrap()] = d.element;
-        }
         for (m, &e) in marginals.iter_mut().zip(&outcome) {
             *m.entry(vec![e]).or_default() += 1;
         }

@@ -246,17 +246,7 @@ pub(crate) mod probe {
 
     use super::super::CacheActor;
 
-    /// Asks the cache for its message count, its full checks so far and a full check now.
-    #[derive(Message)]
-    #[rtype(result = "Inspection")]
-    pub(crate) struct Inspect;
-
-    #[derive(Debug)]
-    pub(crate) struct Inspection {
-        pub(crate) messages: u64,
-        pub(crate) full_checks: u64,
-        pub(crate) check: Result<(), String>,
-    }
+    pub(crate) use crate::service::probe::{Inspect, Inspection};
 
     impl Handler<Inspect> for CacheActor {
         type Result = MessageResult<Inspect>;

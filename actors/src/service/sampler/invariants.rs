@@ -90,17 +90,7 @@ pub(crate) mod probe {
     use super::super::SamplerActor;
     use crate::service::messages::JobId;
 
-    /// Asks the sampler for its message count, its full checks so far and a full check now.
-    #[derive(Message)]
-    #[rtype(result = "Inspection")]
-    pub(crate) struct Inspect;
-
-    #[derive(Debug)]
-    pub(crate) struct Inspection {
-        pub(crate) messages: u64,
-        pub(crate) full_checks: u64,
-        pub(crate) check: Result<(), String>,
-    }
+    pub(crate) use crate::service::probe::{Inspect, Inspection};
 
     impl Handler<Inspect> for SamplerActor {
         type Result = MessageResult<Inspect>;
