@@ -36,6 +36,7 @@ mod reader;
 mod ring;
 mod segment;
 mod shm;
+pub mod stages;
 
 pub use alloc::ArenaStats;
 pub use error::{Error, Result};

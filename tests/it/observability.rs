@@ -286,6 +286,7 @@ fn metrics_count_what_the_jobs_did() {
         ("joader_ring_pushed_total", "counter"),
         ("joader_ring_popped_total", "counter"),
         ("joader_process_cpu_seconds_total", "counter"),
+        ("joader_stage_cpu_seconds_total", "counter"),
         ("joader_http_requests_total", "counter"),
         ("joader_http_request_duration_seconds", "histogram"),
         ("joader_shm_used_bytes", "gauge"),
@@ -425,7 +426,7 @@ fn metrics_count_what_the_jobs_did() {
             assert!(
                 [
                     "job_name", "dataset", "kind", "state", "method", "route", "status", "le",
-                    "version", "reason", "node"
+                    "version", "reason", "node", "stage"
                 ]
                 .contains(&k.as_str()),
                 "unexpected label {k} on {}",
@@ -951,4 +952,105 @@ fn the_dashboard_shows_running_jobs_in_a_real_browser() {
         shot.display()
     );
     eprintln!("dashboard screenshot: {}", shot.display());
+}
+
+/// The stages of `joader_stage_cpu_seconds_total` account for the server's CPU time under a
+/// decoding workload: their sum over the workload is 90 to 105 % of the process's CPU time
+/// (from `/proc`) over the same span, and the Loader's stages carry it.
+#[test]
+fn stage_cpu_adds_up_to_the_process_cpu() {
+    let data = TempDir::new("stages-data");
+    let spec = joader_tools::synth::SynthSpec {
+        classes: 4,
+        per_class: 15,
+        width: 800,
+        height: 600,
+        quality: 90,
+        seed: 5,
+    };
+    joader_tools::synth::generate_image_folder(&data.0, &spec, &mut |_| {})
+        .expect("generate the dataset");
+    let state = TempDir::new("stages");
+    // A cache of about 35 of the 60 prepared elements (96×96 crops of full-size decodes):
+    // later epochs decode again, several hundred full decodes in all (about 1 s of CPU in an
+    // optimized build; `/proc` rounds each reading down to 10 ms, 2 % of that at most).
+    let server = TestServer::start(
+        &unique_instance("stages"),
+        &state.0,
+        &data.0,
+        &["--cache-bytes", "1MiB"],
+    );
+    let c = server.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": data.0}})),
+    )
+    .unwrap();
+    c.wait_ready("imgs", DEADLINE).unwrap();
+    let cpu = || {
+        let (status, text) = get_text(&format!("{}/metrics", server.url), None);
+        assert_eq!(status, 200, "{text}");
+        let (_, s) = parse_prometheus(&text);
+        let stages: BTreeMap<String, f64> = s
+            .iter()
+            .filter(|x| x.name == "joader_stage_cpu_seconds_total")
+            .map(|x| (x.labels["stage"].clone(), x.value))
+            .collect();
+        let process = value(&s, "joader_process_cpu_seconds_total", &[]).unwrap();
+        (stages, process)
+    };
+    let (before, p0) = cpu();
+    for stage in [
+        "read",
+        "decode",
+        "resize",
+        "slot_write",
+        "sampler",
+        "cache",
+        "loader",
+        "http",
+        "metrics",
+        "runtime",
+    ] {
+        assert!(before.contains_key(stage), "no stage {stage}: {before:?}");
+    }
+    let pipeline = json!({"kind": "decode", "center_crop": [96, 96]});
+    let jobs = [("a", 4, 8), ("b", 6, 6), ("c", 5, 6)];
+    let children: Vec<_> = jobs
+        .iter()
+        .map(|(name, batch, epochs)| {
+            consumer(
+                &server.url,
+                &json!({"name": name, "dataset": "imgs", "batch_size": batch,
+                        "epochs": epochs, "pipeline": pipeline}),
+                &[],
+            )
+        })
+        .collect();
+    for child in children {
+        finish(child);
+    }
+    for (name, _, epochs) in jobs {
+        wait_acknowledged(&c, name, 60 * epochs);
+    }
+    let (after, p1) = cpu();
+    let delta: BTreeMap<&str, f64> = after
+        .iter()
+        .map(|(k, v)| (k.as_str(), v - before.get(k).copied().unwrap_or(0.0)))
+        .collect();
+    let sum: f64 = delta.values().sum();
+    let process = p1 - p0;
+    let report = format!("stages {delta:?} add up to {sum:.3} s of the process's {process:.3} s");
+    println!("{report}");
+    assert!(process >= 0.6, "too little work to compare: {report}");
+    assert!(sum >= 0.9 * process && sum <= 1.05 * process, "{report}");
+    assert!(
+        delta["decode"] > 0.0 && delta["resize"] > 0.0 && delta["slot_write"] > 0.0,
+        "{report}"
+    );
+    assert!(
+        delta["decode"] + delta["resize"] > 0.5 * sum,
+        "a decoding workload spends most of its CPU time decoding and resizing: {report}"
+    );
 }

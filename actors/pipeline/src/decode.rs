@@ -15,16 +15,18 @@ use super::{Limits, PipelineError};
 
 /// A decoded image, RGB8, rows top to bottom, no padding.
 ///
-/// A DCT-scaled decode is smaller than the stored image by an exact factor: pixel `i` of it
-/// covers the stored pixels `[i * scale, (i + 1) * scale)` (the last one fewer when the
-/// stored side is not a multiple of `scale`).
+/// A DCT-scaled decode is `eighths`/8 of the stored image, by an exact factor: pixel `i` of it
+/// covers the stored pixels `[i * 8 / eighths, (i + 1) * 8 / eighths)` (fractional bounds at
+/// 3/8, 5/8, 6/8 or 7/8: each 8×8 block becomes M×M pixels), and a side is
+/// ⌈stored × `eighths` / 8⌉ long, the last pixel reaching past the stored side when the
+/// division is not exact.
 #[derive(Debug)]
 pub(super) struct Rgb {
     pub data: Vec<u8>,
     pub width: u32,
     pub height: u32,
-    /// The DCT scale denominator: 1 (full size), 2, 4 or 8.
-    pub scale: u32,
+    /// The DCT scale in eighths of the stored size: 8 (full size), or 1 to 7.
+    pub eighths: u32,
     /// Width and height of the stored image.
     pub stored: (u32, u32),
 }
@@ -35,7 +37,7 @@ impl Rgb {
             data,
             width,
             height,
-            scale: 1,
+            eighths: 8,
             stored: (width, height),
         }
     }
@@ -101,16 +103,17 @@ fn check_pixels(width: usize, height: usize, limits: &Limits) -> Result<(), Pipe
 
 /// Decodes a JPEG, PNG or WebP to RGB8.
 ///
-/// With `resize_shorter`, a JPEG is decoded at the largest DCT scale (1/1, 1/2, 1/4, 1/8)
-/// whose output is still at least as large as the resize's (see [`super::scaled`]); `None`
-/// decodes at full size.
+/// With `resize_shorter`, a JPEG is decoded at the smallest DCT scale (M/8 for M in
+/// `eighths`, else full size) whose output is still larger than the resize's by a margin (see
+/// [`super::scaled::dct_eighths`]); `None` or no `eighths` decodes at full size.
 pub(super) fn decode_rgb(
     bytes: &[u8],
     limits: &Limits,
     resize_shorter: Option<u32>,
+    eighths: &[u32],
 ) -> Result<Rgb, PipelineError> {
     match sniff(bytes)? {
-        Format::Jpeg => decode_jpeg(bytes, limits, resize_shorter),
+        Format::Jpeg => decode_jpeg(bytes, limits, resize_shorter, eighths),
         Format::Png => decode_png(bytes, limits),
         Format::Webp => decode_webp(bytes, limits),
     }
@@ -154,6 +157,7 @@ fn decode_jpeg(
     bytes: &[u8],
     limits: &Limits,
     resize_shorter: Option<u32>,
+    eighths: &[u32],
 ) -> Result<Rgb, PipelineError> {
     let options = decoder_options().jpeg_set_out_colorspace(ColorSpace::RGB);
     let mut dec = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
@@ -171,9 +175,9 @@ fn decode_jpeg(
     {
         let (w, h) = (w as u32, h as u32);
         let (nw, nh) = super::resize::resized_size(w, h, target);
-        let scale = super::scaled::dct_scale(w, h, nw, nh);
-        if scale > 1 {
-            return super::scaled::decode(bytes, (w, h), scale);
+        let m = super::scaled::dct_eighths(eighths, w, h, nw, nh);
+        if m < 8 {
+            return super::scaled::decode(bytes, (w, h), m);
         }
     }
     let size = dec

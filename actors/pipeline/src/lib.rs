@@ -8,10 +8,13 @@
 //! giving HWC `u8` RGB.
 //!
 //! Decisions, and why:
-//! - **DCT-scaled JPEG decoding**: when the resize shrinks a JPEG by 2× or more, it is decoded
-//!   at the largest of the scales 1/2, 1/4, 1/8 whose output still covers the resize
-//!   ([`scaled`]), the way Pillow's `draft()` does; the result differs from a full decode and
-//!   resize ([`run_full_decode`]) by less than 2 levels on average (tested on real photos).
+//! - **DCT-scaled JPEG decoding**: when the resize shrinks a JPEG by 2× or more, it is
+//!   decoded at the smallest of the scales 1/8, 1/4, 1/2, 5/8 ([`DCT_EIGHTHS`]) whose output
+//!   still covers the resize ([`scaled`]), the way Pillow's `draft()` does (with M/8 where
+//!   `draft()` has only 1/k); the result differs from a full decode and resize
+//!   ([`run_full_decode`]) by less than 2 levels on average (tested on real photos). libjpeg
+//!   also decodes at 3/8, 6/8 and 7/8, without SIMD; measured no faster, they stay out of the
+//!   default ([`run_with_scales`] tries them).
 //! - **Resize filter: antialiased bilinear** (`Convolution(Bilinear)`), the filter of PIL's
 //!   and torchvision's default `Resize` on images, so models see what they would see with a
 //!   torchvision input pipeline. The other side is `round(other * target / shorter)`.
@@ -41,6 +44,12 @@ mod scaled;
 #[cfg(test)]
 mod tests;
 
+pub use scaled::DCT_EIGHTHS;
+
+use dataplane::stages::{
+    self,
+    server::{DECODE, RESIZE},
+};
 use serde::{Deserialize, Serialize};
 
 /// Largest width, height, resize target or crop side a pipeline may ask for.
@@ -249,9 +258,11 @@ impl Pipeline {
     }
 }
 
-/// Runs the pipeline on the stored bytes of one element.
+/// Runs the pipeline on the stored bytes of one element. The calling thread's CPU time is
+/// charged to the stages `decode` and `resize` apart (`dataplane::stages`; every variant
+/// below does the same): the server's `joader_stage_cpu_seconds_total`.
 pub fn run(p: &Pipeline, bytes: &[u8], limits: &Limits) -> Result<Output, PipelineError> {
-    run_with(p, bytes, limits, true)
+    run_with_scales(p, bytes, limits, DCT_EIGHTHS)
 }
 
 /// [`run`] with every JPEG decoded at full size before the resize: the reference that the
@@ -261,19 +272,19 @@ pub fn run_full_decode(
     bytes: &[u8],
     limits: &Limits,
 ) -> Result<Output, PipelineError> {
-    run_with(p, bytes, limits, false)
+    run_with_scales(p, bytes, limits, &[])
 }
 
-/// Width and height of a JPEG or PNG, read from its header alone.
-pub fn dimensions(bytes: &[u8]) -> Result<(u32, u32), PipelineError> {
-    decode::dimensions(bytes)
-}
-
-fn run_with(
+/// [`run`] with the DCT scales `eighths` (M of M/8, any order; values outside 1..=7 are
+/// ignored) instead of [`DCT_EIGHTHS`]: how the benchmark (`joader bench decode --eighths`)
+/// and the quality tests try the scales that the default leaves out. A JPEG is decoded at
+/// the smallest of them whose output covers the resize with the margin that
+/// [`DCT_EIGHTHS`] has, else at full size.
+pub fn run_with_scales(
     p: &Pipeline,
     bytes: &[u8],
     limits: &Limits,
-    dct_scaling: bool,
+    eighths: &[u32],
 ) -> Result<Output, PipelineError> {
     match p {
         Pipeline::Raw => Ok(Output::Raw(bytes.to_vec())),
@@ -282,8 +293,10 @@ fn run_with(
             center_crop,
         } => {
             p.validate()?;
-            let scale_for = resize_shorter.filter(|_| dct_scaling);
-            let img = decode::decode_rgb(bytes, limits, scale_for)?;
+            let decoding = stages::enter(&DECODE);
+            let img = decode::decode_rgb(bytes, limits, *resize_shorter, eighths)?;
+            drop(decoding);
+            let _resizing = stages::enter(&RESIZE);
             let out = resize::resize_crop(img, *resize_shorter, *center_crop, limits)?;
             Ok(Output::Hwc {
                 data: out.data,
@@ -293,4 +306,9 @@ fn run_with(
             })
         }
     }
+}
+
+/// Width and height of a JPEG or PNG, read from its header alone.
+pub fn dimensions(bytes: &[u8]) -> Result<(u32, u32), PipelineError> {
+    decode::dimensions(bytes)
 }

@@ -23,7 +23,7 @@ pub(super) fn resized_size(width: u32, height: u32, target: u32) -> (u32, u32) {
 /// Resizes (if `resize_shorter`) then center-crops (if `center_crop`, `[height, width]`).
 ///
 /// Sizes and the crop are those of the stored image (`img.stored`): a DCT-scaled decode gives
-/// the same geometry as a full one, its crop box being the stored one divided by the scale.
+/// the same geometry as a full one, its crop box being the stored one times `eighths / 8`.
 pub(super) fn resize_crop(
     img: Rgb,
     resize_shorter: Option<u32>,
@@ -54,7 +54,7 @@ pub(super) fn resize_crop(
             max_pixels: limits.max_pixels,
         });
     }
-    if (rw, rh) == (img.width, img.height) && img.scale == 1 {
+    if (rw, rh) == (img.width, img.height) && img.eighths == 8 {
         if (cw, ch) == (rw, rh) {
             return Ok(img);
         }
@@ -62,17 +62,22 @@ pub(super) fn resize_crop(
     }
 
     // The crop, in resized pixels, at an integer offset; mapped back into source coordinates
-    // (fractional) so that only the kept pixels are computed.
+    // (fractional) so that only the kept pixels are computed. A decoded side is
+    // ⌈stored × eighths / 8⌉, so the stored image spans `stored × eighths / 8` decoded pixels
+    // from the left edge; a box that ends there may overshoot it by a rounding error, which the
+    // resizer would refuse, hence the clamp.
     let (off_x, off_y) = ((rw - cw) / 2, (rh - ch) / 2);
-    let sx = f64::from(sw) / f64::from(rw) / f64::from(img.scale);
-    let sy = f64::from(sh) / f64::from(rh) / f64::from(img.scale);
+    let eighths = f64::from(img.eighths) / 8.0;
+    let sx = f64::from(sw) * eighths / f64::from(rw);
+    let sy = f64::from(sh) * eighths / f64::from(rh);
+    let (left, top) = (f64::from(off_x) * sx, f64::from(off_y) * sy);
     let options = ResizeOptions::new()
         .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
         .crop(
-            f64::from(off_x) * sx,
-            f64::from(off_y) * sy,
-            f64::from(cw) * sx,
-            f64::from(ch) * sy,
+            left,
+            top,
+            (f64::from(cw) * sx).min(f64::from(img.width) - left),
+            (f64::from(ch) * sy).min(f64::from(img.height) - top),
         );
     let src = ImageRef::new(img.width, img.height, &img.data, PixelType::U8x3)
         .map_err(|e| PipelineError::Corrupt(format!("resize: {e}").to_lowercase()))?;
@@ -84,7 +89,7 @@ pub(super) fn resize_crop(
         data: dst.into_vec(),
         width: cw,
         height: ch,
-        scale: 1,
+        eighths: 8,
         stored: (cw, ch),
     })
 }
@@ -102,7 +107,7 @@ fn crop_copy(img: &Rgb, cw: u32, ch: u32) -> Rgb {
         data,
         width: cw,
         height: ch,
-        scale: 1,
+        eighths: 8,
         stored: (cw, ch),
     }
 }

@@ -561,6 +561,106 @@ fn dct_scaled_decode_matches_the_full_path() {
     }
 }
 
+/// Every M/8 that libjpeg decodes at, the default's and the others.
+const EVERY_EIGHTH: &[u32] = &[1, 2, 3, 4, 5, 6, 7];
+
+#[test]
+fn a_scaled_decode_is_exactly_side_times_m_over_8_rounded_up() {
+    // libjpeg's `jdiv_round_up(side * M, 8)`: 500 -> 438 and 375 -> 329 at 7/8.
+    for (w, h) in [
+        (500u32, 375u32),
+        (8, 8),
+        (9, 15),
+        (31, 17),
+        (1001, 333),
+        (333, 1001),
+    ] {
+        for color in [ColorType::Rgb, ColorType::Luma] {
+            let channels = if color == ColorType::Luma { 1 } else { 3 };
+            for sampling in [SamplingFactor::F_2_2, SamplingFactor::F_1_1] {
+                let mut bytes = Vec::new();
+                let mut enc = Encoder::new(&mut bytes, 90);
+                enc.set_sampling_factor(sampling);
+                enc.encode(&detailed(w, h, channels), w as u16, h as u16, color)
+                    .unwrap();
+                for &m in EVERY_EIGHTH {
+                    let img = scaled::decode(&bytes, (w, h), m).unwrap();
+                    let expected = ((w * m).div_ceil(8), (h * m).div_ceil(8));
+                    assert_eq!(
+                        (img.width, img.height),
+                        expected,
+                        "{w}x{h} {color:?} {sampling:?} at {m}/8"
+                    );
+                    assert_eq!(img.eighths, m);
+                    assert_eq!(img.data.len(), (expected.0 * expected.1 * 3) as usize);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn seven_eighths_matches_the_full_path() {
+    // Shorter sides from 365 to 638 decode at 7/8 for a 256 target when it is allowed; sides
+    // not multiples of 8, landscape and portrait, crops at fractional source offsets.
+    for (w, h, crop) in [
+        (500u32, 375u32, Some([224u32, 224u32])),
+        (600, 450, Some([224, 224])),
+        (637, 851, None),
+        (853, 638, Some([256, 200])),
+        (367, 541, Some([200, 256])),
+    ] {
+        let bytes = jpeg(&detailed(w, h, 3), w, h, ColorType::Rgb, 90);
+        let p = decode(Some(256), crop);
+        let limits = Limits::default();
+        let seven = run_with_scales(&p, &bytes, &limits, &[7]).unwrap();
+        let full = run_full_decode(&p, &bytes, &limits).unwrap();
+        let (a, ah, aw) = pixels(&seven);
+        let (b, bh, bw) = pixels(&full);
+        assert_eq!((ah, aw), (bh, bw), "{w}x{h}");
+        let mad = mean_abs_diff(a, b);
+        assert!(mad <= 2.0, "{w}x{h}: mean abs difference {mad}");
+        // The scaled path really ran.
+        assert_ne!(a, b, "{w}x{h}: 7/8 gave the full path's bytes");
+        // Beside 1/8, 1/4 and 1/2, 7/8 is taken only where a half does not cover.
+        assert_eq!(
+            run_with_scales(&p, &bytes, &limits, &[1, 2, 4, 7]).unwrap(),
+            seven,
+            "{w}x{h}"
+        );
+    }
+}
+
+proptest::proptest! {
+    /// Whatever the size, target and crop, every scale gives the full path's output size, never
+    /// a crop box outside the decoded image (a side is ⌈stored × M / 8⌉, and the box ends at
+    /// stored × M / 8 up to rounding).
+    #[test]
+    fn every_scale_keeps_the_geometry_of_the_full_path(
+        w in 1u32..260,
+        h in 1u32..260,
+        target in 1u32..140,
+        crop in proptest::option::of((1u32..140, 1u32..140)),
+        m in 1u32..8,
+    ) {
+        let bytes = jpeg(&pattern(w, h, 3), w, h, ColorType::Rgb, 80);
+        let crop = crop.map(|(ch, cw)| [ch.min(target), cw.min(target)]);
+        let p = decode(Some(target), crop);
+        let limits = Limits::default();
+        let full = run_full_decode(&p, &bytes, &limits);
+        let scaled = run_with_scales(&p, &bytes, &limits, &[m]);
+        match (&full, &scaled) {
+            (Ok(f), Ok(s)) => {
+                let (_, fh, fw) = pixels(f);
+                let (_, sh, sw) = pixels(s);
+                proptest::prop_assert_eq!((fh, fw), (sh, sw));
+            }
+            (Err(f), Err(s)) => proptest::prop_assert_eq!(f, s),
+            _ => proptest::prop_assert!(false, "full {:?}, at {}/8 {:?}", full, m, scaled),
+        }
+    }
+}
+
 #[test]
 fn small_images_and_upscales_use_the_full_path() {
     // 500x375 to 256: no DCT scale covers it, so both paths are the same decoder.
@@ -672,4 +772,35 @@ fn dimensions_come_from_the_header() {
     let p = png(&pattern(5, 7, 3), 5, 7, ColorSpace::RGB);
     assert_eq!(dimensions(&p).unwrap(), (5, 7));
     assert_eq!(dimensions(b"nope").unwrap_err().code(), "not_an_image");
+}
+
+#[test]
+fn run_charges_decode_and_resize_apart() {
+    use dataplane::stages::{
+        self,
+        server::{DECODE, RESIZE},
+    };
+    let bytes = jpeg_rgb(1000, 750);
+    let p = decode(Some(256), Some([224, 224]));
+    let (decode_ns, resize_ns, used) = std::thread::spawn(move || {
+        stages::flush();
+        let before = (DECODE.nanos(), RESIZE.nanos(), stages::thread_cpu_ns());
+        for _ in 0..20 {
+            run(&p, &bytes, &Limits::default()).unwrap();
+        }
+        (
+            DECODE.nanos() - before.0,
+            RESIZE.nanos() - before.1,
+            stages::thread_cpu_ns() - before.2,
+        )
+    })
+    .join()
+    .unwrap();
+    assert!(decode_ns > 0 && resize_ns > 0);
+    // Other tests of this binary may decode at the same time (the counters are per process),
+    // so only what this thread used is a lower bound.
+    assert!(
+        decode_ns + resize_ns >= used * 9 / 10,
+        "{decode_ns} + {resize_ns} of {used}"
+    );
 }

@@ -14,6 +14,8 @@ use std::time::Instant;
 use actix::prelude::*;
 use crossbeam_channel::{Sender, unbounded};
 
+use dataplane::stages::{self, server::LOADER, server::READ};
+
 use super::messages::{Load, LoadFailure, Loaded};
 use super::stats::CacheStats;
 
@@ -56,6 +58,7 @@ impl Loader {
                 std::thread::Builder::new()
                     .name(format!("joader-loader-{i}"))
                     .spawn(move || {
+                        stages::set_base(&LOADER);
                         lower_own_priority();
                         while let Ok((load, fetched)) = rx.recv() {
                             stats.loader_queue.fetch_sub(1, Relaxed);
@@ -84,17 +87,24 @@ fn run_load(
     stats: &CacheStats,
 ) -> Loaded {
     let start = Instant::now();
+    let read_stage = stages::enter(&READ);
     let label = load.source.label(load.element);
     let read = fetched.unwrap_or_else(|| load.source.read(load.element));
+    drop(read_stage);
     let (results, bytes_read) = match read {
         Ok(bytes) => {
             let results = load
                 .pipelines
                 .iter()
                 .map(|(id, p)| {
-                    if p.decodes() {
+                    // The pipeline charges its decode and resize itself; a raw pipeline's
+                    // copy of the bytes counts as reading them.
+                    let _raw = if p.decodes() {
                         stats.decodes.fetch_add(1, Relaxed);
-                    }
+                        None
+                    } else {
+                        Some(stages::enter(&READ))
+                    };
                     (*id, p.prepare(&bytes))
                 })
                 .collect();

@@ -17,7 +17,7 @@
 //!
 //! Naming follows `joader_<what>_<unit>` with `_total` on counters. Labels are of low
 //! cardinality: `dataset`, `job_name`, `kind`, `state`, `method`, `route` (the route *pattern*,
-//! never the raw path) and `status`. Never an element id. The job's label is `job_name`, not
+//! never the raw path), `status` and `stage` (the fixed list of `dataplane::stages::SERVER`). Never an element id. The job's label is `job_name`, not
 //! `job`: Prometheus attaches `job` (the scrape job) to every series and would rename ours to
 //! `exported_job` under its default `honor_labels: false`.
 
@@ -37,6 +37,11 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 use serde_json::json;
+
+use dataplane::stages::{
+    self,
+    server::{HTTP, METRICS},
+};
 
 use crate::procstat::process_stats;
 use crate::state::AppState;
@@ -141,6 +146,7 @@ impl Metrics {
     /// ended are left out (their figures no longer change), so a sample's size is bounded by
     /// the jobs running, not by the jobs the server has served.
     pub fn sample(&self, state: &AppState) {
+        let _cpu = stages::enter(&METRICS);
         let s = &state.registry.stats;
         let process = process_stats();
         let jobs: Box<[(Box<str>, u64, f64)]> = state
@@ -210,6 +216,7 @@ impl Metrics {
 
     /// Copies the server's counters into the recorder and renders the Prometheus text.
     pub fn render(&self, state: &AppState) -> String {
+        let _cpu = stages::enter(&METRICS);
         let mut extra = String::new();
         let labelled = self.with(|| {
             record_cache(state);
@@ -229,6 +236,19 @@ impl Metrics {
         if let Some(objects) = &state.registry.objects {
             render::objects(&mut extra, objects.stats());
         }
+        // This thread's time so far, so that a scrape's own work is in its figures.
+        stages::flush();
+        let rows: Vec<_> = stages::SERVER
+            .iter()
+            .map(|st| (vec![("stage", st.name().to_string())], st.seconds()))
+            .collect();
+        family(
+            &mut extra,
+            "joader_stage_cpu_seconds_total",
+            "counter",
+            "thread CPU time of the joader process by stage (read, decode, resize, loader, slot_write, cache, sampler, http, metrics, runtime); the stages add up to about joader_process_cpu_seconds_total",
+            &rows,
+        );
         if let Some(p) = process_stats() {
             family(
                 &mut extra,
@@ -256,6 +276,9 @@ impl Metrics {
         S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
         S::Future: 'static,
     {
+        // This runs on an HTTP worker: what the worker does outside a stage of its own (such
+        // as `metrics`) is HTTP, from the first request on.
+        stages::set_base(&HTTP);
         let start = Instant::now();
         // Any token is a method to HTTP: only the standard ones are label values, so that
         // invented methods cannot grow the series without bound.

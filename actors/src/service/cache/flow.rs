@@ -296,7 +296,10 @@ impl CacheActor {
                 label: w.label,
                 format: w.prepared.format,
             };
-            match writer.write_slot(meta, &w.prepared.bytes) {
+            let copy = dataplane::stages::enter(&dataplane::stages::server::SLOT_WRITE);
+            let written = writer.write_slot(meta, &w.prepared.bytes);
+            drop(copy);
+            match written {
                 Ok(slot) => {
                     let l = self.loading.remove(&key).unwrap_or_default();
                     self.slots.insert(

@@ -90,6 +90,7 @@ impl CacheActor {
         let idle = self.idle();
         let delay = if idle { IDLE_POLL } else { self.tick };
         let handle = ctx.run_later(delay, |act, ctx| {
+            let _cpu = dataplane::stages::enter(&dataplane::stages::server::CACHE);
             act.next_poll = None;
             act.poll();
             act.after_message();

@@ -49,6 +49,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use dataplane::stages::{self, server::CACHE};
 use dataplane::{RingWriter, SlotRef, Writer};
 use joader_core::invariants::Periodic;
 use roaring::RoaringBitmap;
@@ -351,6 +352,7 @@ impl Actor for CacheActor {
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
+        let _cpu = stages::enter(&CACHE);
         self.shutdown();
     }
 }
@@ -358,6 +360,7 @@ impl Actor for CacheActor {
 impl Handler<OpenJob> for CacheActor {
     type Result = Result<Vec<RingInfo>, OpenJobError>;
     fn handle(&mut self, msg: OpenJob, ctx: &mut Context<Self>) -> Self::Result {
+        let _cpu = stages::enter(&CACHE);
         let opened = self.open_job(msg);
         self.wake(ctx);
         self.after_message();
@@ -368,6 +371,7 @@ impl Handler<OpenJob> for CacheActor {
 impl Handler<CloseJob> for CacheActor {
     type Result = ();
     fn handle(&mut self, msg: CloseJob, ctx: &mut Context<Self>) {
+        let _cpu = stages::enter(&CACHE);
         self.close_job(msg.job, None);
         // What the job held may let another job's payload in.
         self.drain_waiting();
@@ -381,6 +385,7 @@ impl Handler<CloseJob> for CacheActor {
 impl Handler<Shutdown> for CacheActor {
     type Result = ();
     fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) {
+        let _cpu = stages::enter(&CACHE);
         self.shutdown();
         self.after_message();
     }
@@ -389,6 +394,7 @@ impl Handler<Shutdown> for CacheActor {
 impl Handler<Deliver> for CacheActor {
     type Result = ();
     fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) {
+        let _cpu = stages::enter(&CACHE);
         self.deliver(msg);
         self.wake(ctx);
         self.after_message();
@@ -398,6 +404,7 @@ impl Handler<Deliver> for CacheActor {
 impl Handler<Loaded> for CacheActor {
     type Result = ();
     fn handle(&mut self, msg: Loaded, ctx: &mut Context<Self>) {
+        let _cpu = stages::enter(&CACHE);
         self.loaded(msg);
         self.wake(ctx);
         self.after_message();

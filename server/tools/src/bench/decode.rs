@@ -1,8 +1,9 @@
 //! `joader bench decode`: the shared pipeline (decode + resize shorter side 256 + center crop
 //! 224) against Pillow, Pillow with `draft()` and Pillow tuned (`draft()` plus its fused crop +
 //! resize, `resize(size, box=…, reducing_gap=2.0)`) on the same files in the same run, one
-//! thread each; joader's full-size decode path beside it (what the DCT scaling saves); and the
-//! Loader's real worker pool with one thread and with all cores. Every contender's output is
+//! thread each; joader's full-size decode path beside it (what the DCT scaling saves, and what
+//! a DCT scale left out of the default must beat: `--eighths`); and the Loader's real worker
+//! pool with one thread and with all cores. Every contender's output is
 //! kept (Pillow's `tobytes()`, joader's through `std::hint::black_box`), so no compiler or
 //! library can skip the work.
 //!
@@ -44,6 +45,12 @@ pub struct DecodeBenchArgs {
     /// Loader threads of the all-cores figure (default: number of cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The DCT scales, in eighths (M of M/8, e.g. `1,2,4,7`), that the joader column may
+    /// decode a JPEG at, instead of the pipeline's default (1, 2, 4 and 5): how a scale left out
+    /// of the default is measured against the full decode beside it. The Loader's columns
+    /// always run the default.
+    #[arg(long, value_delimiter = ',')]
+    pub eighths: Option<Vec<u32>>,
 }
 
 const PIPELINE: Pipeline = Pipeline::Decode {
@@ -109,6 +116,17 @@ pub fn decode(args: DecodeBenchArgs) -> Result<()> {
     if !pillow {
         println!("Pillow is not installed (pip install pillow): Pillow's columns are empty");
     }
+    let eighths = args
+        .eighths
+        .clone()
+        .unwrap_or_else(|| pipeline::DCT_EIGHTHS.to_vec());
+    if eighths != pipeline::DCT_EIGHTHS {
+        println!(
+            "joader img/s: DCT scales {eighths:?}/8 (the default is {:?}/8, which the Loader's \
+             columns run)",
+            pipeline::DCT_EIGHTHS
+        );
+    }
     let header = format!(
         "| files | images | bits/px | joader img/s | joader full decode | Pillow | Pillow + draft() | Pillow tuned | vs Pillow | vs Pillow + draft() | vs Pillow tuned | Loader 1 thread | Loader {threads} threads | scaling |"
     );
@@ -116,7 +134,7 @@ pub fn decode(args: DecodeBenchArgs) -> Result<()> {
     println!("|{}", "---|".repeat(14));
     let mut rows = Vec::new();
     for (label, paths) in sets {
-        let row = measure(&label, &paths, pillow, threads, args.min_seconds)?;
+        let row = measure(&label, &paths, pillow, threads, args.min_seconds, &eighths)?;
         let opt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
         let ratio =
             |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.2}×", row.joader / x));
@@ -252,6 +270,7 @@ fn measure(
     has_pillow: bool,
     threads: usize,
     min: f64,
+    eighths: &[u32],
 ) -> Result<Row> {
     let limits = Limits::default();
     let mut files = Vec::new();
@@ -291,7 +310,7 @@ fn measure(
     };
     for _ in 0..ROUNDS {
         joader = joader.max(one_thread(&files, slice, |b| {
-            pipeline::run(&PIPELINE, b, &limits)
+            pipeline::run_with_scales(&PIPELINE, b, &limits, eighths)
         }));
         joader_full = joader_full.max(one_thread(&files, slice, |b| {
             pipeline::run_full_decode(&PIPELINE, b, &limits)
