@@ -88,6 +88,21 @@ impl RandomResizedCrop {
         ((ih - h) / 2, (iw - w) / 2, h, w)
     }
 
+    /// The crop window and flip of an `ih × iw` image whose random stream is `key` (see
+    /// [`item_key`]): what [`Augmenter::write`] applies, and what the padded output
+    /// ([`Output::U8Padded`]) hands over so that the crop runs elsewhere (on a GPU) with the
+    /// same draws.
+    pub fn draw(&self, ih: u32, iw: u32, key: u64) -> Crop {
+        let mut rng = SplitMix64::new(key);
+        let (top, left, height, width) = self.crop_params(ih, iw, &mut rng);
+        let flip = rng.next_f64() < self.flip;
+        Crop {
+            image: (ih, iw),
+            window: (top, left, height, width),
+            flip,
+        }
+    }
+
     /// Augments one `ih × iw × c` image into `dst` (`height × width × c` bytes).
     pub fn apply(
         &self,
@@ -108,6 +123,18 @@ impl RandomResizedCrop {
             false,
         )
     }
+}
+
+/// An item's place and draws in a padded batch ([`Output::U8Padded`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Crop {
+    /// The image's rows and columns (it sits at the top left of its padded place).
+    pub image: (u32, u32),
+    /// The crop window: first row, first column, rows, columns (the whole image when the
+    /// batch is not augmented).
+    pub window: (u32, u32, u32, u32),
+    /// Whether the resized crop is mirrored.
+    pub flip: bool,
 }
 
 /// Key of an item's random stream.
@@ -166,13 +193,19 @@ pub enum Output {
         /// Per-channel standard deviation (positive).
         std: Vec<f32>,
     },
+    /// `(B, Hmax, Wmax, C)` uint8: each image as cached, not cropped, at the top left of a
+    /// place as large as the batch's largest image (its last column and row repeated once
+    /// beside it, zeros beyond), with each item's [`Crop`] drawn as the augmentation would
+    /// draw it, for a batched crop, flip and normalization elsewhere (on a GPU; see
+    /// `crate::collate::write_padded`).
+    U8Padded,
 }
 
 impl Output {
     /// Checks `mean`/`std` against the images' channel count.
     pub fn validate(&self, channels: u32) -> Result<()> {
         match self {
-            Output::U8Nhwc => Ok(()),
+            Output::U8Nhwc | Output::U8Padded => Ok(()),
             Output::F32Nchw { mean, std } => {
                 let ok = mean.len() == channels as usize
                     && std.len() == channels as usize
@@ -197,7 +230,7 @@ impl Output {
     /// The array shape for a batch of `[B, H, W, C]` images: `[B, C, H, W]` for float32.
     pub fn array_shape(&self, [b, h, w, c]: [usize; 4]) -> [usize; 4] {
         match self {
-            Output::U8Nhwc => [b, h, w, c],
+            Output::U8Nhwc | Output::U8Padded => [b, h, w, c],
             Output::F32Nchw { .. } => [b, c, h, w],
         }
     }
@@ -205,7 +238,7 @@ impl Output {
     /// Per-channel lookup tables from a byte to its normalized value.
     fn luts(&self) -> Vec<[f32; 256]> {
         match self {
-            Output::U8Nhwc => Vec::new(),
+            Output::U8Nhwc | Output::U8Padded => Vec::new(),
             Output::F32Nchw { mean, std } => mean
                 .iter()
                 .zip(std)
@@ -259,6 +292,7 @@ fn resize_err(e: impl std::fmt::Display) -> Error {
 /// as `c`-byte pixels in reverse order (a pass at about the speed of a copy; reversing in
 /// place cost twice as much).
 fn mirror_into(src: &[u8], dst: &mut [u8], w: usize, c: usize) {
+    let _cpu = crate::stages::enter(&crate::stages::client::FLIP);
     fn mirror<const C: usize>(src: &[u8], dst: &mut [u8], w: usize) {
         for (drow, srow) in dst.chunks_exact_mut(w * C).zip(src.chunks_exact(w * C)) {
             let (d, s) = (drow.as_chunks_mut::<C>().0, srow.as_chunks::<C>().0);
@@ -313,15 +347,20 @@ impl Augmenter {
         let Some(a) = aug else {
             return match dst {
                 ItemOut::U8(d) => {
+                    let _cpu = crate::stages::enter(&crate::stages::client::COPY);
                     crate::copy::copy(d, src, stream);
                     Ok(())
                 }
                 ItemOut::F32(d) => self.normalize(src, ow, c, false, output, d),
             };
         };
-        let mut rng = SplitMix64::new(key);
-        let (top, left, ch, cw) = a.crop_params(ih, iw, &mut rng);
-        let flip = rng.next_f64() < a.flip;
+        // The flip and the normalization below are stages of their own, nested in this one.
+        let _cpu = crate::stages::enter(&crate::stages::client::CROP_RESIZE);
+        let Crop {
+            window: (top, left, ch, cw),
+            flip,
+            ..
+        } = a.draw(ih, iw, key);
         let options = ResizeOptions::new()
             .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
             .use_alpha(false)
@@ -377,6 +416,7 @@ impl Augmenter {
         output: &Output,
         dst: &mut [f32],
     ) -> Result<()> {
+        let _cpu = crate::stages::enter(&crate::stages::client::NORMALIZE);
         if self.luts.as_ref().is_none_or(|(o, _)| o != output) {
             output.validate(c)?;
             self.luts = Some((output.clone(), output.luts()));
@@ -573,6 +613,33 @@ mod tests {
             aug.apply(&src, 30, 20, 3, &mut dst, key).unwrap();
             assert!(dst.iter().all(|&v| v == 77));
         }
+    }
+
+    #[test]
+    fn draw_is_what_apply_applies() {
+        // An image whose columns differ: a flipped crop is the mirror of the same crop unflipped.
+        let src: Vec<u8> = (0..(40 * 60 * 3))
+            .map(|i| ((i / 3) % 60 * 4) as u8)
+            .collect();
+        let aug = RandomResizedCrop::new(8, 8);
+        let still = RandomResizedCrop { flip: 0.0, ..aug };
+        let (mut a, mut b, mut flips) = (vec![0u8; 192], vec![0u8; 192], 0);
+        for key in 0..40 {
+            let d = aug.draw(40, 60, key);
+            assert_eq!(d.image, (40, 60));
+            assert_eq!(still.draw(40, 60, key).window, d.window);
+            aug.apply(&src, 40, 60, 3, &mut a, key).unwrap();
+            still.apply(&src, 40, 60, 3, &mut b, key).unwrap();
+            if d.flip {
+                flips += 1;
+                let mut m = vec![0u8; 192];
+                mirror_into(&b, &mut m, 8, 3);
+                assert_eq!(a, m, "key {key}");
+            } else {
+                assert_eq!(a, b, "key {key}");
+            }
+        }
+        assert!((5..35).contains(&flips), "{flips}");
     }
 
     #[test]

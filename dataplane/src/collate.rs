@@ -1,7 +1,7 @@
 //! Copying a batch of images out of shared memory into one contiguous
 //! `(B, H, W, C)` array, optionally through the per-job augmentation.
 
-use crate::augment::{Augmenter, ItemOut, Output, RandomResizedCrop};
+use crate::augment::{Augmenter, Crop, ItemOut, Output, RandomResizedCrop};
 use crate::error::{Error, Result};
 use crate::layout::Format;
 use crate::reader::ItemMeta;
@@ -140,6 +140,165 @@ pub fn collate_augmented_into(
     )
 }
 
+/// Shape `[B, Hmax, Wmax, C]` of the padded batch of `items` ([`Output::U8Padded`]): HWC u8
+/// images of any size with the same channels, each in a place as large as the largest.
+pub fn padded_shape(items: &[ItemMeta]) -> Result<[usize; 4]> {
+    let mut shape = [items.len(), 0, 0, 0];
+    for (k, m) in items.iter().enumerate() {
+        let Format::HwcU8 {
+            height,
+            width,
+            channels,
+        } = m.format
+        else {
+            return Err(Error::Collate(format!(
+                "element {} is raw bytes; only HWC u8 images can be padded",
+                m.element_id
+            )));
+        };
+        if k > 0 && shape[3] != channels as usize {
+            return Err(Error::Collate("items have different channel counts".into()));
+        }
+        shape[1] = shape[1].max(height as usize);
+        shape[2] = shape[2].max(width as usize);
+        shape[3] = channels as usize;
+    }
+    Ok(shape)
+}
+
+/// Writes `items` into `images`, a padded batch whose places are `[H, W, C]` (at least
+/// `B·H·W·C` bytes; see [`Output::U8Padded`]), their labels into `labels`, and appends each
+/// item's [`Crop`] to `crops`: drawn by `aug` from `seed`, the item's epoch and position (the
+/// draws the cropping path makes), or the whole image without `aug`. The items are split
+/// between `augmenters.len()` threads as in [`write_batch`].
+#[allow(clippy::too_many_arguments)]
+pub fn write_padded(
+    items: &[(ItemMeta, &[u8])],
+    aug: Option<&RandomResizedCrop>,
+    seed: u64,
+    [ph, pw, pc]: [usize; 3],
+    images: &mut [u8],
+    labels: &mut [i64],
+    crops: &mut Vec<Crop>,
+    augmenters: &mut [Augmenter],
+) -> Result<()> {
+    let metas: Vec<ItemMeta> = items.iter().map(|i| i.0).collect();
+    let [n, h, w, c] = padded_shape(&metas)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let per = ph * pw * pc;
+    if h > ph || w > pw || c != pc || images.len() < n * per || labels.len() < n {
+        return Err(Error::Collate(format!(
+            "padded output of {} bytes, {} labels, places {ph}x{pw}x{pc}, cannot hold {n} images up to {h}x{w}x{c}",
+            images.len(),
+            labels.len()
+        )));
+    }
+    if let Some(a) = aug {
+        a.validate()?;
+    }
+    let stream = per * n >= crate::copy::STREAM_THRESHOLD;
+    split(
+        items,
+        &mut images[..n * per],
+        per,
+        augmenters,
+        |_, (m, data), dst| {
+            let (ih, iw) = image_size(m);
+            if data.len() != ih as usize * iw as usize * c {
+                return Err(Error::Collate(format!(
+                    "element {} has {} bytes, not {ih}x{iw}x{c}",
+                    m.element_id,
+                    data.len()
+                )));
+            }
+            place(data, (ih as usize, iw as usize), dst, (ph, pw, c), stream);
+            Ok(())
+        },
+    )?;
+    for (k, (m, _)) in items.iter().enumerate() {
+        labels[k] = m.label;
+        let (ih, iw) = image_size(m);
+        crops.push(match aug {
+            Some(a) => a.draw(ih, iw, crate::augment::item_key(seed, m.epoch, m.position)),
+            None => Crop {
+                image: (ih, iw),
+                window: (0, 0, ih, iw),
+                flip: false,
+            },
+        });
+    }
+    Ok(())
+}
+
+/// Rows and columns of an image item (padded_shape checked that it is one).
+fn image_size(m: &ItemMeta) -> (u32, u32) {
+    match m.format {
+        Format::HwcU8 { height, width, .. } => (height, width),
+        Format::Raw => (0, 0),
+    }
+}
+
+/// Writes the `h × w × c` image `src` at the top left of `dst`, a `ph × pw × c` place: its
+/// rows, then [`finish_place`].
+pub(crate) fn place(
+    src: &[u8],
+    (h, w): (usize, usize),
+    dst: &mut [u8],
+    (ph, pw, c): (usize, usize, usize),
+    stream: bool,
+) {
+    let (row, prow) = (w * c, pw * c);
+    if w == pw {
+        crate::copy::copy(&mut dst[..h * row], src, stream);
+    } else {
+        for (d, s) in dst.chunks_exact_mut(prow).zip(src.chunks_exact(row)) {
+            d[..row].copy_from_slice(s);
+        }
+    }
+    finish_place(dst, (h, w), (ph, pw, c));
+}
+
+/// Fills the padding of a place whose top left holds an `h × w` image: the image's last column
+/// once more beside it and its last row once more below it (bilinear sampling at the image's
+/// edge then reads the edge, as if clamped there, whatever the place's size), zeros beyond.
+fn finish_place(dst: &mut [u8], (h, w): (usize, usize), (ph, pw, c): (usize, usize, usize)) {
+    let prow = pw * c;
+    if h == 0 || w == 0 {
+        dst[..ph * prow].fill(0);
+        return;
+    }
+    if w < pw {
+        for r in dst[..h * prow].chunks_exact_mut(prow) {
+            r.copy_within((w - 1) * c..w * c, w * c);
+            r[(w + 1) * c..].fill(0);
+        }
+    }
+    if h < ph {
+        dst.copy_within((h - 1) * prow..h * prow, h * prow);
+        dst[(h + 1) * prow..ph * prow].fill(0);
+    }
+}
+
+/// Moves the first `crops.len()` places of a padded batch from `[H, W, C]` places to larger
+/// `[H', W', C]` ones in place (a batch whose later records bring a larger image); `crops`
+/// give the images' sizes.
+pub fn restride_padded(images: &mut [u8], crops: &[Crop], from: [usize; 3], to: [usize; 3]) {
+    let ([fh, fw, c], [th, tw, _]) = (from, to);
+    let (fper, tper) = (fh * fw * c, th * tw * c);
+    // Backwards, place by place and row by row: a row's new offset is at or after its old one,
+    // and past the end of every row not yet moved, so nothing is overwritten before it moved.
+    for (k, crop) in crops.iter().enumerate().rev() {
+        let (h, w) = (crop.image.0 as usize, crop.image.1 as usize);
+        for r in (0..h).rev() {
+            let from_at = k * fper + r * fw * c;
+            images.copy_within(from_at..from_at + w * c, k * tper + r * tw * c);
+        }
+        finish_place(&mut images[k * tper..(k + 1) * tper], (h, w), (th, tw, c));
+    }
+}
+
 /// Threads a batch is augmented on by default: the cores, at most 8.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism()
@@ -273,7 +432,19 @@ fn split<T: Send>(
             .zip(augmenters.iter_mut());
         let first = parts.next();
         let handles: Vec<_> = parts
-            .map(|((mine, o), a)| s.spawn(|| work(a, mine, o)))
+            .map(|((mine, o), a)| {
+                // The thread counts where its parent does (a prefetch's stages).
+                let sink = crate::stages::sink();
+                s.spawn(move || {
+                    if let Some(sink) = sink {
+                        crate::stages::attach(sink, &crate::stages::client::COLLATE);
+                    }
+                    let r = work(a, mine, o);
+                    // Before the scope ends: a scoped thread's own end may come after it.
+                    crate::stages::detach();
+                    r
+                })
+            })
             .collect();
         let mut result = first.map_or(Ok(()), |((mine, o), a)| work(a, mine, o));
         for h in handles {
@@ -355,6 +526,110 @@ mod tests {
         let mut out = vec![0u8; 11];
         let mut labels = vec![0i64; 1];
         assert!(collate_into(&items, &mut out, &mut labels).is_err());
+    }
+
+    /// The place a padded batch should hold for an `h × w` image: the image, its last column
+    /// and row repeated once, zeros beyond.
+    fn expected_place(img: &[u8], (h, w): (usize, usize), (ph, pw): (usize, usize)) -> Vec<u8> {
+        let mut out = vec![0u8; ph * pw * 3];
+        for y in 0..ph.min(h + 1) {
+            for x in 0..pw.min(w + 1) {
+                let (sy, sx) = (y.min(h - 1), x.min(w - 1));
+                let at = (y * pw + x) * 3;
+                out[at..at + 3].copy_from_slice(&img[(sy * w + sx) * 3..(sy * w + sx) * 3 + 3]);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn padded_batches_place_images_and_draw_as_the_crop_does() {
+        let sizes = [(5u32, 7u32), (9, 4), (9, 7), (1, 1)];
+        let imgs: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, (h, w))| {
+                (0..h * w * 3)
+                    .map(|i| (i * 7 + k as u32 * 50 + 1) as u8)
+                    .collect()
+            })
+            .collect();
+        let items: Vec<_> = sizes
+            .iter()
+            .zip(&imgs)
+            .enumerate()
+            .map(|(k, ((h, w), img))| (meta(k as u32, *h, *w), &img[..]))
+            .collect();
+        let metas: Vec<ItemMeta> = items.iter().map(|i| i.0).collect();
+        assert_eq!(padded_shape(&metas).unwrap(), [4, 9, 7, 3]);
+        let aug = RandomResizedCrop::new(3, 3);
+        for threads in [1, 3] {
+            let mut augmenters: Vec<Augmenter> =
+                (0..threads).map(|_| Augmenter::default()).collect();
+            // Stale bytes from an earlier batch must not survive in the padding.
+            let mut out = vec![0xAAu8; 4 * 9 * 7 * 3];
+            let (mut labels, mut crops) = (vec![0i64; 4], Vec::new());
+            let geometry = [9, 7, 3];
+            write_padded(
+                &items,
+                Some(&aug),
+                11,
+                geometry,
+                &mut out,
+                &mut labels,
+                &mut crops,
+                &mut augmenters,
+            )
+            .unwrap();
+            assert_eq!(labels, vec![0, 10, 20, 30]);
+            for (k, ((h, w), img)) in sizes.iter().zip(&imgs).enumerate() {
+                let (h, w) = (*h as usize, *w as usize);
+                let place = &out[k * 189..(k + 1) * 189];
+                assert_eq!(place, &expected_place(img, (h, w), (9, 7))[..], "item {k}");
+                let key = crate::augment::item_key(11, 0, k as u64);
+                assert_eq!(crops[k], aug.draw(h as u32, w as u32, key));
+                assert_eq!(crops[k].image, (h as u32, w as u32));
+            }
+            // Grown places (a later record with a larger image): the same images, re-placed.
+            let mut grown = out.clone();
+            grown.resize(4 * 11 * 10 * 3, 0x55);
+            restride_padded(&mut grown, &crops, [9, 7, 3], [11, 10, 3]);
+            for (k, ((h, w), img)) in sizes.iter().zip(&imgs).enumerate() {
+                let place = &grown[k * 330..(k + 1) * 330];
+                assert_eq!(
+                    place,
+                    &expected_place(img, (*h as usize, *w as usize), (11, 10))[..],
+                    "item {k}"
+                );
+            }
+        }
+        // Without augmentation the window is the whole image.
+        let (mut out, mut labels, mut crops) = (vec![0u8; 4 * 189], vec![0i64; 4], Vec::new());
+        write_padded(
+            &items,
+            None,
+            0,
+            [9, 7, 3],
+            &mut out,
+            &mut labels,
+            &mut crops,
+            &mut [],
+        )
+        .unwrap();
+        assert_eq!(crops[1].window, (0, 0, 9, 4));
+        assert!(!crops.iter().any(|c| c.flip));
+        // Places smaller than an image are refused.
+        let err = write_padded(
+            &items,
+            None,
+            0,
+            [8, 7, 3],
+            &mut out,
+            &mut labels,
+            &mut crops,
+            &mut [],
+        );
+        assert_eq!(err.unwrap_err().code(), "collate");
     }
 
     #[test]

@@ -24,10 +24,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::augment::{Augmenter, Output, RandomResizedCrop};
-use crate::collate::{BatchOut, write_batch};
+use crate::augment::{Augmenter, Crop, Output, RandomResizedCrop};
+use crate::collate::{BatchOut, restride_padded, write_batch, write_padded};
 use crate::error::{Error, Result};
 use crate::reader::{ElementError, EpochEnd, RawReader};
+use crate::stages::{self, client};
 
 pub use crossbeam_channel::Sender;
 
@@ -90,6 +91,8 @@ pub struct Ready {
     pub end_of_stream: bool,
     /// Images at the end of the batch that repeat an earlier element to even the ranks' shares.
     pub padded: usize,
+    /// With [`Output::U8Padded`]: each image's size, crop window and flip, in order.
+    pub crops: Vec<Crop>,
 }
 
 /// The handle of a prefetch thread; dropping it stops the thread and detaches from the ring.
@@ -101,6 +104,8 @@ pub struct Prefetcher {
     allocated: Arc<AtomicUsize>,
     thread: Option<JoinHandle<()>>,
     done: bool,
+    /// The CPU time of the prefetch's threads by stage.
+    stages: Arc<stages::StageSink>,
 }
 
 impl Prefetcher {
@@ -119,6 +124,8 @@ impl Prefetcher {
         let (free, free_rx) = crossbeam_channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
         let allocated = Arc::new(AtomicUsize::new(0));
+        let sink = stages::StageSink::new(&stages::CLIENT);
+        let thread_sink = sink.clone();
         let mut worker = Worker {
             reader,
             augmenters: (0..config.threads).map(|_| Augmenter::default()).collect(),
@@ -133,7 +140,10 @@ impl Prefetcher {
         };
         let thread = std::thread::Builder::new()
             .name("joader-prefetch".into())
-            .spawn(move || worker.run())
+            .spawn(move || {
+                stages::attach(thread_sink, &client::COLLATE);
+                worker.run();
+            })
             .map_err(|e| Error::io("spawn", "prefetch thread", e))?;
         Ok(Prefetcher {
             ready: Some(ready),
@@ -142,6 +152,7 @@ impl Prefetcher {
             allocated,
             thread: Some(thread),
             done: false,
+            stages: sink,
         })
     }
 
@@ -188,6 +199,20 @@ impl Prefetcher {
         self.free.clone()
     }
 
+    /// Seconds of thread CPU per client stage (`stages::CLIENT`: wait, copy, crop_resize, flip,
+    /// normalize, collate, handover) since this prefetch started, over its prefetch thread and
+    /// augmentation threads (a running thread's time since its last stage boundary is not in
+    /// yet).
+    pub fn stage_cpu(&self) -> Vec<(&'static str, f64)> {
+        self.stages.seconds()
+    }
+
+    /// The sink of [`Prefetcher::stage_cpu`], which outlives the prefetch: once the threads
+    /// have ended, `threads_seconds` is their whole CPU time.
+    pub fn stage_sink(&self) -> Arc<stages::StageSink> {
+        self.stages.clone()
+    }
+
     /// Buffers allocated so far (the pool grows only while the consumer keeps batches).
     pub fn buffers_allocated(&self) -> usize {
         self.allocated.load(Ordering::Relaxed)
@@ -216,8 +241,10 @@ struct EpochShare {
 
 #[derive(Debug)]
 struct First {
-    /// The image's values in the output layout.
+    /// The image's values in the output layout (with [`Output::U8Padded`], the image alone).
     values: BatchBuf,
+    /// Its crop, with [`Output::U8Padded`].
+    crop: Option<Crop>,
     /// `[H, W, C]`.
     shape: [usize; 3],
     label: i64,
@@ -256,13 +283,17 @@ impl Worker {
             let r = self.assemble();
             let last = !matches!(&r, Ok(b) if !b.end_of_stream);
             // Blocks while `depth` batches wait; fails once the consumer dropped its end.
-            if self.ready.send(r).is_err() || last {
+            let handover = stages::enter(&client::HANDOVER);
+            let sent = self.ready.send(r);
+            drop(handover);
+            if sent.is_err() || last {
                 return;
             }
         }
     }
 
     fn buffer(&mut self) -> BatchBuf {
+        let _cpu = stages::enter(&client::HANDOVER);
         self.free.try_recv().unwrap_or_else(|_| {
             self.allocated.fetch_add(1, Ordering::Relaxed);
             BatchBuf {
@@ -292,6 +323,7 @@ impl Worker {
             end_of_epoch: None,
             end_of_stream: false,
             padded: 0,
+            crops: Vec::new(),
         };
         let mut item_shape = [0usize; 3];
         if let Some(end) = self.pending_pad.take() {
@@ -304,10 +336,15 @@ impl Worker {
             if self.stop.load(Ordering::Relaxed) {
                 return Err(Error::Protocol("the prefetch was stopped".into()));
             }
-            let b = self.reader.take(bs - out.len, Some(STOP_SLICE))?;
+            let wait = stages::enter(&client::WAIT);
+            let b = self.reader.take(bs - out.len, Some(STOP_SLICE));
+            drop(wait);
+            let b = b?;
             if !b.items.is_empty() {
                 let items: Vec<_> = b.items.iter().map(|m| (*m, self.reader.bytes(m))).collect();
+                let padded = self.config.output == Output::U8Padded;
                 let s = match &self.config.aug {
+                    _ if padded => crate::collate::padded_shape(&b.items),
                     Some(a) => crate::collate::augmented_shape(&b.items, a),
                     None => crate::collate::batch_shape(&b.items),
                 };
@@ -319,7 +356,15 @@ impl Worker {
                         return Err(e);
                     }
                 };
-                let shape = [s[1], s[2], s[3]];
+                let mut shape = [s[1], s[2], s[3]];
+                if padded && out.len > 0 && shape[2] == item_shape[2] {
+                    shape = [
+                        shape[0].max(item_shape[0]),
+                        shape[1].max(item_shape[1]),
+                        shape[2],
+                    ];
+                    widen(&mut buf, &self.config, &out.crops, item_shape, shape);
+                }
                 if out.len > 0 && shape != item_shape {
                     drop(items);
                     self.reader.release(b.start);
@@ -338,22 +383,36 @@ impl Worker {
                     BatchOut::U8(&mut buf.u8s[range])
                 };
                 let labels = &mut buf.labels[out.len..out.len + n];
-                let written = write_batch(
-                    &items,
-                    self.config.aug.as_ref(),
-                    self.config.seed,
-                    &self.config.output,
-                    images,
-                    labels,
-                    &mut self.augmenters,
-                );
+                let written = match images {
+                    BatchOut::U8(images) if padded => write_padded(
+                        &items,
+                        self.config.aug.as_ref(),
+                        self.config.seed,
+                        shape,
+                        images,
+                        labels,
+                        &mut out.crops,
+                        &mut self.augmenters,
+                    ),
+                    images => write_batch(
+                        &items,
+                        self.config.aug.as_ref(),
+                        self.config.seed,
+                        &self.config.output,
+                        images,
+                        labels,
+                        &mut self.augmenters,
+                    )
+                    .map(|_| ()),
+                };
                 drop(items);
                 if let Err(e) = written {
                     self.reader.release(b.start);
                     return Err(e);
                 }
                 if self.pad_to().is_some() && self.epoch.first.is_none() {
-                    self.keep_first(&buf, out.len, shape, &b.items[0]);
+                    let crop = out.crops.get(out.len).copied();
+                    self.keep_first(&buf, out.len, shape, &b.items[0], crop);
                 }
                 for m in &b.items {
                     out.element_ids.push(m.element_id);
@@ -390,16 +449,36 @@ impl Worker {
         Ok(out)
     }
 
-    fn keep_first(&mut self, buf: &BatchBuf, at: usize, shape: [usize; 3], m: &crate::ItemMeta) {
+    fn keep_first(
+        &mut self,
+        buf: &BatchBuf,
+        at: usize,
+        mut shape: [usize; 3],
+        m: &crate::ItemMeta,
+        crop: Option<Crop>,
+    ) {
         let per: usize = shape.iter().product();
         let range = at * per..(at + 1) * per;
-        let values = BatchBuf {
+        let mut values = BatchBuf {
             u8s: buf.u8s.get(range.clone()).unwrap_or(&[]).to_vec(),
             f32s: buf.f32s.get(range).unwrap_or(&[]).to_vec(),
             labels: Vec::new(),
         };
+        if let Some(Crop { image: (h, w), .. }) = crop {
+            // The image alone: the place it gets when padding depends on that batch.
+            let (h, w, [_, pw, c]) = (h as usize, w as usize, shape);
+            values.u8s = values
+                .u8s
+                .chunks(pw * c)
+                .take(h)
+                .flat_map(|r| &r[..w * c])
+                .copied()
+                .collect();
+            shape = [h, w, c];
+        }
         self.epoch.first = Some(First {
             values,
+            crop,
             shape,
             label: m.label,
             element_id: m.element_id,
@@ -413,14 +492,28 @@ impl Worker {
         let Some(first) = self.epoch.first.take() else {
             return;
         };
-        *item_shape = first.shape;
-        let n: usize = first.shape.iter().product();
-        grow(buf, &self.config, n);
-        let at = out.len * n;
-        if self.config.output.is_float() {
-            buf.f32s[at..at + n].copy_from_slice(&first.values.f32s);
+        if let Some(crop) = first.crop {
+            let [h, w, c] = first.shape;
+            let to = match out.len {
+                0 => first.shape,
+                _ => [item_shape[0].max(h), item_shape[1].max(w), c],
+            };
+            widen(buf, &self.config, &out.crops, *item_shape, to);
+            *item_shape = to;
+            let n: usize = to.iter().product();
+            let place = &mut buf.u8s[out.len * n..(out.len + 1) * n];
+            crate::collate::place(&first.values.u8s, (h, w), place, (to[0], to[1], c), false);
+            out.crops.push(crop);
         } else {
-            buf.u8s[at..at + n].copy_from_slice(&first.values.u8s);
+            *item_shape = first.shape;
+            let n: usize = first.shape.iter().product();
+            grow(buf, &self.config, n);
+            let at = out.len * n;
+            if self.config.output.is_float() {
+                buf.f32s[at..at + n].copy_from_slice(&first.values.f32s);
+            } else {
+                buf.u8s[at..at + n].copy_from_slice(&first.values.u8s);
+            }
         }
         buf.labels[out.len] = first.label;
         out.element_ids.push(first.element_id);
@@ -428,6 +521,21 @@ impl Worker {
         out.positions.push(first.position);
         out.len += 1;
         out.padded += 1;
+    }
+}
+
+/// Makes the places of a padded batch, holding `crops`' images in `from` places, `to` places
+/// (at least as large).
+fn widen(
+    buf: &mut BatchBuf,
+    config: &PrefetchConfig,
+    crops: &[Crop],
+    from: [usize; 3],
+    to: [usize; 3],
+) {
+    grow(buf, config, to.iter().product());
+    if from != to {
+        restride_padded(&mut buf.u8s, crops, from, to);
     }
 }
 

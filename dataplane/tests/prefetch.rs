@@ -221,3 +221,68 @@ fn a_resumed_first_epoch_is_padded_to_its_own_share() {
     }
     assert_eq!(epochs, vec![(vec![0, 1, 0], 1), (vec![2, 3, 4, 2], 1)]);
 }
+
+#[test]
+fn the_prefetch_threads_cpu_time_lands_in_named_stages() {
+    // Large enough images that augmentation dominates; both layouts, so that every stage
+    // (copy, crop_resize, flip, normalize) has work.
+    for (tag, output, aug) in [
+        (
+            "pfstf",
+            Output::F32Nchw {
+                mean: vec![0.5; 3],
+                std: vec![0.25; 3],
+            },
+            Some(RandomResizedCrop::new(96, 96)),
+        ),
+        (
+            "pfstu",
+            Output::U8Nhwc,
+            Some(RandomResizedCrop::new(96, 96)),
+        ),
+        ("pfstc", Output::U8Nhwc, None),
+    ] {
+        let n = 48u32;
+        let w = writer(tag, 64, 32 << 20);
+        let mut ring = w.create_ring("job-r0", 64).unwrap();
+        for i in 0..n {
+            let s = write_image(&w, i, 160, 200);
+            ring.push_data(s, 0, i as u64).unwrap();
+        }
+        ring.push_end_of_epoch(0, n as u64).unwrap();
+        ring.push_end_of_stream().unwrap();
+        let reader = RawReader::open(w.instance(), "job-r0", LONG).unwrap();
+        let cfg = PrefetchConfig {
+            aug,
+            seed: 3,
+            output: output.clone(),
+            threads: 3,
+            ..config(8)
+        };
+        let mut p = Prefetcher::start(reader, cfg).unwrap();
+        let sink = p.stage_sink();
+        let mut images = 0;
+        while let Some(b) = p.next(Some(LONG)).unwrap() {
+            images += b.len;
+            p.recycle(b.buf);
+        }
+        assert_eq!(images, n as usize);
+        // Dropping joins the prefetch thread: every thread of the prefetch has ended.
+        drop(p);
+        let stages: std::collections::BTreeMap<_, _> = sink.seconds().into_iter().collect();
+        let sum: f64 = stages.values().sum();
+        let threads = sink.threads_seconds();
+        println!("{tag}: stages {stages:?} add up to {sum} s of the threads' {threads} s");
+        assert!(
+            threads > 0.0 && sum >= 0.9 * threads && sum <= 1.05 * threads,
+            "{tag}: stages {stages:?} add up to {sum} s of the threads' {threads} s"
+        );
+        let worked = |s: &str| stages[s] > 0.0;
+        match (&output, aug.is_some()) {
+            (Output::F32Nchw { .. }, _) => assert!(worked("crop_resize") && worked("normalize")),
+            (_, true) => assert!(worked("crop_resize") && worked("flip"), "{tag}: {stages:?}"),
+            (_, false) => assert!(worked("copy"), "{tag}: {stages:?}"),
+        }
+        assert!(worked("collate") && worked("wait"), "{tag}: {stages:?}");
+    }
+}

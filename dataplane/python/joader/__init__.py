@@ -44,6 +44,7 @@ __all__ = [
     "ElementLoadError",
     "ElementFailure",
     "RandomResizedCrop",
+    "Padded",
     "RingReader",
     "Batch",
     "Loader",
@@ -123,6 +124,37 @@ class RandomResizedCrop:
         h, w, c = img.shape
         out = _native.augment_image(img.tobytes(), h, w, c, self._native(), seed, epoch, position)
         return np.frombuffer(bytearray(out), dtype=np.uint8).reshape(self.height, self.width, c)
+
+    def draw(self, height: int, width: int, seed: int = 0, epoch: int = 0,
+             position: int = 0) -> Tuple[int, int, int, int, bool]:
+        """The crop window ``(top, left, height, width)`` and flip that `apply` uses for a
+        ``height × width`` image at ``(epoch, position)`` of a job with ``seed`` (drawn natively:
+        the same draws as every other path)."""
+        return _native.draw_crop(height, width, self._native(), seed, epoch, position)
+
+
+@dataclass(frozen=True)
+class Padded:
+    """A batch of cached images, not cropped, with the crops to make (``Loader(padded=True)``;
+    `joader.torch` crops, flips and normalizes it on the device in batched operations).
+
+    ``pixels`` is ``(B, H, W, C)`` uint8 (a view of a pooled buffer, as a Loader's images):
+    each image at the top left of its place, its last column and row repeated once beside it
+    (bilinear sampling at its edge reads the edge), zeros beyond; ``H``/``W`` are the batch's
+    largest. ``sizes`` ``(B, 2)`` int64 gives each image's rows and columns, ``boxes`` ``(B, 4)``
+    int64 its crop window ``(top, left, height, width)`` and ``flips`` ``(B,)`` bool its flip,
+    drawn natively by the loader's `RandomResizedCrop`, as the Rust crop draws them;
+    ``height``/``width`` is the crop's output size."""
+
+    pixels: np.ndarray
+    sizes: np.ndarray
+    boxes: np.ndarray
+    flips: np.ndarray
+    height: int
+    width: int
+
+    def __len__(self) -> int:
+        return len(self.flips)
 
 
 class Batch:
@@ -379,7 +411,12 @@ class Loader:
     ``transform`` is a `RandomResizedCrop` applied in Rust with the job's
     ``seed`` (an element's crop and flip depend only on the seed, its epoch and
     its position), or any callable ``(images, labels) -> anything`` applied to
-    each batch. ``server`` defaults to ``$JOADER_SERVER``, else
+    each batch. With a `RandomResizedCrop`, ``padded=True`` leaves the crop to
+    the consumer: the loader yields `Padded` batches (the cached images in one
+    padded uint8 array, with each item's crop window and flip drawn as the Rust
+    crop draws them) and keeps ``mean``/``std`` as attributes for it instead
+    of normalizing (``joader.torch.JoaderDataset(device="cuda")`` does this).
+    ``server`` defaults to ``$JOADER_SERVER``, else
     ``http://127.0.0.1:7480``. ``rank`` / ``world_size`` default to the
     ``RANK`` / ``WORLD_SIZE`` environment variables (as set by torchrun), else
     0 / 1; with several ranks each receives a disjoint share of every epoch,
@@ -432,6 +469,7 @@ class Loader:
         resume: Optional[Dict[str, Any]] = None,
         record: bool = False,
         replay: Optional[Dict[str, Any]] = None,
+        padded: bool = False,
     ) -> None:
         if not dataset:
             raise ValueError("dataset is required")
@@ -444,6 +482,8 @@ class Loader:
             raise ValueError("threads must be positive")
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std (float32 NCHW output), or neither (uint8 NHWC)")
+        if padded and not isinstance(transform, RandomResizedCrop):
+            raise ValueError("padded=True needs transform=RandomResizedCrop(...): it hands over that crop's draws")
         if on_error not in ("raise", "skip"):
             raise ValueError('on_error must be "raise" or "skip"')
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
@@ -454,6 +494,11 @@ class Loader:
         self.batch_size = batch_size
         self.seed = seed
         self.transform = transform
+        #: Whether batches are `Padded` (the crop and normalization left to the consumer).
+        self.padded = padded
+        #: The normalization asked for (applied natively unless ``padded``).
+        self.mean: Optional[Tuple[float, ...]] = None if mean is None else tuple(float(m) for m in mean)
+        self.std: Optional[Tuple[float, ...]] = None if std is None else tuple(float(v) for v in std)
         self.drop_last = drop_last
         self.on_error = on_error
         self.timeout = timeout
@@ -475,7 +520,11 @@ class Loader:
             record=record,
             replay=replay,
         )
-        self._native_args = (transform, prefetch, threads, mean, std, pad, open_timeout)
+        # A padded batch is normalized by its consumer, after the crop.
+        self._native_args = (transform, prefetch, threads, None if padded else mean,
+                             None if padded else std, pad, open_timeout)
+        #: CPU seconds by stage of the prefetches this loader replaced (``load_state_dict``).
+        self._stage_cpu_before: Dict[str, float] = {}
         self._start(resume)
 
     def _start(self, resume: Optional[Dict[str, Any]]) -> None:
@@ -510,11 +559,15 @@ class Loader:
             elif pad_to is not None and left is not None:
                 first_pad_to = -(-left // self.world_size)
         aug = transform._native() if isinstance(transform, RandomResizedCrop) else None
+        old = getattr(self, "_prefetch", None)
+        if old is not None:
+            for stage, seconds in old.stage_cpu().items():
+                self._stage_cpu_before[stage] = self._stage_cpu_before.get(stage, 0.0) + seconds
         self._prefetch = _native.Prefetcher(
             self.instance, self.ring, self.batch_size, prefetch, aug, self.seed,
             None if mean is None else [float(m) for m in mean],
             None if std is None else [float(s) for s in std],
-            threads, pad_to, open_timeout, first_pad_to,
+            threads, pad_to, open_timeout, first_pad_to, self.padded,
         )
         self._handed = False
         self._finished = False
@@ -555,6 +608,9 @@ class Loader:
                 self.last_ids = np.asarray(d["element_ids"], dtype=np.int64)
                 self.last_epochs = np.asarray(d["epochs"], dtype=np.int64)
                 self.last_positions = np.asarray(d["positions"], dtype=np.int64)
+                if self.padded and isinstance(self.transform, RandomResizedCrop):
+                    images = Padded(images, d["sizes"], d["boxes"], d["flips"],
+                                    self.transform.height, self.transform.width)
                 if self.transform is not None and not isinstance(self.transform, RandomResizedCrop):
                     yield self.transform(images, labels)
                 else:
@@ -604,6 +660,18 @@ class Loader:
     def buffers_allocated(self) -> int:
         """Batch buffers the prefetch has allocated (its depth plus the batches you hold)."""
         return int(self._prefetch.buffers_allocated)
+
+    def stage_cpu(self) -> Dict[str, float]:
+        """Seconds of thread CPU per stage of the prefetch since the loader started, over its
+        prefetch thread and augmentation threads: ``wait`` (for records; about zero, a spinning
+        wait would show here), ``copy`` (images out of their slots unchanged), ``crop_resize``,
+        ``flip`` (uint8; a float32 image is mirrored in ``normalize``), ``normalize``,
+        ``collate`` (the batch around the images: shapes, labels, ids, acknowledgements,
+        padding) and ``handover`` (a prepared batch to your loop, buffers back). Their sum is
+        the prefetch threads' CPU time; a thread's time since its last stage boundary is not in
+        yet. Readable after ``close``."""
+        now = self._prefetch.stage_cpu()
+        return {k: v + self._stage_cpu_before.get(k, 0.0) for k, v in now.items()}
 
     def close(self) -> None:
         """Stops the prefetch and detaches from the ring; arrays already handed out stay valid."""

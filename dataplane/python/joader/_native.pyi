@@ -57,6 +57,15 @@ def augment_image(
     position: int,
 ) -> bytes: ...
 
+def draw_crop(
+    height: int,
+    width: int,
+    aug: Tuple[int, int, float, float, float, float, float],
+    seed: int,
+    epoch: int,
+    position: int,
+) -> Tuple[int, int, int, int, bool]: ...
+
 class Lease: ...
 
 class Prefetcher:
@@ -74,10 +83,12 @@ class Prefetcher:
         pad_to: Optional[int] = None,
         open_timeout: float = 10.0,
         first_pad_to: Optional[int] = None,
+        padded: bool = False,
     ) -> None: ...
     def next(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]: ...
     @property
     def buffers_allocated(self) -> int: ...
+    def stage_cpu(self) -> Dict[str, float]: ...
     def close(self) -> None: ...
 
 class IdSet:

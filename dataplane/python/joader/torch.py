@@ -8,12 +8,21 @@ are not needed (keep ``num_workers=0``: each reader owns one ring).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from . import Loader, merge_states
+from . import Loader, Padded, RandomResizedCrop, merge_states
+
+#: roi_align's samples per output pixel and axis: 0 is torchvision's adaptive choice,
+#: ceil(crop size / output size) per box, which spreads the samples of a bin over the source
+#: pixels it covers: an average of bilinear samples a pixel apart, which follows the
+#: antialiased (support widened by the scale) bilinear resize of the CPU path within a
+#: fraction of a level on photos (tests/test_device.py); a fixed 1 aliases when shrinking, a
+#: fixed 2 or more blurs crops that are enlarged.
+SAMPLING_RATIO = 0
 
 
 # type-arg: IterableDataset is generic; misc: without torch installed (ci.sh when its
@@ -33,23 +42,55 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
 
     ``state_dict()`` / ``load_state_dict()`` follow PyTorch's convention (as
     torchdata's ``StatefulDataLoader``): save the state with the model's, and
-    a restarted run continues with the rest of the epoch it was in."""
+    a restarted run continues with the rest of the epoch it was in.
+
+    ``device`` (e.g. ``"cuda"``) delivers batches on that device, labels too. With a
+    `RandomResizedCrop` transform the crop, flip and normalization run there in batched
+    operations (`augment_padded`): the native thread only copies the cached images into a
+    padded uint8 batch and draws the crops (``Loader(padded=True)``), so the CPU does a copy
+    per image instead of a resize, and the float batch never crosses PCIe. The output is the
+    CPU path's: ``(B, C, H, W)`` float32 normalized with ``mean``/``std``, else uint8
+    ``(B, H, W, C)`` (``(B, C, H, W)`` with ``channels_first``). Without a transform the
+    batch is sent as uint8 and normalized on the device. ``device="cpu"`` runs the same
+    torch code on the CPU (to compare it with the native path)."""
 
     def __init__(
         self,
         loader: Optional[Loader] = None,
         channels_first: bool = False,
         pin_memory: bool = False,
+        device: Union[str, torch.device, None] = None,
         **loader_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.loader = loader if loader is not None else Loader(**loader_kwargs)
+        self.device = torch.device(device) if device is not None else None
+        #: Normalization done here (on the device), not natively.
+        self._norm: Optional[Tuple[Sequence[float], Sequence[float]]] = None
+        if loader is None:
+            transform = loader_kwargs.get("transform")
+            if self.device is not None and transform is not None and not isinstance(transform, RandomResizedCrop):
+                raise ValueError("device= needs transform=None or a joader.RandomResizedCrop, not a callable")
+            if self.device is not None and isinstance(transform, RandomResizedCrop):
+                loader_kwargs["padded"] = True
+            elif self.device is not None and loader_kwargs.get("mean") is not None:
+                self._norm = (loader_kwargs.pop("mean"), loader_kwargs.pop("std", None) or ())
+            loader = Loader(**loader_kwargs)
+        self.loader = loader
+        if loader.padded:
+            self.device = self.device or torch.device("cpu")
+            if loader.mean is not None and loader.std is not None:
+                self._norm = (loader.mean, loader.std)
+        if self._norm is not None and len(self._norm[0]) != len(self._norm[1]):
+            raise ValueError("give mean and std with one value per channel each")
         self.channels_first = channels_first
         self.pin_memory = pin_memory and torch.cuda.is_available()
         if pin_memory and not self.pin_memory:
             warnings.warn("pin_memory=True without CUDA: tensors stay in pageable memory", stacklevel=2)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        if self.device is not None:
+            yield from self._on_device(self.device)
+            return
         for images, labels in self.loader:
             x = torch.from_numpy(images)
             if self.channels_first and x.dtype == torch.uint8:
@@ -58,6 +99,25 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
             if self.pin_memory:
                 x, y = x.pin_memory(), y.pin_memory()
             yield x, y
+
+    def _on_device(self, device: torch.device) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        mean, std = self._norm if self._norm is not None else (None, None)
+        for images, labels in self.loader:
+            y = self._send(torch.from_numpy(labels), device)
+            if isinstance(images, Padded):
+                x = augment_padded(images, device, mean, std, self.channels_first, self.pin_memory)
+            else:
+                x = self._send(torch.from_numpy(images), device)
+                if mean is not None and std is not None:
+                    x = _normalize(x.permute(0, 3, 1, 2).float(), mean, std)
+                elif self.channels_first and x.dtype == torch.uint8:
+                    x = x.permute(0, 3, 1, 2)
+            yield x, y
+
+    def _send(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if self.pin_memory and device.type == "cuda":
+            return t.pin_memory().to(device, non_blocking=True)
+        return t.to(device)
 
     def state_dict(self) -> Dict[str, Any]:
         """The loader's `Loader.state_dict`; under ``torch.distributed`` with several ranks the
@@ -82,8 +142,51 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
         self.loader.close()
 
 
+def augment_padded(
+    batch: Padded,
+    device: Union[str, torch.device],
+    mean: Optional[Sequence[float]] = None,
+    std: Optional[Sequence[float]] = None,
+    channels_first: bool = False,
+    pin_memory: bool = False,
+) -> torch.Tensor:
+    """Crops, resizes, flips and normalizes a `Padded` batch on ``device`` in batched
+    operations, with the crops and flips it carries (drawn natively): one uint8 copy to the
+    device, ``torchvision.ops.roi_align`` (``aligned=True``: a box edge is a pixel edge, as in
+    the CPU resize; `SAMPLING_RATIO`) over the float batch, a flip of the items drawn for it.
+    Returns ``(B, C, H, W)`` float32 ``(x / 255 - mean) / std`` with ``mean``/``std``, else
+    uint8 rounded ``(B, H, W, C)`` (``(B, C, H, W)`` with ``channels_first``), as the native
+    path. ``pin_memory`` (CUDA) copies the pixels through page-locked memory."""
+    from torchvision.ops import roi_align
+
+    device = torch.device(device)
+    x = torch.from_numpy(batch.pixels)
+    if pin_memory and device.type == "cuda":
+        x = x.pin_memory().to(device, non_blocking=True)
+    else:
+        x = x.to(device)
+    b = np.asarray(batch.boxes, dtype=np.float32)
+    # (index, x1, y1, x2, y2) in pixel-edge coordinates: the window's columns and rows.
+    rois = np.stack([np.arange(len(b), dtype=np.float32), b[:, 1], b[:, 0], b[:, 1] + b[:, 3], b[:, 0] + b[:, 2]], 1)
+    out = roi_align(x.permute(0, 3, 1, 2).float(), torch.from_numpy(rois).to(device),
+                    (batch.height, batch.width), spatial_scale=1.0, sampling_ratio=SAMPLING_RATIO, aligned=True)
+    flips = torch.from_numpy(np.asarray(batch.flips, dtype=np.bool_)).to(device)
+    out = torch.where(flips[:, None, None, None], out.flip(-1), out)
+    if mean is not None and std is not None:
+        return _normalize(out, mean, std)
+    u8 = out.round_().clamp_(0, 255).to(torch.uint8)
+    return u8 if channels_first else u8.permute(0, 2, 3, 1).contiguous()
+
+
+def _normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """``(x / 255 - mean) / std`` per channel of an NCHW float batch of byte values."""
+    m = torch.tensor(mean, dtype=torch.float32, device=x.device)[None, :, None, None]
+    s = torch.tensor(std, dtype=torch.float32, device=x.device)[None, :, None, None]
+    return (x / 255.0 - m) / s
+
+
 def _distributed() -> bool:
     return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
-__all__ = ["JoaderDataset"]
+__all__ = ["JoaderDataset", "augment_padded", "SAMPLING_RATIO"]

@@ -1,7 +1,8 @@
 //! Augmentation parameters from Python: the `(height, width, scale_lo, scale_hi, ratio_lo,
 //! ratio_hi, flip)` tuple that `collate_into` and `Prefetcher` take (built by
 //! `joader.RandomResizedCrop`), and `augment_image`, which applies it to one image exactly as
-//! a batch item would be augmented (`RandomResizedCrop.apply`).
+//! a batch item would be augmented (`RandomResizedCrop.apply`), and `draw_crop`, the crop
+//! window and flip it draws (`RandomResizedCrop.draw`).
 
 use dataplane::augment::RandomResizedCrop;
 use pyo3::prelude::*;
@@ -51,4 +52,31 @@ pub(crate) fn augment_image(
     py.detach(|| a.apply(image, height, width, channels, &mut out, key))
         .map_err(err)?;
     Ok(out)
+}
+
+/// The crop window `(top, left, height, width)` and flip that `aug` draws for an item of
+/// `height × width` at `(epoch, position)` of a job with `seed`: those `augment_image` and a
+/// padded batch's `boxes`/`flips` use.
+#[pyfunction]
+#[pyo3(signature = (height, width, aug, seed, epoch, position))]
+pub(crate) fn draw_crop(
+    height: u32,
+    width: u32,
+    aug: Aug,
+    seed: u64,
+    epoch: u64,
+    position: u64,
+) -> PyResult<(u32, u32, u32, u32, bool)> {
+    let a = to_aug(aug);
+    a.validate().map_err(err)?;
+    if height == 0 || width == 0 {
+        return Err(JoaderError::new_err((
+            "collate",
+            "an image has at least one pixel",
+        )));
+    }
+    let key = dataplane::augment::item_key(seed, epoch, position);
+    let c = a.draw(height, width, key);
+    let (t, l, h, w) = c.window;
+    Ok((t, l, h, w, c.flip))
 }

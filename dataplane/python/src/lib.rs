@@ -10,7 +10,7 @@
 //! This file defines the module; each class and its helpers has its own file:
 //! `reader` (`RingReader`), `prefetch` (`Prefetcher`, `Lease`), `batch` (the
 //! batch dictionaries), `arrays` (NumPy views and checked output arrays,
-//! `KeepAlive`), `augment` (augmentation parameters, `augment_image`), `idset`
+//! `KeepAlive`), `augment` (augmentation parameters, `augment_image`, `draw_crop`), `idset`
 //! (`IdSet`) and `error` (`JoaderError`).
 #![deny(unsafe_code)]
 
@@ -36,5 +36,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(error::element_error_name, m)?)?;
     m.add_function(wrap_pyfunction!(augment::augment_image, m)?)?;
+    m.add_function(wrap_pyfunction!(augment::draw_crop, m)?)?;
     Ok(())
 }

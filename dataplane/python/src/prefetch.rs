@@ -3,14 +3,15 @@
 //! batch handed over lends its buffer to Python through a `Lease`, the base of the NumPy
 //! arrays over it, which returns the buffer to the pool once the last of them is collected.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dataplane::RawReader;
 use dataplane::augment::Output;
 use dataplane::prefetch::{BatchBuf, PrefetchConfig, Sender};
+use dataplane::stages::StageSink;
 use numpy::ndarray::{ArrayView, IxDyn};
-use numpy::{Element, PyArray, PyArrayDyn};
+use numpy::{Element, PyArray, PyArrayDyn, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -58,15 +59,18 @@ pub(crate) struct Prefetcher {
     inner: Option<dataplane::prefetch::Prefetcher>,
     pool: Sender<BatchBuf>,
     float: bool,
+    /// Its threads' CPU time by stage (kept after `close`).
+    stages: Arc<StageSink>,
 }
 
 #[pymethods]
 impl Prefetcher {
     /// Opens ring `ring` of `instance` and starts the prefetch thread. `mean`/`std` (one per
     /// channel) select float32 NCHW output normalized as torchvision's `Normalize`; without
-    /// them the output is uint8 NHWC.
+    /// them the output is uint8 NHWC. `padded` (without `mean`/`std`) selects the padded uint8
+    /// batch of the cached images, not cropped, with each item's crop and flip drawn.
     #[new]
-    #[pyo3(signature = (instance, ring, batch_size, depth = 2, aug = None, seed = 0, mean = None, std = None, threads = None, pad_to = None, open_timeout = 10.0, first_pad_to = None))]
+    #[pyo3(signature = (instance, ring, batch_size, depth = 2, aug = None, seed = 0, mean = None, std = None, threads = None, pad_to = None, open_timeout = 10.0, first_pad_to = None, padded = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -82,8 +86,15 @@ impl Prefetcher {
         pad_to: Option<u64>,
         open_timeout: f64,
         first_pad_to: Option<u64>,
+        padded: bool,
     ) -> PyResult<Self> {
         let output = match (mean, std) {
+            (None, None) if padded => Output::U8Padded,
+            _ if padded => {
+                return Err(PyValueError::new_err(
+                    "a padded batch is uint8: normalize after the crop, not here",
+                ));
+            }
             (None, None) => Output::U8Nhwc,
             (Some(mean), Some(std)) => Output::F32Nchw { mean, std },
             _ => return Err(PyValueError::new_err("give both mean and std, or neither")),
@@ -107,16 +118,20 @@ impl Prefetcher {
             })
             .map_err(err)?;
         let pool = inner.recycler();
+        let stages = inner.stage_sink();
         Ok(Prefetcher {
             inner: Some(inner),
             pool,
             float,
+            stages,
         })
     }
 
     /// The next prepared batch as a dict (`images`: an array over a pooled buffer, None when
     /// the batch is empty; `labels`, `element_ids`, `epochs`, `positions`, `errors`,
-    /// `end_of_epoch`, `end_of_stream`, `padded`), or None after the end of the stream.
+    /// `end_of_epoch`, `end_of_stream`, `padded`; for a padded batch `sizes` (B, 2) and `boxes`
+    /// (B, 4: top, left, height, width) int64 and `flips` (B,) bool), or None after the end of
+    /// the stream.
     /// Waits with the GIL released, up to `timeout` seconds (`None`: as long as the server
     /// lives; then `JoaderError("timeout")`).
     #[pyo3(signature = (timeout = None))]
@@ -138,6 +153,19 @@ impl Prefetcher {
         d.set_item("positions", &b.positions)?;
         set_stream_fields(&d, &b.errors, b.end_of_epoch, b.end_of_stream)?;
         d.set_item("padded", b.padded)?;
+        if !b.crops.is_empty() {
+            let n = b.crops.len();
+            let (mut sizes, mut boxes) = (Vec::with_capacity(2 * n), Vec::with_capacity(4 * n));
+            for c in &b.crops {
+                let (t, l, h, w) = c.window;
+                sizes.extend([c.image.0, c.image.1].map(i64::from));
+                boxes.extend([t, l, h, w].map(i64::from));
+            }
+            let flips: Vec<bool> = b.crops.iter().map(|c| c.flip).collect();
+            d.set_item("sizes", PyArray::from_vec(py, sizes).reshape([n, 2])?)?;
+            d.set_item("boxes", PyArray::from_vec(py, boxes).reshape([n, 4])?)?;
+            d.set_item("flips", PyArray::from_slice(py, &flips))?;
+        }
         if b.len == 0 {
             self.pool.send(b.buf).ok();
             d.set_item("images", py.None())?;
@@ -181,6 +209,17 @@ impl Prefetcher {
     #[getter]
     fn buffers_allocated(&self) -> PyResult<usize> {
         Ok(self.inner.as_ref().ok_or_else(closed)?.buffers_allocated())
+    }
+
+    /// Seconds of thread CPU per stage of the prefetch (`wait`, `copy`, `crop_resize`, `flip`,
+    /// `normalize`, `collate`, `handover`) since it started, over its prefetch thread and its
+    /// augmentation threads; still readable after `close`.
+    fn stage_cpu<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (name, seconds) in self.stages.seconds() {
+            d.set_item(name, seconds)?;
+        }
+        Ok(d)
     }
 
     /// Stops the thread and detaches from the ring; arrays already handed out stay valid.

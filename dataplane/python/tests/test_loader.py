@@ -221,3 +221,23 @@ def test_augmented_batches_equal_the_per_item_transform(writer, fake):
                 np.testing.assert_array_equal(img, aug.apply(src, seed=11, epoch=0, position=position))
             n += len(labels)
         assert n == 9
+
+
+def test_stage_cpu_names_where_the_prefetch_spent_its_cpu(writer, fake):
+    """``Loader.stage_cpu()``: the prefetch threads' CPU by stage, growing as batches are
+    prepared, with the crop and the normalization charged to their own stages."""
+    w = writer(rings="s", elements=64, height=96, width=128, capacity=64)
+    srv = fake((200, registration(w.instance, "s")))
+    aug = joader.RandomResizedCrop((64, 64))
+    with joader.Loader(server=srv.url, dataset="d", job="s", batch_size=16, transform=aug,
+                       mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)) as loader:
+        before = loader.stage_cpu()
+        n = sum(len(labels) for _, labels in loader)
+        after = loader.stage_cpu()
+    assert n == 64
+    assert isinstance(after, dict) and all(isinstance(v, float) for v in after.values())
+    for stage in ("wait", "copy", "crop_resize", "normalize", "handover"):
+        assert stage in after, after
+        assert after[stage] >= before.get(stage, 0.0), (stage, before, after)
+    # 64 crops of 64x64 and their normalization took some CPU each.
+    assert after["crop_resize"] > 0.0 and after["normalize"] > 0.0, after
