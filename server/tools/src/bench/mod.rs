@@ -11,6 +11,7 @@ pub mod e2e;
 pub mod photos;
 pub mod sampler;
 pub mod scale;
+pub mod train;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -29,6 +30,9 @@ pub enum BenchCommand {
     /// multi-node jobs against the union of their subsets, jobs on different node sets against
     /// the placement rule, per-rank throughput against one standalone server, leader CPU.
     Cluster(cluster::ClusterArgs),
+    /// K concurrent training jobs (one process each) on one GPU (or the CPU): a synthetic
+    /// batch (the GPU's limit), joader and PyTorch's DataLoader, over one aligned window.
+    Train(train::TrainArgs),
 }
 
 /// Runs one benchmark.
@@ -44,6 +48,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Decode(args) => decode::decode(args),
         BenchCommand::Scale(args) => scale::run(args),
         BenchCommand::Cluster(args) => cluster::run(args),
+        BenchCommand::Train(args) => train::run(args),
     }
 }
 
