@@ -155,3 +155,46 @@ fn bench_cluster_quick_prints_every_figure() {
     assert!(v["node_sets_loads"].as_u64().unwrap() >= 120, "{v}");
     assert_eq!(v["cluster_rank_samples_per_s"].as_array().unwrap().len(), 3);
 }
+
+/// `joader bench e2e --quick --only "gpu lock"`: the GPU-lock scenario runs on real photos
+/// (fetched like the decode tests' photos) with a `joader serve` child and prints its section,
+/// every figure present; with two jobs of one dataset sampled together the server decodes at
+/// most once per element per job pair, with room for what the small cache evicts.
+#[test]
+fn bench_e2e_gpu_lock_prints_its_section() {
+    let dir = TempDir::new("bench-gpu-lock");
+    let out = dir.0.join("out");
+    let o = joader(&[
+        "bench",
+        "e2e",
+        "--quick",
+        "--only",
+        "gpu lock",
+        "--data",
+        dir.0.join("data").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let md = std::fs::read_to_string(out.join("e2e.md")).unwrap();
+    let figure = |name: &str| -> f64 {
+        let line = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name}")))
+            .unwrap_or_else(|| panic!("no row {name:?} in\n{md}"));
+        let cell = line.split('|').nth(2).unwrap().trim();
+        cell.split([' ', 'x'])
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|e| panic!("{line}: {e}"))
+    };
+    assert!(md.contains("### GPU lock: 2 jobs"), "{md}");
+    let decodes = figure("decodes per delivered image");
+    assert!(decodes > 0.0 && decodes < 1.0, "{md}");
+    assert!(figure("server CPU ms per decode") > 0.0, "{md}");
+    assert!(figure("bare pipeline CPU ms per image") > 0.0, "{md}");
+    assert!(figure("images/s, all jobs") > 0.0, "{md}");
+    // No other scenario ran.
+    assert!(!md.contains("| sync K=1 |"), "{md}");
+}

@@ -13,8 +13,10 @@
 //!
 //! A pass also samples, up to two batches beyond their credit (their lookahead), the DSA jobs
 //! that keep pace (slower ones on a grid sized by their pace), so that jobs that read together
-//! are sampled together and share their loads (see [`pace`]). With no job able to move, no
-//! pass is scheduled: an idle sampler costs nothing.
+//! are sampled together and share their loads; a job that keeps pace has its own passes on
+//! that grid, which top it up to half its lookahead, so that jobs whose batches come back at
+//! different moments of one period (a shared GPU) are still sampled in one pass (see
+//! [`pace`]). With no job able to move, no pass is scheduled: an idle sampler costs nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use dataplane::stages::{self, server::SAMPLER};
 
 mod invariants;
 mod pace;
@@ -51,6 +54,11 @@ struct JobEntry {
     pace: pace::Pace,
     /// Joins the pass under way within its lookahead (see [`pace`]).
     joins: bool,
+    /// The pass under way is for this paced job: it samples it up to its top-up level (see
+    /// [`pace`]).
+    drives: bool,
+    /// The most credit the job has had: its rings' places, all free.
+    capacity: i64,
     /// Its credit has come back at least once (its clients attached).
     started: bool,
     /// Its first credit waits for the end of this start window (see the module docs).
@@ -143,16 +151,11 @@ impl SamplerActor {
         j.held_until = Some(end);
     }
 
-    /// Schedules a pass one tick from now if some job can move (or when the first held start
-    /// ends, if that is later) and none is scheduled as soon.
+    /// Schedules a pass for the job due first (one tick from now at the earliest; see
+    /// [`Self::due`]) unless one is scheduled as soon.
     fn wake(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
-        let at = self
-            .jobs
-            .values()
-            .filter(|j| j.credit > 0)
-            .map(|j| j.held_until.map_or(now, |t| t.max(now)))
-            .min();
+        let at = self.next_due(now);
         let Some(at) = at.map(|t| t.max(now + self.tick)) else {
             return;
         };
@@ -163,6 +166,7 @@ impl SamplerActor {
         let timer = self.timers;
         self.scheduled = Some((at, timer));
         ctx.run_later(at - now, move |act, ctx| {
+            let _cpu = stages::enter(&SAMPLER);
             if act.scheduled.map(|(_, t)| t) != Some(timer) {
                 return;
             }
@@ -177,9 +181,13 @@ impl SamplerActor {
     /// Samples rounds while some job has credit, and sends them downstream in one message. The
     /// DSA jobs that keep pace join the rounds within their lookahead (see [`pace`]).
     fn pass(&mut self) {
-        let now = Instant::now();
+        self.pass_at(Instant::now());
+    }
+
+    /// [`Self::pass`] at `now`.
+    fn pass_at(&mut self, now: Instant) {
         self.end_holds(now);
-        self.choose_joiners(now);
+        self.choose_roles(now);
         let mut out = Deliver {
             dataset: self.dataset,
             groups: Vec::new(),
@@ -217,27 +225,108 @@ impl SamplerActor {
         }
     }
 
-    /// Decides which DSA jobs without credit join this pass's rounds within their lookahead:
-    /// those that keep pace with the fastest job that can move (see [`pace`]).
-    fn choose_joiners(&mut self, now: Instant) {
+    /// When the next pass is due (see [`Self::due`]).
+    fn next_due(&self, now: Instant) -> Option<Instant> {
+        self.jobs.values().filter_map(|j| self.due(j, now)).min()
+    }
+
+    /// Whether a job keeps pace as a DSA job whose start is over: its passes follow the grid
+    /// and top it up (see [`pace`]).
+    fn paced(j: &JobEntry, now: Instant) -> bool {
+        j.kind == SamplerKind::Dsa && j.started && j.held_until.is_none() && j.pace.keeps_pace(now)
+    }
+
+    /// The credit down to which a paced job's passes sample it: half its lookahead below zero,
+    /// so that its reader has its rings and half its lookahead to read before it needs
+    /// another pass, and the other half is room to ride along with other jobs' passes.
+    fn top_up(j: &JobEntry) -> i64 {
+        -i64::from(j.lookahead / 2)
+    }
+
+    /// When a pass is due for `j`, if one is: one tick from now for a job that can move and
+    /// does not keep pace (or when its start window ends); for a paced job below its top-up
+    /// level, the end of the grid slot in which its credit came back (so that the jobs of a
+    /// pace are sampled in one pass, whatever the moments their batches come back within a
+    /// period), or now if its reader would run out before then.
+    fn due(&self, j: &JobEntry, now: Instant) -> Option<Instant> {
+        if let Some(t) = j.held_until {
+            return (j.credit > 0).then_some(t.max(now));
+        }
+        if !Self::paced(j, now) {
+            return (j.credit > 0).then_some(now);
+        }
+        if j.credit <= Self::top_up(j) {
+            return None;
+        }
+        let at = j.pace.due(self.started, now)?;
+        Some(if Self::runs_out_before(j, now, at) {
+            now
+        } else {
+            at
+        })
+    }
+
+    /// Whether a paced job's reader would read everything it has been sampled before a pass
+    /// at `at` has loaded its next deliveries (half a period after the pass).
+    fn runs_out_before(j: &JobEntry, now: Instant, at: Instant) -> bool {
+        let (Some(rate), Some(period)) = (j.pace.rate(now), j.pace.period(now)) else {
+            return true;
+        };
+        let outstanding = (j.capacity - j.credit).max(0) as f64;
+        let need = at.saturating_duration_since(now) + period / 2;
+        outstanding / rate.max(1e-9) < need.as_secs_f64()
+    }
+
+    /// Decides each DSA job's part in this pass. A paced job whose pass is due *drives* it: the
+    /// rounds go on until it is topped up. Other paced jobs *join* within their lookahead if
+    /// they keep pace with the jobs the pass is for (see [`pace`]). Jobs that do not keep pace
+    /// take part for their credit only.
+    fn choose_roles(&mut self, now: Instant) {
+        let due: Vec<bool> = self
+            .jobs
+            .values()
+            .map(|j| {
+                Self::paced(j, now)
+                    && j.credit > Self::top_up(j)
+                    && self.due(j, now).is_some_and(|t| t <= now)
+            })
+            .collect();
+        for (j, due) in self.jobs.values_mut().zip(due) {
+            j.drives = due;
+            j.joins = false;
+            if due {
+                j.pace.served();
+            }
+        }
         let lead = self
             .jobs
             .values()
-            .filter(|j| j.kind == SamplerKind::Dsa && Self::can_move(j))
+            .filter(|j| j.kind == SamplerKind::Dsa && (j.drives || Self::can_move(j)))
             .filter_map(|j| j.pace.period(now))
             .min();
-        // Jobs join DSA rounds only: without a DSA job that can move there is none, and a
+        // Jobs join DSA rounds only: without a DSA job the pass is for there is none, and a
         // join would use up a slow job's eligibility for nothing.
         let dsa_moves = self
             .jobs
             .values()
-            .any(|j| j.kind == SamplerKind::Dsa && Self::can_move(j));
+            .any(|j| j.kind == SamplerKind::Dsa && Self::moves(j));
         for j in self.jobs.values_mut() {
             j.joins = dsa_moves
                 && j.kind == SamplerKind::Dsa
-                && j.credit <= 0
+                && !j.drives
                 && j.credit > -i64::from(j.lookahead)
+                && (Self::paced(j, now) || j.credit <= 0)
                 && j.pace.join(self.started, now, lead);
+        }
+    }
+
+    /// Whether a job keeps the pass's rounds going: a job the pass is for below its top-up
+    /// level, or a job that does not keep pace with credit left.
+    fn moves(j: &JobEntry) -> bool {
+        if j.drives {
+            j.credit > Self::top_up(j)
+        } else {
+            Self::can_move(j) && !j.joins
         }
     }
 
@@ -275,24 +364,24 @@ impl SamplerActor {
         Ok(true)
     }
 
-    /// The jobs of a `kind` round into `active` (sorted): those that can move and, if any
-    /// can, the joiners still within their lookahead. Returns whether any can move.
+    /// The jobs of a `kind` round into `active` (sorted), if some job keeps the rounds going
+    /// ([`Self::moves`]): every job with credit, and the drivers and joiners still within their
+    /// lookahead. Returns whether there is a round.
     fn round_jobs(&self, kind: SamplerKind, active: &mut Vec<JobId>) -> bool {
         active.clear();
-        active.extend(
-            self.jobs
-                .iter()
-                .filter(|(_, j)| j.kind == kind && Self::can_move(j))
-                .map(|(k, _)| *k),
-        );
-        if active.is_empty() {
+        if !self.jobs.values().any(|j| j.kind == kind && Self::moves(j)) {
             return false;
         }
         active.extend(
             self.jobs
                 .iter()
                 .filter(|(_, j)| {
-                    j.kind == kind && j.joins && j.credit <= 0 && j.credit > -i64::from(j.lookahead)
+                    let room = if j.drives || j.joins {
+                        j.credit > -i64::from(j.lookahead)
+                    } else {
+                        j.credit > 0
+                    };
+                    j.kind == kind && room && j.held_until.is_none()
                 })
                 .map(|(k, _)| *k),
         );
@@ -397,6 +486,13 @@ impl Actor for SamplerActor {
 impl SamplerActor {
     /// Registers a job with the sampler of its kind (ISA for a replay), fresh or resumed.
     fn add_job(&mut self, msg: AddJob, ctx: &mut Context<Self>) -> Result<(), SamplerError> {
+        self.insert_job(msg, Instant::now())?;
+        self.wake(ctx);
+        Ok(())
+    }
+
+    /// [`Self::add_job`] at `now`, without scheduling a pass.
+    fn insert_job(&mut self, msg: AddJob, now: Instant) -> Result<(), SamplerError> {
         if self.jobs.contains_key(&msg.job) {
             return Err(SamplerError::DuplicateJob(msg.job));
         }
@@ -437,14 +533,15 @@ impl SamplerActor {
                 lookahead: msg.lookahead,
                 pace: pace::Pace::default(),
                 joins: false,
+                drives: false,
+                capacity: i64::from(msg.credit),
                 started: false,
                 held_until: None,
             },
         );
         if msg.credit > 0 {
-            self.credited(msg.job, Instant::now());
+            self.credited(msg.job, now);
         }
-        self.wake(ctx);
         Ok(())
     }
 
@@ -464,16 +561,21 @@ impl SamplerActor {
 
     /// The job's credit came back: `n` more deliveries may be outstanding.
     fn credit(&mut self, job: JobId, n: u32, ctx: &mut Context<Self>) {
-        let now = Instant::now();
+        self.credit_at(job, n, Instant::now());
+        self.wake(ctx);
+    }
+
+    /// [`Self::credit`] at `now`, without scheduling a pass.
+    fn credit_at(&mut self, job: JobId, n: u32, now: Instant) {
         self.credited(job, now);
         if let Some(j) = self.jobs.get_mut(&job) {
-            j.pace.returned(now);
+            j.pace.returned(now, n, j.lookahead / 2);
             j.credit += i64::from(n);
+            j.capacity = j.capacity.max(j.credit);
             if j.credit > -i64::from(j.lookahead) {
                 j.pace.eligible(now);
             }
         }
-        self.wake(ctx);
     }
 
     /// The sampler of a kind.
@@ -488,6 +590,7 @@ impl SamplerActor {
 impl Handler<AddJob> for SamplerActor {
     type Result = Result<(), SamplerError>;
     fn handle(&mut self, msg: AddJob, ctx: &mut Context<Self>) -> Self::Result {
+        let _cpu = stages::enter(&SAMPLER);
         let added = self.add_job(msg, ctx);
         self.after_message();
         added
@@ -497,6 +600,7 @@ impl Handler<AddJob> for SamplerActor {
 impl Handler<RemoveJob> for SamplerActor {
     type Result = ();
     fn handle(&mut self, msg: RemoveJob, _: &mut Context<Self>) {
+        let _cpu = stages::enter(&SAMPLER);
         self.remove_job(msg.job);
         self.after_message();
     }
@@ -505,6 +609,7 @@ impl Handler<RemoveJob> for SamplerActor {
 impl Handler<Pass> for SamplerActor {
     type Result = ();
     fn handle(&mut self, _: Pass, _: &mut Context<Self>) {
+        let _cpu = stages::enter(&SAMPLER);
         self.pass();
         self.after_message();
     }
@@ -513,6 +618,7 @@ impl Handler<Pass> for SamplerActor {
 impl Handler<JobSignal> for SamplerActor {
     type Result = ();
     fn handle(&mut self, msg: JobSignal, ctx: &mut Context<Self>) {
+        let _cpu = stages::enter(&SAMPLER);
         match msg {
             JobSignal::Credit { job, n } => self.credit(job, n, ctx),
             JobSignal::Gone { job } => self.remove_job(job),

@@ -1,4 +1,5 @@
-//! Whether a job keeps pace: the jobs that may join another job's pass ahead of their credit.
+//! Whether a job keeps pace: the jobs that may join another job's pass ahead of their credit,
+//! and when a paced job's own pass is due.
 //!
 //! DSA correlates the picks of the jobs sampled in the same round only. A job's credit comes
 //! back when its client acknowledges a batch, and when loads are the bottleneck that moment is
@@ -12,26 +13,38 @@
 //! its own.
 //!
 //! A job becomes *eligible* to join when its credit comes back within its lookahead. A job at
-//! about the pace of the jobs that have credit in the pass (its period at most twice the
-//! shortest of theirs) joins at once. A slower job joins on a common grid instead: at the first
-//! pass after the end of the slot of `2^k` milliseconds (counted from the Sampler's start, the
-//! smallest power of two not below its period) in which it became eligible. A slot is at least
-//! a period long, so every slow job of about the same pace returns credit in every slot, and
-//! they all join the pass that follows the slot's end: they share among themselves too,
-//! whatever the phases of their readers (with slots shorter than a period, jobs whose returns
-//! fell in different slots were sampled apart, and paid for the loads of their own picks
-//! separately). Grids of different sizes are nested, so jobs of neighbouring paces still meet
-//! on the coarser one. A slow job waits less than two periods to join, and its reader has at
-//! least one batch to read meanwhile: it became eligible with three batches sampled ahead of
-//! its reader, and once the reader has taken two more its credit is above zero and it is
-//! sampled at once, grid or not.
+//! about the pace of the jobs the pass is for (its period at most twice the shortest of theirs)
+//! joins at once. A slower job joins on a common grid instead: at the first pass after the end
+//! of the slot of `2^k` milliseconds (counted from the Sampler's start, the smallest power of
+//! two not below its period) in which it became eligible. A slot is at least a period long, so
+//! every slow job of about the same pace returns credit in every slot, and they all join the
+//! pass that follows the slot's end: they share among themselves too, whatever the phases of
+//! their readers (with slots shorter than a period, jobs whose returns fell in different slots
+//! were sampled apart, and paid for the loads of their own picks separately). Grids of
+//! different sizes are nested, so jobs of neighbouring paces still meet on the coarser one.
 //!
-//! A job keeps pace when its client is reading: it has returned credit at least twice (so it
-//! has a period, the smoothed interval between returns) and its last return is less than two
-//! periods old. A job whose reader never attached, or paused (an evaluation pass, a SIGSTOP),
-//! does not, and is sampled for its credit only. What a job is sampled ahead waits in the
-//! Cache's queue for room in its ring; those elements are loaded with the others, and are
-//! evictable (and reloaded) when memory is short, like everything queued and not yet pushed.
+//! **A paced job's own pass is on its grid too.** When a GPU shared by several jobs sets the
+//! pace, each job's batch comes back at its own moment of a common period (the jobs' steps
+//! take turns on the GPU), so a pass at each return sampled each job with whoever happened to
+//! be eligible then: four such jobs shared 0.42 decodes per delivered image where 0.25 is the
+//! ideal (`bench e2e`'s GPU-lock scenario). So a paced job whose credit is above its *top-up
+//! level* (half its lookahead below zero) is due for a pass at the end of the grid slot in
+//! which its credit came back ([`Pace::due`]), and that pass samples it down to the top-up
+//! level, the other jobs of its pace riding along within their lookahead: one pass per slot
+//! samples every job of a pace in the same rounds. Its reader meanwhile reads what it was
+//! sampled before, its rings and half a lookahead (two batches and one, for a rank); if that
+//! would run out before the pass has loaded (the slot's end plus half a period), the pass is
+//! due at once, as for a job that does not keep pace.
+//!
+//! A job keeps pace when its client is reading: a whole unit of credit (a batch of each rank)
+//! has come back at least twice (so it has a period, the smoothed interval between units:
+//! credit comes back in parts, as the reader copies a batch out, so the interval between
+//! returns is no measure of its pace) and its last return is less than two periods old. A job
+//! whose reader never attached, or paused (an evaluation pass, a SIGSTOP), does not, and is
+//! sampled for its credit only, one tick after it comes back. What a job is sampled ahead
+//! waits in the Cache's queue for room in its ring; those elements are loaded with the others,
+//! and are evictable (and reloaded) when memory is short, like everything queued and not yet
+//! pushed.
 
 use std::time::{Duration, Instant};
 
@@ -43,23 +56,67 @@ const ALPHA: f64 = 0.25;
 pub struct Pace {
     /// When credit last came back.
     last_return: Option<Instant>,
-    /// The smoothed interval between returns.
+    /// The smoothed time the job's reader takes to read a unit (a batch of each of its ranks,
+    /// see [`Pace::returned`]).
     period: Option<Duration>,
     /// Since when the job may join a pass (its credit is back within its lookahead).
     eligible_since: Option<Instant>,
+    /// When the last whole unit came back, and the credit returned since.
+    last_unit: Option<Instant>,
+    partial: u64,
+    /// The unit of the period.
+    unit: u32,
 }
 
 impl Pace {
-    /// Credit came back at `now`.
-    pub fn returned(&mut self, now: Instant) {
-        if let Some(last) = self.last_return {
-            let gap = now.saturating_duration_since(last);
+    /// `n` deliveries of credit came back at `now`. A reader acknowledges a batch in parts as
+    /// it copies them out, so the period is the time between whole `unit`s of credit (a batch
+    /// of each rank; `0`: every return counts as one), not between returns.
+    pub fn returned(&mut self, now: Instant, n: u32, unit: u32) {
+        self.last_return = Some(now);
+        self.unit = if unit == 0 { n.max(1) } else { unit };
+        self.partial += u64::from(n);
+        let units = self.partial / u64::from(self.unit);
+        if units == 0 {
+            return;
+        }
+        self.partial %= u64::from(self.unit);
+        if let Some(last) = self.last_unit {
+            let gap = now.saturating_duration_since(last) / units as u32;
             self.period = Some(match self.period {
                 None => gap,
                 Some(p) => p.mul_f64(1.0 - ALPHA) + gap.mul_f64(ALPHA),
             });
         }
-        self.last_return = Some(now);
+        self.last_unit = Some(now);
+    }
+
+    /// The deliveries per second the job's reader takes, once it keeps pace.
+    pub fn rate(&self, now: Instant) -> Option<f64> {
+        let period = self.period(now)?.as_secs_f64();
+        Some(f64::from(self.unit) / period.max(1e-6))
+    }
+
+    /// The size of the job's grid slots: the smallest power of two of milliseconds not below
+    /// its period.
+    fn slot_ms(period: Duration) -> u64 {
+        (period.as_millis() as u64).max(1).next_power_of_two()
+    }
+
+    /// When a paced job that wants more deliveries is due for a pass: at the end of the grid
+    /// slot in which it became eligible (or of the slot of `now`, if it is not eligible), so
+    /// that the jobs of one pace whose credit comes back within one slot are sampled in one
+    /// pass. `None` if the job does not keep pace.
+    pub fn due(&self, start: Instant, now: Instant) -> Option<Instant> {
+        let size = Self::slot_ms(self.period(now)?);
+        let since = self.eligible_since.unwrap_or(now);
+        let ms = since.saturating_duration_since(start).as_millis() as u64;
+        Some(start + Duration::from_millis((ms / size + 1) * size))
+    }
+
+    /// It was sampled in a pass as one of the jobs the pass was for: it is no longer eligible.
+    pub fn served(&mut self) {
+        self.eligible_since = None;
     }
 
     /// See the module docs.
@@ -88,7 +145,7 @@ impl Pace {
         let at_once = lead.is_some_and(|lead| period <= 2 * lead);
         if !at_once {
             let ms = |t: Instant| t.saturating_duration_since(start).as_millis() as u64;
-            let size = (period.as_millis() as u64).max(1).next_power_of_two();
+            let size = Self::slot_ms(period);
             if ms(now) / size <= ms(since) / size {
                 return false;
             }
@@ -116,9 +173,9 @@ mod tests {
         let t0 = Instant::now();
         let mut p = Pace::default();
         assert!(!p.keeps_pace(t0), "never returned credit (never attached)");
-        p.returned(t0);
+        p.returned(t0, 16, 16);
         assert!(!p.keeps_pace(t0 + ms(10)), "one return gives no period");
-        p.returned(t0 + ms(100));
+        p.returned(t0 + ms(100), 16, 16);
         assert_eq!(p.period, Some(ms(100)));
         assert!(p.keeps_pace(t0 + ms(250)));
         assert!(p.keeps_pace(t0 + ms(300)));
@@ -127,7 +184,7 @@ mod tests {
             "overdue by more than a period: paused"
         );
         // The period follows the reader's pace, smoothed.
-        p.returned(t0 + ms(300));
+        p.returned(t0 + ms(300), 16, 16);
         assert_eq!(p.period, Some(ms(125)));
         assert!(p.keeps_pace(t0 + ms(550)) && !p.keeps_pace(t0 + ms(551)));
     }
@@ -137,8 +194,8 @@ mod tests {
         let t0 = Instant::now();
         let paced = |period: u64, last: u64| {
             let mut p = Pace::default();
-            p.returned(t0 + ms(last - period));
-            p.returned(t0 + ms(last));
+            p.returned(t0 + ms(last - period), 16, 16);
+            p.returned(t0 + ms(last), 16, 16);
             p.eligible(t0 + ms(last));
             p
         };
@@ -167,8 +224,8 @@ mod tests {
         let mut e = paced(100, 1000);
         assert!(!e.join(t0, t0 + ms(1201), fast));
         let mut f = Pace::default();
-        f.returned(t0);
-        f.returned(t0 + ms(100));
+        f.returned(t0, 16, 16);
+        f.returned(t0 + ms(100), 16, 16);
         assert!(!f.join(t0, t0 + ms(150), fast));
     }
 
@@ -186,7 +243,7 @@ mod tests {
             for (i, p) in jobs.iter_mut().enumerate() {
                 let phase = 10 + 100 * i as u64;
                 if now >= phase && (now - phase) % 173 < 2 {
-                    p.returned(t0 + ms(now));
+                    p.returned(t0 + ms(now), 16, 16);
                     p.eligible(t0 + ms(now));
                 }
                 if p.join(t0, t0 + ms(now), fast) {

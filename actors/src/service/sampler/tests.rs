@@ -282,3 +282,67 @@ async fn jobs_starting_in_one_window_are_sampled_together_from_their_first_eleme
     );
     assert_invariants(&s).await;
 }
+
+/// Four jobs of one pace whose readers take a batch each in turn (one GPU shared by their
+/// processes: each job's batch comes back a quarter of a period after the previous job's, and
+/// in parts, as its reader copies it out) are sampled together: once the jobs keep pace, one
+/// pass per grid slot (256 ms for a period of 192 ms) samples all four, where a pass at each
+/// return sampled each job with whoever was eligible at that moment; and no reader ever wants
+/// a batch it has not been sampled. The test plays the clock and the timer: it runs a pass
+/// whenever one is due.
+#[actix::test]
+async fn jobs_of_one_pace_returning_credit_in_turn_are_sampled_together() {
+    let cap = Capture(Arc::new(Mutex::new(Vec::new()))).start();
+    let stats = Arc::new(CacheStats::default());
+    let mut s = SamplerActor::new(1, cap.recipient(), NEVER, stats.clone());
+    let t0 = s.started;
+    let (batch, k, period) = (64u32, 4u64, 192u64);
+    for job in 1..=k {
+        let mut a = add(job, 0..3600, SamplerKind::Dsa, 2 * batch, None);
+        a.lookahead = 2 * batch;
+        s.insert_job(a, t0).unwrap();
+    }
+    let sampled = |s: &SamplerActor| -> Vec<u64> {
+        (1..=k)
+            .map(|j| s.jobs[&j].stats.sampled.load(Relaxed))
+            .collect()
+    };
+    let mut read = [0u64; 4];
+    let mut late_passes = Vec::new();
+    for ms in 0..20_000u64 {
+        let now = t0 + Duration::from_millis(ms);
+        for job in 1..=k {
+            // Job j's step ends at phase (j - 1) / k of every period: it takes its next batch,
+            // and acknowledges it in four parts 2 ms apart as it copies them out.
+            let phase = (ms + period - (job - 1) * period / k) % period;
+            if ms > 0 && phase % 2 == 0 && phase < 8 {
+                let i = job as usize - 1;
+                read[i] += u64::from(batch / 4);
+                let has = sampled(&s)[i];
+                assert!(
+                    read[i] <= has,
+                    "job {job} at {ms} ms: its reader ran out ({} read, {has} sampled)",
+                    read[i]
+                );
+                s.credit_at(job, batch / 4, now);
+            }
+        }
+        if s.next_due(now).is_some_and(|t| t <= now) {
+            let before = sampled(&s);
+            s.pass_at(now);
+            if ms >= 3_000 {
+                let after = sampled(&s);
+                late_passes.push((ms, before.iter().zip(&after).filter(|(b, a)| a > b).count()));
+            }
+        }
+    }
+    // After the start (the first returns give no pace), each pass is on the 256 ms grid and
+    // samples every job.
+    assert!(
+        late_passes
+            .iter()
+            .all(|&(ms, jobs)| ms % 256 == 0 && jobs == k as usize),
+        "passes (ms, jobs sampled) after 3 s: {late_passes:?}"
+    );
+    assert!(late_passes.len() >= 60, "{late_passes:?}");
+}

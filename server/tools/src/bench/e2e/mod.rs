@@ -17,6 +17,7 @@
 //! the decoded dataset's bytes before the scenarios and prints which fraction of it the cache
 //! holds. Nothing is asserted: the figures are what this machine did in this run.
 
+mod gpu_lock;
 mod report;
 mod s3;
 mod scenarios;
@@ -83,9 +84,13 @@ pub struct E2eArgs {
     /// package in python3 (`pip install ./dataplane/python`).
     #[arg(long)]
     pub python: bool,
-    /// Run only the scenarios whose name contains this (`sync`, `overlap`, `cached`, …).
+    /// Run only the scenarios whose name contains this (`sync`, `overlap`, `cached`,
+    /// `gpu lock`, …).
     #[arg(long)]
     pub only: Option<String>,
+    /// The GPU-lock scenario's step per batch, in ms (default 48; 12 with `--quick`).
+    #[arg(long)]
+    pub gpu_step_ms: Option<f64>,
 }
 
 /// What every system of a run shares: the dataset, its index, the threads and the pipeline.
@@ -213,6 +218,21 @@ pub fn run(args: E2eArgs) -> Result<()> {
     } else {
         None
     };
+    // K jobs paced by one shared GPU (a lock held for each step), on real photos. `--quick`
+    // runs it only when asked for by name.
+    let gpu_lock = if wanted("gpu lock") && (!args.quick || args.only.is_some()) {
+        let mut shape = gpu_lock::GpuLock::new(args.quick);
+        if let Some(ms) = args.gpu_step_ms {
+            shape.step_ms = ms;
+        }
+        eprintln!(
+            "scenario gpu lock: {} jobs, {} epochs",
+            shape.jobs, shape.epochs
+        );
+        Some(gpu_lock::run(&args.data, shape, workers)?)
+    } else {
+        None
+    };
     let mut table = if rows.is_empty() {
         String::new()
     } else {
@@ -221,6 +241,9 @@ pub fn run(args: E2eArgs) -> Result<()> {
     table.push_str(&report::baselines_by_k(&rows));
     if let Some(c) = &cached {
         table.push_str(&report::cached_step(c));
+    }
+    if let Some(g) = &gpu_lock {
+        table.push_str(&gpu_lock::report(g));
     }
     if let Some(store) = &store {
         table.push_str(&store.report(&s3_rows));
