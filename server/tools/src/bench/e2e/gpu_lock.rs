@@ -103,7 +103,9 @@ pub(super) struct GpuLockOutcome {
     pub(super) per_job: Vec<f64>,
     pub(super) total_rate: f64,
     pub(super) server_cpu_ms_per_decode: f64,
-    pub(super) bare_cpu_ms_per_image: f64,
+    /// The bare pipeline's CPU per image, measured before and after the jobs (the machine's
+    /// speed drifts; the ratio uses their mean).
+    pub(super) bare_cpu_ms_per_image: (f64, f64),
     pub(super) cache_bytes: u64,
     pub(super) decoded_bytes: u64,
     pub(super) waits_for_others: u64,
@@ -280,6 +282,7 @@ pub(super) fn run(data: &Path, shape: GpuLock, workers: usize) -> Result<GpuLock
         bail!("gpu-lock: the jobs received {delivered} images, expected {expected}");
     }
     drop(server);
+    let (bare_after, _) = bare_pipeline(&index, &pipe)?;
     Ok(GpuLockOutcome {
         shape,
         delivered,
@@ -290,7 +293,7 @@ pub(super) fn run(data: &Path, shape: GpuLock, workers: usize) -> Result<GpuLock
             .collect(),
         total_rate: delivered as f64 / elapsed.max(1e-9),
         server_cpu_ms_per_decode: cpu * 1e3 / decodes.max(1) as f64,
-        bare_cpu_ms_per_image: bare_ms,
+        bare_cpu_ms_per_image: (bare_ms, bare_after),
         cache_bytes,
         decoded_bytes,
         waits_for_others,
@@ -320,6 +323,7 @@ fn stage_rows(stages: &Stages, decodes: u64) -> String {
 /// The scenario's markdown section.
 pub(super) fn report(o: &GpuLockOutcome) -> String {
     let s = o.shape;
+    let bare = (o.bare_cpu_ms_per_image.0 + o.bare_cpu_ms_per_image.1) / 2.0;
     let limit = s.batch as f64 / (s.step_ms / 1e3);
     let per: Vec<String> = o.per_job.iter().map(|r| format!("{r:.0}")).collect();
     format!(
@@ -332,8 +336,9 @@ pub(super) fn report(o: &GpuLockOutcome) -> String {
          | per job images/s | {per} |\n\
          | decodes per delivered image (1/K = {ideal:.2}) | {dpi:.3} |\n\
          | server CPU ms per decode | {srv:.3} |\n\
-         | bare pipeline CPU ms per image (one thread, same files, this run) | {bare:.3} |\n\
+         | bare pipeline CPU ms per image (one thread, same files, this run: mean of before and after the jobs) | {bare:.3} ({b0:.3}, {b1:.3}) |\n\
          | server CPU per decode / bare pipeline | {ratio:.2}x |\n\
+         | server CPU per decode beyond its read, decode and resize stages | {beyond} |\n\
          | batches that waited for room another job holds | {waits} |\n{stages}",
         k = s.jobs,
         n = s.images,
@@ -349,8 +354,20 @@ pub(super) fn report(o: &GpuLockOutcome) -> String {
         ideal = 1.0 / s.jobs as f64,
         dpi = o.decodes as f64 / o.delivered.max(1) as f64,
         srv = o.server_cpu_ms_per_decode,
-        bare = o.bare_cpu_ms_per_image,
-        ratio = o.server_cpu_ms_per_decode / o.bare_cpu_ms_per_image.max(1e-9),
+        bare = bare,
+        b0 = o.bare_cpu_ms_per_image.0,
+        b1 = o.bare_cpu_ms_per_image.1,
+        ratio = o.server_cpu_ms_per_decode / bare.max(1e-9),
+        beyond = if o.stages.is_empty() {
+            "-".to_string()
+        } else {
+            let pipeline: f64 = ["read", "decode", "resize"]
+                .iter()
+                .filter_map(|k| o.stages.get(*k))
+                .sum();
+            let all: f64 = o.stages.values().sum();
+            format!("{:.3} ms", (all - pipeline) * 1e3 / o.decodes.max(1) as f64)
+        },
         waits = o.waits_for_others,
         stages = stage_rows(&o.stages, o.decodes),
     )
