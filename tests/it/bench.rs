@@ -32,6 +32,30 @@ fn bench_e2e_quick_writes_its_table_and_chart() {
         .unwrap();
     let decodes_per_sample: f64 = k2.split('|').nth(6).unwrap().trim().parse().unwrap();
     assert!(decodes_per_sample <= 0.5 + 1e-9, "{k2}");
+    // joader's CPU by stage: a row per scenario, decode and resize measured.
+    let stages = md
+        .split("joader's CPU by stage")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no stage table in\n{md}"));
+    let header: Vec<&str> = stages
+        .lines()
+        .find(|l| l.starts_with("| scenario |"))
+        .unwrap()
+        .split('|')
+        .map(str::trim)
+        .collect();
+    let row: Vec<&str> = stages
+        .lines()
+        .find(|l| l.starts_with("| sync K=2 |"))
+        .unwrap()
+        .split('|')
+        .map(str::trim)
+        .collect();
+    for stage in ["decode", "resize", "crop_resize"] {
+        let i = header.iter().position(|h| *h == stage).unwrap();
+        let ms: f64 = row[i].parse().unwrap();
+        assert!(ms > 0.0, "{stage}: {ms} in\n{stages}");
+    }
     let png = std::fs::read(out.join("e2e.png")).unwrap();
     assert_eq!(&png[..4], b"\x89PNG");
 }

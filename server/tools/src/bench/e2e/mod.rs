@@ -238,6 +238,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
     } else {
         markdown(&rows, workers, args.cache_bytes, decoded_bytes, n)
     };
+    table.push_str(&report::stages(&rows));
     table.push_str(&report::baselines_by_k(&rows));
     if let Some(c) = &cached {
         table.push_str(&report::cached_step(c));

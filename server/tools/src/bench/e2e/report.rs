@@ -136,6 +136,45 @@ pub(super) fn cached_step(c: &CachedStep) -> String {
     )
 }
 
+/// joader's CPU by stage in each scenario (the in-process server and its consumer threads:
+/// `dataplane::stages`), in ms per sample, beside the process's CPU per sample: what the
+/// stages do not cover is the bench's own threads.
+pub(super) fn stages(rows: &[(Scenario, Vec<Outcome>)]) -> String {
+    let Some(names) = rows
+        .iter()
+        .flat_map(|(_, outs)| outs)
+        .find(|o| !o.stages.is_empty())
+        .map(|o| o.stages.iter().map(|(n, _)| *n).collect::<Vec<_>>())
+    else {
+        return String::new();
+    };
+    let mut s = format!(
+        "\njoader's CPU by stage, ms per sample (the in-process server and the consumer threads; \
+         `runtime` includes the consumers' reads):\n\n| scenario | process CPU | stages sum | {} |\n|---|---:|---:|{}\n",
+        names.join(" | "),
+        "---:|".repeat(names.len())
+    );
+    for (sc, outs) in rows {
+        for o in outs.iter().filter(|o| !o.stages.is_empty()) {
+            let per = |v: f64| v * 1e3 / o.samples.max(1) as f64;
+            let sum: f64 = o.stages.iter().map(|(_, v)| v).sum();
+            let cells: Vec<String> = o
+                .stages
+                .iter()
+                .map(|(_, v)| format!("{:.3}", per(*v)))
+                .collect();
+            s.push_str(&format!(
+                "| {} | {:.3} | {:.3} | {} |\n",
+                sc.name,
+                o.cpu_ms_per_sample,
+                per(sum),
+                cells.join(" | ")
+            ));
+        }
+    }
+    s
+}
+
 /// Each baseline's aggregate over the synchronous scenarios (K = 1, 2, …): independent
 /// loading and the tuned PyTorch have the same threads at every K, so on a decode-bound
 /// machine they must stay flat; PyTorch with workers = cores per job has K × cores workers.
@@ -340,6 +379,8 @@ mod tests {
             hit_ratio: None,
             startup_s: 0.0,
             wait_frac: None,
+            stages: Vec::new(),
+            samples: 1,
         }
     }
 

@@ -63,6 +63,20 @@ pub(super) struct Outcome {
     /// Fraction of the loop's time after the first batch spent waiting for the next batch
     /// (Python client).
     pub(super) wait_frac: Option<f64>,
+    /// CPU seconds by stage over the run (`dataplane::stages`), where the system runs in this
+    /// process (joader: the in-process server and its consumer threads).
+    pub(super) stages: Vec<(&'static str, f64)>,
+    /// Every sample of every job.
+    pub(super) samples: u64,
+}
+
+/// Every stage's CPU seconds in this process so far: the server's, then the client's.
+fn stage_seconds() -> Vec<(&'static str, f64)> {
+    dataplane::stages::SERVER
+        .iter()
+        .chain(dataplane::stages::CLIENT.iter())
+        .map(|s| (s.name(), s.seconds()))
+        .collect()
 }
 
 /// One job's timing, in seconds on one clock: `start` is its registration (joader, the Python
@@ -107,6 +121,8 @@ pub(super) fn summarize(
         hit_ratio: hit,
         startup_s: spans.iter().map(|s| s.first - s.start).sum::<f64>() / spans.len().max(1) as f64,
         wait_frac: None,
+        stages: Vec::new(),
+        samples: total,
     }
 }
 
@@ -145,17 +161,25 @@ fn start_server_with(
 pub(super) fn run_joader(sc: &Scenario, ctx: &Ctx, tag: usize) -> Result<Outcome> {
     let (server, client, _state) = start_server(ctx, &format!("r{tag}"))?;
     let cpu0 = process_cpu();
+    let stages0 = stage_seconds();
     let runs = run_jobs(&client, sc)?;
     let cpu = process_cpu() - cpu0;
+    let stages = stage_seconds()
+        .into_iter()
+        .zip(stages0)
+        .map(|((name, s), (_, s0))| (name, s - s0))
+        .collect();
     let stats = client.ok("GET", "/v1/stats", None)?;
     server.stop()?;
-    Ok(summarize_runs(
+    let mut o = summarize_runs(
         "joader",
         &runs,
         cpu,
         stats["decodes"].as_f64().unwrap_or(0.0),
         stats["hit_ratio"].as_f64(),
-    ))
+    );
+    o.stages = stages;
+    Ok(o)
 }
 
 /// One job of [`run_jobs`] or [`run_independent`], on the monotonic clock (see [`Span`]).
