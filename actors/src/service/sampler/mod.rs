@@ -285,11 +285,7 @@ impl SamplerActor {
         let due: Vec<bool> = self
             .jobs
             .values()
-            .map(|j| {
-                Self::paced(j, now)
-                    && j.credit > Self::top_up(j)
-                    && self.due(j, now).is_some_and(|t| t <= now)
-            })
+            .map(|j| Self::paced(j, now) && self.due(j, now).is_some_and(|t| t <= now))
             .collect();
         for (j, due) in self.jobs.values_mut().zip(due) {
             j.drives = due;
@@ -321,7 +317,7 @@ impl SamplerActor {
     }
 
     /// Whether a job keeps the pass's rounds going: a job the pass is for below its top-up
-    /// level, or a job that does not keep pace with credit left.
+    /// level, or a job with credit left that does not ride along.
     fn moves(j: &JobEntry) -> bool {
         if j.drives {
             j.credit > Self::top_up(j)

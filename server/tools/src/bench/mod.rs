@@ -1,8 +1,12 @@
 //! `joader bench …`: commands that measure and print figures side by side in one run.
 //! Benchmarks never assert timings; they print what they measured and the targets.
 
-use anyhow::Result;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+use anyhow::{Context, Result, bail};
 use clap::Subcommand;
+use joader_pipeline::Pipeline;
+use joader_storage::DatasetIndex;
 
 pub mod cluster;
 pub mod dataplane;
@@ -68,4 +72,61 @@ pub(crate) fn warm_page_cache(dir: &std::path::Path) -> anyhow::Result<u64> {
         }
     }
     Ok(total)
+}
+
+/// The bytes of every element of `index` prepared by `pipeline` (`workers` threads): the
+/// decoded dataset as the cache would hold it (each element's bytes; the cache rounds each up to
+/// 64).
+pub(crate) fn decoded_bytes(
+    index: &DatasetIndex,
+    pipeline: &Pipeline,
+    workers: usize,
+) -> Result<u64> {
+    let next = AtomicU32::new(0);
+    let limits = joader_pipeline::Limits {
+        max_pixels: 100_000_000,
+    };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers.max(1))
+            .map(|_| {
+                s.spawn(|| -> Result<u64> {
+                    let mut bytes = 0u64;
+                    loop {
+                        let e = next.fetch_add(1, Relaxed);
+                        if e as usize >= index.len() {
+                            return Ok(bytes);
+                        }
+                        let file = index.read(e).with_context(|| format!("read element {e}"))?;
+                        let out = joader_pipeline::run(pipeline, &file, &limits)
+                            .with_context(|| format!("decode element {e}"))?;
+                        bytes += out.len() as u64;
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a decoding thread panicked"))
+            })
+            .sum()
+    })
+}
+
+/// Registers a TrueType font of the system as plotters' "sans-serif", for the benches' charts.
+pub(crate) fn chart_font() -> Result<()> {
+    let font = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read(p).ok())
+    .context("no TrueType font found (install fonts-dejavu-core)")?;
+    plotters::style::register_font(
+        "sans-serif",
+        plotters::style::FontStyle::Normal,
+        Box::leak(font.into_boxed_slice()),
+    )
+    .map_err(|_| anyhow::anyhow!("the font could not be loaded"))
 }

@@ -23,7 +23,7 @@ use dataplane::RawReader;
 use dataplane::augment::{Output as AugOutput, RandomResizedCrop};
 use dataplane::prefetch::{PrefetchConfig, Prefetcher};
 use joader_pipeline::{self as pipeline, Limits, Pipeline};
-use joader_storage::{DatasetIndex, SourceSpec};
+use joader_storage::DatasetIndex;
 use serde_json::json;
 
 use super::systems::recipe_pipeline;
@@ -160,11 +160,7 @@ pub(super) fn run(data: &Path, shape: GpuLock, workers: usize) -> Result<GpuLock
         t.elapsed().as_secs_f64()
     );
     super::super::warm_page_cache(&root)?;
-    let index = joader_storage::index(
-        &SourceSpec::ImageFolder { path: root.clone() },
-        std::slice::from_ref(&root),
-        &mut |_| {},
-    )?;
+    let index = crate::bench::train::data::index(&root)?;
     let pipe = Pipeline::Decode {
         resize_shorter: Some(256),
         center_crop: None,

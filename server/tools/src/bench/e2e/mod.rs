@@ -25,11 +25,10 @@ mod systems;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use clap::Args;
 use joader_pipeline::Pipeline;
 use joader_storage::{DatasetIndex, SourceSpec};
@@ -145,7 +144,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
         center_crop: None,
     };
     let t = Instant::now();
-    let decoded_bytes = decoded_bytes(&index, &pipeline, workers)?;
+    let decoded_bytes = super::decoded_bytes(&index, &pipeline, workers)?;
     eprintln!(
         "decoded dataset: {decoded_bytes} bytes ({n} images decoded and resized once, {:.1} s)",
         t.elapsed().as_secs_f64()
@@ -267,38 +266,4 @@ pub fn run(args: E2eArgs) -> Result<()> {
     }
     eprintln!("bench e2e took {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
-}
-
-/// The bytes of every element of `index` prepared by `pipeline` (`workers` threads): the
-/// decoded dataset as the cache would hold it (each element's bytes; the cache rounds each up to
-/// 64).
-fn decoded_bytes(index: &DatasetIndex, pipeline: &Pipeline, workers: usize) -> Result<u64> {
-    let next = AtomicU32::new(0);
-    let limits = joader_pipeline::Limits {
-        max_pixels: 100_000_000,
-    };
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers.max(1))
-            .map(|_| {
-                s.spawn(|| -> Result<u64> {
-                    let mut bytes = 0u64;
-                    loop {
-                        let e = next.fetch_add(1, Relaxed);
-                        if e as usize >= index.len() {
-                            return Ok(bytes);
-                        }
-                        let file = index.read(e).with_context(|| format!("read element {e}"))?;
-                        bytes += joader_pipeline::run(pipeline, &file, &limits)?.len() as u64;
-                    }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| bail!("a decoding thread panicked"))
-            })
-            .sum()
-    })
 }

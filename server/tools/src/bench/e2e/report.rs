@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::scenarios::Scenario;
 use super::systems::{CachedStep, Outcome, TORCH, TORCH_CORES_PER_JOB};
@@ -263,19 +263,7 @@ pub(super) fn warnings(rows: &[(Scenario, Vec<Outcome>)]) -> Vec<String> {
 
 pub(super) fn chart(rows: &[(Scenario, Vec<Outcome>)], path: &Path) -> Result<()> {
     use plotters::prelude::*;
-    let font = [
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-    ]
-    .iter()
-    .find_map(|p| std::fs::read(p).ok())
-    .context("no TrueType font found (install fonts-dejavu-core)")?;
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        Box::leak(font.into_boxed_slice()),
-    )
-    .map_err(|_| anyhow::anyhow!("the font could not be loaded"))?;
+    crate::bench::chart_font()?;
     let systems: Vec<&str> = rows
         .first()
         .map(|r| r.1.iter().map(|o| o.system).collect())

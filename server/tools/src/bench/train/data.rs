@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use anyhow::{Context, Result, bail};
-use joader_pipeline::{Limits, Pipeline};
+use joader_pipeline::Pipeline;
 use joader_storage::{DatasetIndex, SourceSpec};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
@@ -139,7 +139,7 @@ fn crop(p: &Photo, rng: &mut Xoshiro256PlusPlus, w: u32, h: u32) -> Vec<u8> {
 }
 
 /// The index of the ImageFolder at `root`.
-pub(super) fn index(root: &Path) -> Result<DatasetIndex> {
+pub(crate) fn index(root: &Path) -> Result<DatasetIndex> {
     Ok(joader_storage::index(
         &SourceSpec::ImageFolder {
             path: root.to_path_buf(),
@@ -156,34 +156,7 @@ pub(super) fn decoded_bytes(index: &DatasetIndex) -> Result<u64> {
         resize_shorter: Some(256),
         center_crop: None,
     };
-    let limits = Limits::default();
-    let next = AtomicU32::new(0);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads())
-            .map(|_| {
-                s.spawn(|| -> Result<u64> {
-                    let mut bytes = 0u64;
-                    loop {
-                        let e = next.fetch_add(1, Relaxed);
-                        if e as usize >= index.len() {
-                            return Ok(bytes);
-                        }
-                        let file = index.read(e).with_context(|| format!("read element {e}"))?;
-                        let out = joader_pipeline::run(&pipeline, &file, &limits)
-                            .with_context(|| format!("decode element {e}"))?;
-                        bytes += out.len() as u64;
-                    }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| bail!("a decoding thread panicked"))
-            })
-            .sum()
-    })
+    crate::bench::decoded_bytes(index, &pipeline, threads())
 }
 
 #[cfg(test)]

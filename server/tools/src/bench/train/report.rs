@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::jobs::Stages;
 use super::{Row, Setup, System};
@@ -160,19 +160,7 @@ pub(super) fn markdown(s: &Setup, rows: &[Row]) -> String {
 
 pub(super) fn chart(rows: &[Row], path: &Path) -> Result<()> {
     use plotters::prelude::*;
-    let font = [
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-    ]
-    .iter()
-    .find_map(|p| std::fs::read(p).ok())
-    .context("no TrueType font found (install fonts-dejavu-core)")?;
-    plotters::style::register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        Box::leak(font.into_boxed_slice()),
-    )
-    .map_err(|_| anyhow::anyhow!("the font could not be loaded"))?;
+    crate::bench::chart_font()?;
     let mut ks: Vec<usize> = rows.iter().map(|r| r.k).collect();
     ks.dedup();
     let mut systems: Vec<System> = Vec::new();
