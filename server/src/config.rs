@@ -62,7 +62,8 @@ pub struct Config {
     /// the same time, so that jobs launched together are sampled together from their first
     /// element (0: no wait).
     pub start_window_ms: u64,
-    /// Acknowledgement polling interval, in milliseconds.
+    /// Acknowledgement polling interval while polls find acknowledgements, in milliseconds
+    /// (polls that find nothing back off to at most 8 ms, see the Cache's `liveness.rs`).
     pub cache_tick_ms: u64,
     /// Seconds running jobs get to finish after SIGTERM before the server stops (new jobs
     /// are refused meanwhile).

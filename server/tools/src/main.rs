@@ -3,6 +3,16 @@
 use clap::{Parser, Subcommand};
 use joader_tools::{bench, cleanup, consume, demo, simulate, synth};
 
+/// mimalloc instead of glibc's malloc: the loader threads allocate and free a decoded image
+/// (hundreds of KiB) per element, often freed on another thread (the Cache's); glibc returns
+/// such memory to the kernel and takes it back again (`munmap`, heap trimming), and every page
+/// of the next image then faults and is zeroed. mimalloc keeps freed pages for reuse, which
+/// took the server's decode and resize stages from about 1.15x the bare pipeline to its level
+/// in `bench e2e --only "gpu lock"` (the bench runs the bare pipeline in this same binary,
+/// with the same allocator).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "joader",

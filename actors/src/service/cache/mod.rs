@@ -190,8 +190,10 @@ pub struct CacheActor {
     last_poll: Instant,
     /// When the clients' liveness (a flock probe per ring) was last checked.
     last_liveness: Instant,
-    /// The next poll, and whether it was scheduled at the idle interval.
-    next_poll: Option<(SpawnHandle, bool)>,
+    /// The next poll, when it is due, and whether it was scheduled at the idle interval.
+    next_poll: Option<(SpawnHandle, Instant, bool)>,
+    /// The delay before the next busy poll (`liveness::pace_polls`).
+    poll_delay: Duration,
     /// Messages (and polls) handled, and the full invariant checks run after them.
     checks: Periodic,
 }
@@ -237,6 +239,7 @@ impl CacheActor {
             last_poll: Instant::now(),
             last_liveness: Instant::now(),
             next_poll: None,
+            poll_delay: cfg.tick,
             checks: Periodic::default(),
         }
     }
@@ -262,22 +265,37 @@ impl CacheActor {
     }
 
     /// Polls acknowledgements and client liveness of every ring, then loads and pushes what
-    /// they let in.
-    fn poll(&mut self) {
+    /// they let in. Returns whether it found anything: acknowledgements, a client gone or
+    /// done, or records pushed (`liveness::pace_polls` backs off while polls find nothing).
+    fn poll(&mut self) -> bool {
         let clock = self.poll_clock();
         let mut polled = Polled::default();
+        let mut found = false;
         for (&id, job) in &mut self.jobs {
             let credit = job.poll_rings(id, clock, &mut polled);
+            found |= credit > 0;
             // New rates reorder the needs: waiting payloads may now find room.
             self.room_changed |= job.measure_rate(clock.now);
             // Credit only once every rank reads: an unattached job must not pin the cache.
             job.grant_on_attach(id);
             job.return_credit(id, credit);
         }
+        found |= !polled.released.is_empty() || !polled.gone.is_empty() || !polled.done.is_empty();
         self.settle(polled);
         self.drain_waiting();
         self.issue_loads();
+        let pushed = self.records_pushed();
         self.pump();
+        found || self.records_pushed() != pushed
+    }
+
+    /// Records pushed into the open jobs' rings so far.
+    fn records_pushed(&self) -> u64 {
+        self.jobs
+            .values()
+            .flat_map(|j| &j.rings)
+            .map(|rr| rr.ring.pushed())
+            .sum()
     }
 
     /// Applies what a poll found once every job is polled: acknowledged slots are released,
@@ -362,7 +380,7 @@ impl Handler<OpenJob> for CacheActor {
     fn handle(&mut self, msg: OpenJob, ctx: &mut Context<Self>) -> Self::Result {
         let _cpu = stages::enter(&CACHE);
         let opened = self.open_job(msg);
-        self.wake(ctx);
+        self.hurry(ctx);
         self.after_message();
         opened
     }
@@ -396,6 +414,10 @@ impl Handler<Deliver> for CacheActor {
     fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) {
         let _cpu = stages::enter(&CACHE);
         self.deliver(msg);
+        // Loads start and cached units are pushed now, not at the next poll, which may be
+        // a back-off away.
+        self.issue_loads();
+        self.pump();
         self.wake(ctx);
         self.after_message();
     }
@@ -405,8 +427,19 @@ impl Handler<Loaded> for CacheActor {
     type Result = ();
     fn handle(&mut self, msg: Loaded, ctx: &mut Context<Self>) {
         let _cpu = stages::enter(&CACHE);
+        let short = !self.waiting.is_empty();
         self.loaded(msg);
-        self.wake(ctx);
+        if short {
+            // Memory is short: the payloads that wait are ordered by need at the next poll,
+            // once for all the payloads that arrive within a tick.
+            self.hurry(ctx);
+        } else {
+            // Stored and pushed now (and the freed load place used), not at the next poll.
+            self.drain_waiting();
+            self.issue_loads();
+            self.pump();
+            self.wake(ctx);
+        }
         self.after_message();
     }
 }
