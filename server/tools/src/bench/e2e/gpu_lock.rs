@@ -106,6 +106,10 @@ pub(super) struct GpuLockOutcome {
     /// The bare pipeline's CPU per image, measured before and after the jobs (the machine's
     /// speed drifts; the ratio uses their mean).
     pub(super) bare_cpu_ms_per_image: (f64, f64),
+    /// The same on as many threads at once as the server's loader workers (sharing the
+    /// caches and the memory bus as the workers do), before and after the jobs.
+    pub(super) bare_threads_cpu_ms_per_image: (f64, f64),
+    pub(super) workers: usize,
     pub(super) cache_bytes: u64,
     pub(super) decoded_bytes: u64,
     pub(super) waits_for_others: u64,
@@ -143,6 +147,40 @@ fn bare_pipeline(index: &DatasetIndex, pipeline: &Pipeline) -> Result<(f64, u64)
     Ok((ms, bytes))
 }
 
+/// The bare pipeline over every element of `index` on `threads` threads at once (element `e`
+/// on thread `e % threads`): their CPU summed, per image.
+fn bare_pipeline_threads(index: &DatasetIndex, pipeline: &Pipeline, threads: usize) -> Result<f64> {
+    let threads = threads.max(1);
+    let limits = Limits {
+        max_pixels: 100_000_000,
+    };
+    let cpu: Result<Vec<Duration>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || -> Result<Duration> {
+                    let t0 = thread_cpu();
+                    for e in (t..index.len()).step_by(threads) {
+                        let file = index
+                            .read(e as u32)
+                            .with_context(|| format!("read element {e}"))?;
+                        pipeline::run(pipeline, &file, &limits)?;
+                    }
+                    Ok(thread_cpu() - t0)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a bare pipeline thread panicked"))?
+            })
+            .collect()
+    });
+    let total: Duration = cpu?.into_iter().sum();
+    Ok(total.as_secs_f64() * 1e3 / index.len().max(1) as f64)
+}
+
 /// Runs the scenario on the photos under `data`.
 pub(super) fn run(data: &Path, shape: GpuLock, workers: usize) -> Result<GpuLockOutcome> {
     if !(shape.step_ms.is_finite() && shape.step_ms >= 0.0) {
@@ -168,6 +206,7 @@ pub(super) fn run(data: &Path, shape: GpuLock, workers: usize) -> Result<GpuLock
     // Twice: the first pass also warms the allocator and the code.
     bare_pipeline(&index, &pipe)?;
     let (bare_ms, decoded_bytes) = bare_pipeline(&index, &pipe)?;
+    let bare_threads = bare_pipeline_threads(&index, &pipe, workers)?;
     let cache_bytes = (decoded_bytes as f64 * shape.cache_frac) as u64;
     let server = ServerProc::start_with(
         &format!("gpulock{}", std::process::id()),
@@ -278,6 +317,7 @@ pub(super) fn run(data: &Path, shape: GpuLock, workers: usize) -> Result<GpuLock
         bail!("gpu-lock: the jobs received {delivered} images, expected {expected}");
     }
     drop(server);
+    let bare_threads_after = bare_pipeline_threads(&index, &pipe, workers)?;
     let (bare_after, _) = bare_pipeline(&index, &pipe)?;
     Ok(GpuLockOutcome {
         shape,
@@ -290,6 +330,8 @@ pub(super) fn run(data: &Path, shape: GpuLock, workers: usize) -> Result<GpuLock
         total_rate: delivered as f64 / elapsed.max(1e-9),
         server_cpu_ms_per_decode: cpu * 1e3 / decodes.max(1) as f64,
         bare_cpu_ms_per_image: (bare_ms, bare_after),
+        bare_threads_cpu_ms_per_image: (bare_threads, bare_threads_after),
+        workers,
         cache_bytes,
         decoded_bytes,
         waits_for_others,
@@ -320,6 +362,8 @@ fn stage_rows(stages: &Stages, decodes: u64) -> String {
 pub(super) fn report(o: &GpuLockOutcome) -> String {
     let s = o.shape;
     let bare = (o.bare_cpu_ms_per_image.0 + o.bare_cpu_ms_per_image.1) / 2.0;
+    let (t0, t1) = o.bare_threads_cpu_ms_per_image;
+    let bare_threads = (t0 + t1) / 2.0;
     let limit = s.batch as f64 / (s.step_ms / 1e3);
     let per: Vec<String> = o.per_job.iter().map(|r| format!("{r:.0}")).collect();
     format!(
@@ -334,6 +378,8 @@ pub(super) fn report(o: &GpuLockOutcome) -> String {
          | server CPU ms per decode | {srv:.3} |\n\
          | bare pipeline CPU ms per image (one thread, same files, this run: mean of before and after the jobs) | {bare:.3} ({b0:.3}, {b1:.3}) |\n\
          | server CPU per decode / bare pipeline | {ratio:.2}x |\n\
+         | bare pipeline on {w} threads at once (as many as the server's loader workers): CPU ms per image (before, after) | {bare_threads:.3} ({t0:.3}, {t1:.3}) |\n\
+         | server CPU per decode / bare pipeline on {w} threads | {ratio_threads:.2}x |\n\
          | server CPU per decode beyond its read, decode and resize stages | {beyond} |\n\
          | batches that waited for room another job holds | {waits} |\n{stages}",
         k = s.jobs,
@@ -354,6 +400,8 @@ pub(super) fn report(o: &GpuLockOutcome) -> String {
         b0 = o.bare_cpu_ms_per_image.0,
         b1 = o.bare_cpu_ms_per_image.1,
         ratio = o.server_cpu_ms_per_decode / bare.max(1e-9),
+        w = o.workers,
+        ratio_threads = o.server_cpu_ms_per_decode / bare_threads.max(1e-9),
         beyond = if o.stages.is_empty() {
             "-".to_string()
         } else {
