@@ -1,6 +1,7 @@
 //! Many nodes on one machine: a leader and followers as separate `joader serve` processes
 //! (distinct ports, instances and node names) over one shared ImageFolder; ranks are
-//! `joader consume` processes registered with their own node's server.
+//! `joader consume` processes registered with their own node's server. A multi-node job
+//! checkpointed on three nodes resumes on two.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -643,4 +644,102 @@ fn slow_ranks_read_a_multi_node_job_to_its_end() {
         .collect();
     all.sort_unstable();
     assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
+}
+
+/// Elastic resume: a 6-rank job on three nodes, stopped after a batch of 5 samples per rank
+/// (its ranks killed, as if preempted), resumed from the union of what they read on two nodes with 4
+/// ranks: the new ranks share the rest of the epoch equally (18 left: 5 each, 2 of them
+/// padded by the leader), their shares together are exactly that rest, and the next epoch is
+/// whole, 12 per rank.
+#[test]
+fn a_six_rank_job_saved_mid_epoch_resumes_on_two_nodes_with_four_ranks() {
+    use crate::resume::{dumped, encode};
+    let nodes = cluster("elastic", 2, &[]);
+    let n = crate::server::CLASSES * crate::server::PER_CLASS;
+    let dumps: Vec<TempDir> = (0..6)
+        .map(|r| TempDir::new(&format!("elastic-dump{r}")))
+        .collect();
+    let first: Vec<_> = (0..6u32)
+        .map(|r| {
+            let dir = dumps[r as usize].0.to_str().unwrap().to_string();
+            consumer(
+                &nodes[(r / 2) as usize].server.url,
+                &job(
+                    "el",
+                    6,
+                    2,
+                    r,
+                    json!({"epochs": 2, "seed": 3, "batch_size": 5}),
+                ),
+                &[
+                    "--rank",
+                    &r.to_string(),
+                    "--stop-after",
+                    "5",
+                    "--dump",
+                    &dir,
+                ],
+            )
+        })
+        .collect();
+    wait_for("every rank to read 5 samples", || {
+        dumps.iter().all(|d| dumped(&d.0).len() >= 5).then_some(())
+    });
+    for mut c in first {
+        c.kill().unwrap(); // preempted
+        c.wait().unwrap();
+    }
+    let mut consumed = BTreeSet::new();
+    for d in &dumps {
+        let got = dumped(&d.0);
+        assert_eq!(got.len(), 5);
+        assert!(got.iter().all(|&(e, _)| e == 0));
+        consumed.extend(got.iter().map(|&(_, id)| id));
+    }
+    assert_eq!(consumed.len(), 30, "the ranks' shares are disjoint");
+    for (i, node) in nodes.iter().enumerate() {
+        let c = node.server.client();
+        wait_for(&format!("the job failed on node-{i}"), || {
+            let j = c.ok("GET", "/v1/jobs/el", None).ok()?;
+            (j["state"] == "failed").then_some(())
+        });
+    }
+
+    let resume = json!({"epoch": 0, "consumed": encode(consumed.iter().copied()),
+                        "ranks": [0, 1, 2, 3, 4, 5], "world_size": 6});
+    let resumed: Vec<_> = (0..4u32)
+        .map(|r| {
+            consumer(
+                &nodes[(r / 2) as usize].server.url,
+                &job(
+                    "el",
+                    4,
+                    2,
+                    r,
+                    json!({"epochs": 2, "seed": 3, "batch_size": 5, "resume": resume}),
+                ),
+                &["--rank", &r.to_string()],
+            )
+        })
+        .collect();
+    let got: Vec<Value> = resumed.into_iter().map(finish).collect();
+    let rest: BTreeSet<u32> = (0..n).filter(|i| !consumed.contains(i)).collect();
+    let mut all = Vec::new();
+    for (r, s) in got.iter().enumerate() {
+        let ids = epoch_ids(s, 0);
+        assert_eq!(ids.len(), 5, "rank {r}: ⌈18/4⌉ of the rest: {ids:?}");
+        all.extend(ids);
+    }
+    let seen: BTreeSet<u32> = all.iter().copied().collect();
+    // 20 records: the 18 ids of the rest once each, and 2 of them again as padding.
+    assert_eq!(seen, rest, "the new ranks' shares are exactly the rest");
+    assert_eq!(all.len() - seen.len(), 2, "two records of padding");
+    let mut next = Vec::new();
+    for (r, s) in got.iter().enumerate() {
+        let ids = epoch_ids(s, 1);
+        assert_eq!(ids.len(), 12, "rank {r}: a whole epoch's share");
+        next.extend(ids);
+    }
+    next.sort_unstable();
+    assert_eq!(next, (0..n).collect::<Vec<_>>(), "the next epoch is whole");
 }

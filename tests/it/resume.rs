@@ -1,7 +1,9 @@
 //! Resume: a job checkpointed mid-epoch (its client killed) and registered again with the
 //! epoch and the ids already consumed receives exactly the rest of that epoch, then whole
 //! epochs; with two ranks, their shares of the rest are disjoint and together exactly it; a
-//! state that does not fit the job is refused with `invalid_resume`.
+//! state saved on two ranks resumed on three beside a running job shares its decodes; a
+//! state that does not fit the job (or covers only some of its ranks) is refused with
+//! `invalid_resume`. A multi-node job resumed on other nodes: `cluster.rs`.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -16,7 +18,7 @@ use crate::server::{CLASSES, PER_CLASS, create_folder_dataset, dataset, epoch_id
 const N: u32 = CLASSES * PER_CLASS;
 
 /// A bitmap as `resume.consumed` carries it.
-fn encode(ids: impl IntoIterator<Item = u32>) -> String {
+pub(crate) fn encode(ids: impl IntoIterator<Item = u32>) -> String {
     let b: RoaringBitmap = ids.into_iter().collect();
     let mut bytes = Vec::new();
     b.serialize_into(&mut bytes).unwrap();
@@ -24,7 +26,7 @@ fn encode(ids: impl IntoIterator<Item = u32>) -> String {
 }
 
 /// `(epoch, element)` of each item `joader consume --dump` wrote.
-fn dumped(dir: &Path) -> Vec<(u32, u32)> {
+pub(crate) fn dumped(dir: &Path) -> Vec<(u32, u32)> {
     std::fs::read_dir(dir)
         .unwrap()
         .map(|e| {
@@ -129,6 +131,67 @@ fn two_ranks_resumed_share_exactly_the_rest_of_the_epoch() {
     assert_eq!(all, want, "together exactly the rest of the epoch");
 }
 
+/// A job checkpointed on 2 ranks, resumed on 3 while another job of the dataset runs: the
+/// new ranks share the rest of the epoch (together exactly it, even shares), and the resumed
+/// job reads what the other decoded (every element decoded once: the cache holds the dataset).
+#[test]
+fn a_job_saved_on_two_ranks_resumed_on_three_shares_decodes_with_a_running_job() {
+    let root = dataset();
+    let env = start("resume_elastic", root);
+    create_folder_dataset(&env, "imgs", root);
+    let c = env.server.client();
+    let other = consumer(
+        &env.server.url,
+        &json!({"name": "other", "dataset": "imgs", "batch_size": 4, "epochs": 1}),
+        &["--sample-us", "300"],
+    );
+    // What the two ranks had handed over: 22 of 48 ids, 26 remain (shares 9, 9, 8).
+    let consumed: BTreeSet<u32> = (0..N).filter(|i| i % 2 == 0 && *i < 44).collect();
+    assert_eq!(consumed.len(), 22);
+    let job = json!({"name": "elastic", "dataset": "imgs", "batch_size": 4, "epochs": 2,
+        "world_size": 3, "resume": {"epoch": 0, "consumed": encode(consumed.iter().copied()),
+        "ranks": [0, 1], "world_size": 2}});
+    let ranks: Vec<Value> = (0..3)
+        .map(|r| consumer(&env.server.url, &job, &["--rank", &r.to_string()]))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(finish)
+        .collect();
+    let other = finish(other);
+    let mut rest = BTreeSet::new();
+    let mut lens = Vec::new();
+    for s in &ranks {
+        let ids = epoch_ids(s, 0);
+        lens.push(ids.len());
+        rest.extend(ids);
+    }
+    assert_eq!(lens.iter().sum::<usize>(), 26, "{lens:?}");
+    assert!(
+        lens.iter().all(|&l| l.abs_diff(lens[0]) <= 1),
+        "even shares {lens:?}"
+    );
+    let want: BTreeSet<u32> = (0..N).filter(|i| !consumed.contains(i)).collect();
+    assert_eq!(rest, want, "the new ranks' shares are exactly the rest");
+    let mut next = BTreeSet::new();
+    for s in &ranks {
+        next.extend(epoch_ids(s, 1));
+    }
+    assert_eq!(next, (0..N).collect(), "the next epoch is whole");
+    let delivered = (epoch_ids(&other, 0).len() + 26 + N as usize) as u64;
+    let loads = wait_for("the loads counted", || {
+        c.ok("GET", "/v1/stats", None).ok()?["loads"].as_u64()
+    });
+    eprintln!(
+        "decodes {loads} for {delivered} delivered: {:.3} per image",
+        loads as f64 / delivered as f64
+    );
+    assert!(
+        loads <= u64::from(N),
+        "an element decoded twice: {loads} loads"
+    );
+    assert!(loads < delivered);
+}
+
 #[test]
 fn a_resume_state_that_does_not_fit_the_job_is_refused() {
     let root = dataset();
@@ -148,6 +211,23 @@ fn a_resume_state_that_does_not_fit_the_job_is_refused() {
         ),
         (json!({"epoch": 2, "consumed": ""}), "epoch 2"),
         (json!({"epoch": 1, "consumed": encode(0..10)}), "epoch 2"),
+        // One rank's state of two: its partner's ids would come again.
+        (
+            json!({"epoch": 0, "consumed": encode([1]), "ranks": [0], "world_size": 2}),
+            "rank(s) [1] missing",
+        ),
+        (
+            json!({"epoch": 0, "consumed": "", "ranks": [0, 0, 1], "world_size": 2}),
+            "twice",
+        ),
+        (
+            json!({"epoch": 0, "consumed": "", "ranks": [0, 2], "world_size": 2}),
+            "rank 2",
+        ),
+        (
+            json!({"epoch": 0, "consumed": "", "ranks": [0]}),
+            "world_size",
+        ),
     ] {
         let (status, body) = c
             .call("POST", "/v1/jobs", Some(&job(resume.clone())))

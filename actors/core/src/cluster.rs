@@ -84,7 +84,11 @@ pub struct EpochPlacer {
     /// The job's nodes (keys) and how many ranks each runs.
     nodes: Vec<u64>,
     ranks: Vec<u32>,
+    /// Elements per rank in this epoch, and in a whole one (they differ in the rest of a
+    /// resumed epoch).
     quota_per_rank: u64,
+    whole_per_rank: u64,
+    drop_last: bool,
     /// Elements placed on each node this epoch.
     filled: Vec<u64>,
     /// The epoch's first elements, in order (padding repeats them).
@@ -103,10 +107,21 @@ impl EpochPlacer {
             nodes,
             ranks,
             quota_per_rank,
+            whole_per_rank: quota_per_rank,
+            drop_last,
             filled: vec![0; len],
             first: Vec::new(),
             keep_first: world as usize,
         }
+    }
+
+    /// A job resumed in the middle of an epoch with `left` elements of it to deliver: each
+    /// rank receives its `DistributedSampler` count of that rest in this epoch, then of whole
+    /// epochs.
+    pub fn resumed(mut self, left: u64) -> Self {
+        let world: u32 = self.ranks.iter().sum();
+        self.quota_per_rank = per_rank(left, world, self.drop_last);
+        self
     }
 
     /// The job's nodes (keys).
@@ -114,7 +129,7 @@ impl EpochPlacer {
         &self.nodes
     }
 
-    /// Elements each rank receives per epoch.
+    /// Elements each rank receives in this epoch.
     pub fn per_rank(&self) -> u64 {
         self.quota_per_rank
     }
@@ -164,6 +179,7 @@ impl EpochPlacer {
         }
         self.filled.iter_mut().for_each(|f| *f = 0);
         self.first.clear();
+        self.quota_per_rank = self.whole_per_rank;
         pad
     }
 }
@@ -300,6 +316,45 @@ mod tests {
         // Element 0's local rank: binomial(2000, 1/2), within 4 sigma (seeded).
         let dev = (f64::from(rank_of_0[0]) - 1000.0).abs();
         assert!(dev < 4.0 * (2000.0f64 * 0.25).sqrt(), "{rank_of_0:?}");
+    }
+
+    /// A resumed epoch's rest is shared with the rest's count per rank (padded, or its tail
+    /// dropped), the epochs after it with the whole epoch's.
+    #[test]
+    fn a_resumed_epoch_shares_its_rest_then_whole_epochs() {
+        let all = keys(&["a", "b", "c"]);
+        for drop_last in [false, true] {
+            for left in [1u32, 17, 18, 19, 40] {
+                let n = 48u32;
+                let ranks = vec![2u32, 2];
+                let mut p =
+                    EpochPlacer::new(u64::from(n), all[..2].to_vec(), ranks.clone(), drop_last)
+                        .resumed(u64::from(left));
+                let mut rng = StdRng::seed_from_u64(u64::from(left));
+                for (epoch, len) in [(0, left), (1, n)] {
+                    let mut order: Vec<u32> = (n - len..n).collect();
+                    order.shuffle(&mut rng);
+                    let mut placed: Vec<Placed> =
+                        order.iter().filter_map(|&e| p.assign(&all, e)).collect();
+                    let kept = placed.len() as u64;
+                    placed.extend(p.end_epoch());
+                    let want = per_rank_count(len, 4, drop_last);
+                    let mut per: BTreeMap<(usize, u32), u64> = BTreeMap::new();
+                    for x in &placed {
+                        *per.entry((x.node, x.position % ranks[x.node])).or_default() += 1;
+                    }
+                    assert!(
+                        per.values().all(|&c| c == want),
+                        "epoch {epoch} left {left} drop_last {drop_last}: {per:?}"
+                    );
+                    if !drop_last {
+                        assert_eq!(kept, u64::from(len), "the whole rest, once");
+                    } else {
+                        assert_eq!(kept, want * 4, "the rest's tail dropped");
+                    }
+                }
+            }
+        }
     }
 
     /// The first hash wins whenever the job runs on the element's node of the cluster.

@@ -50,6 +50,7 @@ __all__ = [
     "Loader",
     "register_job",
     "merge_states",
+    "check_resumable",
     "LAYOUT_VERSION",
 ]
 
@@ -385,6 +386,10 @@ def register_job(
         body["sampler"] = sampler
     if resume is not None:
         body["resume"] = {"epoch": int(resume["epoch"]), "consumed": str(resume.get("consumed", ""))}
+        if resume.get("ranks") is not None:
+            # The server checks the coverage again (any client, not only this one).
+            body["resume"]["ranks"] = [int(r) for r in resume["ranks"]]
+            body["resume"]["world_size"] = int(resume["world_size"])
     if record:
         body["record"] = True
     if replay is not None:
@@ -427,15 +432,21 @@ class Loader:
     ``failures`` and go on). ``timeout`` (seconds) bounds each wait for a
     batch (``JoaderError("timeout")``).
 
-    Checkpoints: ``state_dict()`` is ``{"job", "epoch", "consumed", "world_size"}``,
-    the epoch in progress and the ids of it already handed over by iteration
-    (a base64 roaring bitmap; batches merely prefetched do not count), small
-    and self-contained, to save in the training checkpoint. A job built with
-    ``resume=state`` (or given it by ``load_state_dict`` before iterating)
-    receives the rest of that epoch, a uniform random permutation of what
-    remains, then whole epochs; ``epochs`` still counts from epoch 0. With
+    Checkpoints: ``state_dict()`` is ``{"job", "epoch", "consumed", "world_size",
+    "ranks"}``, the epoch in progress and the ids of it already handed over by
+    iteration (a base64 roaring bitmap; batches merely prefetched do not count)
+    by the ranks listed in ``ranks`` (this rank alone) of the ``world_size`` the job
+    ran with, small and self-contained, to save in the training checkpoint. A job
+    built with ``resume=state`` (or given it by ``load_state_dict`` before
+    iterating) receives the rest of that epoch, a uniform random permutation of
+    what remains, then whole epochs; ``epochs`` still counts from epoch 0. With
     several ranks each rank's state holds its own share: merge them with
-    `merge_states` (``joader.torch.JoaderDataset`` gathers them itself).
+    `merge_states` (``joader.torch.JoaderDataset`` gathers them itself). A state
+    that covers every rank of its job resumes on any number of ranks and nodes
+    (elastic): the rest of the epoch is shared equally among the new ranks
+    (padded as ``DistributedSampler`` pads), later epochs are whole; a state
+    missing some ranks is refused (``ValueError`` naming them), as its rest
+    would repeat what they handed over.
     ``record=True`` keeps every epoch's delivery order on the server
     (``GET /v1/jobs/{job}/record/{epoch}``, per rank) to trace a bad batch;
     ``replay={"job": name, "epoch": e}`` (without ``subset``) receives exactly
@@ -531,9 +542,7 @@ class Loader:
         """Registers the job (resumed from ``resume``) and starts the prefetch of this rank's ring."""
         transform, prefetch, threads, mean, std, pad, open_timeout = self._native_args
         if resume is not None:
-            if int(resume.get("world_size", self.world_size)) != self.world_size:
-                raise ValueError(f"the state was saved with world_size {resume['world_size']}, "
-                                 f"this loader has {self.world_size}")
+            check_resumable(resume, self.world_size)
         self.info = register_job(self._server, resume=resume, **self._register)
         mine = [r for r in self.info.get("ranks", []) if r.get("rank") == self.rank]
         if not mine:
@@ -626,6 +635,7 @@ class Loader:
             "epoch": self._epoch,
             "consumed": base64.b64encode(self._consumed.to_bytes()).decode(),
             "world_size": self.world_size,
+            "ranks": [self.rank],
         }
 
     def load_state_dict(self, state: Dict[str, Any], barrier: Optional[Callable[[], None]] = None) -> None:
@@ -636,6 +646,7 @@ class Loader:
         loader with ``resume=state`` instead."""
         if self._handed:
             raise ValueError("load_state_dict must come before the first batch is taken")
+        check_resumable(state, self.world_size)  # before the job is let go
         if self.world_size > 1 and barrier is None:
             raise ValueError("with several ranks, pass barrier= or build the Loader with resume=state")
         if barrier is not None:
@@ -686,17 +697,65 @@ class Loader:
 
 def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """One state for every rank from the ranks' `Loader.state_dict()` (each holds its own share
-    of the epoch's handed-over ids): the union of their ids. The ranks must be in one epoch."""
+    of the epoch's handed-over ids): the union of their ids, and of their ``ranks``. The ranks
+    must be in one epoch of one job, each rank given once and every rank of the job's
+    ``world_size`` given (``ValueError`` naming the missing ones): the merged state then
+    resumes on any number of ranks."""
     if not states:
         raise ValueError("no state to merge")
     epochs = {int(s["epoch"]) for s in states}
     if len(epochs) != 1:
         raise ValueError(f"the ranks' states are in different epochs {sorted(epochs)}")
+    worlds = {int(s.get("world_size", 1)) for s in states}
+    if len(worlds) != 1:
+        raise ValueError(f"the states were saved with different world sizes {sorted(worlds)}")
+    jobs = {s.get("job") for s in states}
+    if len(jobs) != 1:
+        raise ValueError(f"the states are of different jobs {sorted(str(j) for j in jobs)}")
     ids = _native.IdSet()
     for s in states:
         if s.get("consumed"):
             ids.update(_native.IdSet.from_bytes(base64.b64decode(s["consumed"])))
-    return {**states[0], "consumed": base64.b64encode(ids.to_bytes()).decode()}
+    merged = {**states[0], "consumed": base64.b64encode(ids.to_bytes()).decode()}
+    if any("ranks" not in s for s in states):
+        # States saved before states named their ranks: their coverage cannot be checked.
+        merged.pop("ranks", None)
+        return merged
+    ranks = [int(r) for s in states for r in s["ranks"]]
+    repeated = sorted({r for r in ranks if ranks.count(r) > 1})
+    if repeated:
+        raise ValueError(f"rank(s) {repeated} are in more than one of the states: merge each rank's state once")
+    world = worlds.pop()
+    _check_covered(ranks, world, "the states to merge")
+    merged["ranks"] = sorted(ranks)
+    return merged
+
+
+def _check_covered(ranks: Sequence[int], world: int, what: str) -> None:
+    """Raises ``ValueError`` unless ``ranks`` are exactly the ranks ``0..world``."""
+    outside = sorted({r for r in ranks if not 0 <= r < world})
+    if outside:
+        raise ValueError(f"{what} name rank(s) {outside}, not below the world_size {world} they were saved with")
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing:
+        names = ", ".join(str(r) for r in missing)
+        raise ValueError(
+            f"{what} cover rank(s) {sorted(set(ranks))} of the {world} ranks they were saved with: rank(s) "
+            f"{names} missing, whose handed-over ids would be delivered again: merge every rank's "
+            f"state_dict() with joader.merge_states (joader.torch.JoaderDataset.state_dict() gathers them)")
+
+
+def check_resumable(state: Dict[str, Any], world_size: int) -> None:
+    """Raises ``ValueError`` unless ``state`` can resume a job of ``world_size`` ranks: a state
+    that names the ranks it covers (``"ranks"``) must cover every rank of the job it was saved
+    from, and then resumes at any world size; an older state without ``"ranks"`` only at its
+    own world size (whether it was merged cannot be told)."""
+    saved = int(state.get("world_size", world_size))
+    if state.get("ranks") is not None:
+        _check_covered([int(r) for r in state["ranks"]], saved, "the state's ranks")
+    elif saved != world_size:
+        raise ValueError(f"the state was saved with world_size {saved} and names no ranks (an older "
+                         f"client's): it resumes only at world_size {saved}, this loader has {world_size}")
 
 
 def __getattr__(name: str) -> Any:

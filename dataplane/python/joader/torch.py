@@ -122,7 +122,8 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
     def state_dict(self) -> Dict[str, Any]:
         """The loader's `Loader.state_dict`; under ``torch.distributed`` with several ranks the
         ranks' states are gathered (a collective: every rank calls it at the same step) and
-        merged, so every rank returns the job's state and any rank's copy resumes all of them."""
+        merged, so every rank returns the job's state and any rank's copy resumes all of them,
+        on this number of ranks or any other (``torchrun --nproc_per_node``, nodes)."""
         state = self.loader.state_dict()
         if self.loader.world_size > 1 and _distributed():
             states: List[Optional[Dict[str, Any]]] = [None] * torch.distributed.get_world_size()
@@ -132,7 +133,8 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continues the job from ``state`` (call it before iterating; under ``torch.distributed``
-        every rank calls it)."""
+        every rank calls it). The state may come from a run on another number of ranks if it
+        covers all of them (`state_dict` does): the rest of its epoch is shared by these ones."""
         def barrier() -> None:
             torch.distributed.barrier()
 

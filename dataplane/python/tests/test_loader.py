@@ -241,3 +241,32 @@ def test_stage_cpu_names_where_the_prefetch_spent_its_cpu(writer, fake):
         assert after[stage] >= before.get(stage, 0.0), (stage, before, after)
     # 64 crops of 64x64 and their normalization took some CPU each.
     assert after["crop_resize"] > 0.0 and after["normalize"] > 0.0, after
+
+
+def test_states_name_their_ranks_and_only_complete_ones_resume_elsewhere():
+    def state(ranks, world=3, epoch=1):
+        return {"job": "j", "epoch": epoch, "consumed": "", "world_size": world, "ranks": ranks}
+
+    merged = joader.merge_states([state([2]), state([0]), state([1])])
+    assert merged["ranks"] == [0, 1, 2] and merged["world_size"] == 3
+    for world in (1, 2, 3, 7):  # a complete state resumes at any world size
+        joader.check_resumable(merged, world)
+    with pytest.raises(ValueError, match=r"rank\(s\) 1 missing"):
+        joader.merge_states([state([0]), state([2])])
+    with pytest.raises(ValueError, match="more than one"):
+        joader.merge_states([state([0]), state([0]), state([1, 2])])
+    with pytest.raises(ValueError, match="different epochs"):
+        joader.merge_states([state([0], epoch=0), state([1, 2])])
+    with pytest.raises(ValueError, match="different world sizes"):
+        joader.merge_states([state([0], world=2), state([1, 2])])
+    with pytest.raises(ValueError, match=r"rank\(s\) 0, 2 missing"):
+        joader.check_resumable(state([1]), 3)
+    # Refused before anything is registered (the server is not reachable here).
+    with pytest.raises(ValueError, match=r"rank\(s\) 1, 2 missing"):
+        joader.Loader(server="http://127.0.0.1:9", dataset="d", batch_size=1, rank=0, world_size=1,
+                      resume=state([0]))
+    # An older client's state, without ranks: only at its own world size.
+    old = {"job": "j", "epoch": 0, "consumed": "", "world_size": 2}
+    joader.check_resumable(old, 2)
+    with pytest.raises(ValueError, match="names no ranks"):
+        joader.check_resumable(old, 3)

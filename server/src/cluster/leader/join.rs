@@ -1,6 +1,7 @@
 //! Multi-node jobs joining on the leader: each node forwards its ranks of a job
 //! (`POST /v1/nodes/{name}/jobs`); once every rank has joined and every node's ranks have
-//! attached, the job gets its placer over its nodes and joins its dataset's cluster Sampler.
+//! attached, the job gets its placer over its nodes and joins its dataset's cluster Sampler
+//! (a resumed job with the rest of its epoch, shared among the ranks and nodes it has now).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -61,18 +62,46 @@ impl Leader {
                 format!("ranks {:?} must be some of 0..{world}", req.ranks),
             ));
         }
-        let spec = identity.subset.clone();
-        let subset = actix_web::rt::task::spawn_blocking(move || {
+        let (spec, resume, epochs) = (
+            identity.subset.clone(),
+            identity.resume.clone(),
+            identity.epochs,
+        );
+        // The subset, and for a resumed job the rest of its epoch (whole-index work: on the
+        // blocking pool).
+        let (subset, resume) = actix_web::rt::task::spawn_blocking(move || {
             let len = index.len() as u32;
-            match &spec {
-                None => Ok((0..len).collect::<roaring::RoaringBitmap>()),
-                Some(s) => s.resolve(len, |e| index.label(e).unwrap_or(-1), index.classes()),
-            }
+            let subset = match &spec {
+                None => (0..len).collect::<roaring::RoaringBitmap>(),
+                Some(s) => s.resolve(len, |e| index.label(e).unwrap_or(-1), index.classes())?,
+            };
+            let resume = match &resume {
+                Some(r) => {
+                    let (epoch, rest) = r.start(&subset, epochs)?;
+                    Some((epoch, Arc::new(rest)))
+                }
+                None => None,
+            };
+            Ok::<_, Error>((subset, resume))
         })
         .await
         .map_err(Error::internal)??;
         let mut inner = lock(self)?;
         Self::node_mut(&mut inner, node)?;
+        // A node registers a job's name again only once its own copy of that job has failed or
+        // finished (its registry takes a name over from nothing else): ranks resuming from a
+        // checkpoint may do so before the leader has heard of the end. The old job is over.
+        if let Some(&old) = inner.names.get(&identity.name)
+            && inner
+                .jobs
+                .get(&old)
+                .is_some_and(|j| j.placer.is_some() && j.nodes.contains_key(node))
+        {
+            inner.fail(
+                old,
+                &format!("node {node} registered job '{}' again", identity.name),
+            );
+        }
         let id = match inner.names.get(&identity.name).copied() {
             Some(id) => {
                 let job = inner
@@ -129,6 +158,7 @@ impl Leader {
                         world,
                         nodes: BTreeMap::from([(node.to_string(), req.ranks.clone())]),
                         subset: Arc::new(subset),
+                        resume,
                         placer: None,
                         sampler: None,
                         pending_credit: 0,
@@ -187,10 +217,12 @@ impl Leader {
         let names: Vec<String> = job.nodes.keys().cloned().collect();
         let keys = names.iter().map(|n| node_key(n)).collect();
         let ranks = job.nodes.values().map(|r| r.len() as u32).collect();
-        job.placer = Some((
-            EpochPlacer::new(job.subset.len(), keys, ranks, job.request.drop_last),
-            names,
-        ));
+        // Placed over the nodes that run the job now, whatever nodes ran it before a resume.
+        let mut placer = EpochPlacer::new(job.subset.len(), keys, ranks, job.request.drop_last);
+        if let Some((_, rest)) = &job.resume {
+            placer = placer.resumed(rest.len());
+        }
+        job.placer = Some((placer, names));
         sampler.do_send(AddJob {
             job: id,
             subset: job.subset.clone(),
@@ -202,7 +234,7 @@ impl Leader {
             // rings can take (the pace joins of one server need its Cache's queue).
             lookahead: 0,
             stats: Arc::new(JobStats::default()),
-            resume: None,
+            resume: job.resume.clone(),
             replay: None,
             record: None,
         });

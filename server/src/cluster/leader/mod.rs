@@ -62,6 +62,9 @@ struct ClusterJob {
     /// Global ranks per node.
     nodes: BTreeMap<String, Vec<u32>>,
     subset: Arc<roaring::RoaringBitmap>,
+    /// A resumed job: the epoch it continues and the rest of that epoch (its subset minus
+    /// the ids its checkpoint handed over), which its first epoch's placement shares.
+    resume: Option<(u32, Arc<roaring::RoaringBitmap>)>,
     /// Set when every rank has joined: the nodes in the placer's order.
     placer: Option<(EpochPlacer, Vec<String>)>,
     sampler: Option<Addr<SamplerActor>>,

@@ -133,6 +133,15 @@ pub struct ResumeState {
     /// Empty: the epoch starts whole.
     #[serde(default)]
     pub consumed: String,
+    /// The ranks whose handed-over ids `consumed` holds (the Python client's states name
+    /// them); with `world_size`, they must be every rank of the job the state was saved from,
+    /// which then resumes on any number of ranks and nodes. Absent: not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!([0, 1]))]
+    pub ranks: Option<Vec<u32>>,
+    /// The world size the state was saved with (needed with `ranks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
 }
 
 impl ResumeState {
@@ -144,6 +153,7 @@ impl ResumeState {
     ) -> Result<(u32, roaring::RoaringBitmap)> {
         use base64::Engine;
         let bad = |m: String| Error::new(Code::InvalidResume, m);
+        self.check_ranks()?;
         let consumed = if self.consumed.is_empty() {
             roaring::RoaringBitmap::new()
         } else {
@@ -178,6 +188,43 @@ impl ResumeState {
             )));
         }
         Ok((epoch, remaining))
+    }
+
+    /// A state that names its ranks must hold every rank of the job it was saved from: the
+    /// ids handed over by a missing rank would be delivered again.
+    fn check_ranks(&self) -> Result<()> {
+        let bad = |m: String| Error::new(Code::InvalidResume, m);
+        let Some(ranks) = &self.ranks else {
+            return Ok(());
+        };
+        let Some(world) = self.world_size.filter(|&w| w > 0) else {
+            return Err(bad(
+                "resume.ranks needs resume.world_size (at least 1), the world size the state \
+                 was saved with"
+                    .into(),
+            ));
+        };
+        let given: std::collections::BTreeSet<u32> = ranks.iter().copied().collect();
+        if let Some(r) = given.iter().find(|&&r| r >= world) {
+            return Err(bad(format!(
+                "resume.ranks names rank {r}, not below resume.world_size {world}"
+            )));
+        }
+        if given.len() != ranks.len() {
+            return Err(bad(
+                "resume.ranks names a rank twice: merge each rank's state once".into(),
+            ));
+        }
+        let missing: Vec<u32> = (0..world).filter(|r| !given.contains(r)).collect();
+        if !missing.is_empty() {
+            return Err(bad(format!(
+                "the resume state covers {} of the {world} ranks it was saved with: rank(s) \
+                 {missing:?} missing, whose handed-over ids would be delivered again; merge \
+                 every rank's state (joader.merge_states)",
+                given.len()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -293,11 +340,14 @@ impl JobRequest {
     /// against each other and the job's ranks (the registration checks them once the
     /// dataset is resolved).
     pub fn validate_order(&self, ranks: &Ranks) -> Result<()> {
-        if ranks.multi && (self.resume.is_some() || self.replay.is_some() || self.record) {
+        // A multi-node job resumes (the leader samples the rest of its epoch), but its order
+        // is placed over the nodes by the leader: no one server has it to record or replay.
+        if ranks.multi && (self.replay.is_some() || self.record) {
             return Err(Error::new(
                 Code::InvalidRequest,
-                "resume, replay and record are for jobs on one server: a multi-node job \
-                 (local_world_size below world_size) cannot use them yet",
+                "replay and record are for jobs on one server: a multi-node job \
+                 (local_world_size below world_size) has its order placed over its nodes by \
+                 the leader, so no server holds it whole to record or replay (resume works)",
             ));
         }
         if self.replay.is_some() && (self.subset.is_some() || self.resume.is_some()) {
