@@ -11,6 +11,7 @@ mod flow;
 mod layers;
 mod observability;
 mod openapi;
+mod parquet;
 mod resume;
 mod s3;
 mod server;

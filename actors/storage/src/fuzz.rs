@@ -45,6 +45,7 @@ fn index_as(dir: &Path, name: &str, bytes: &[u8], spec: SourceSpec) {
                     let size = std::fs::metadata(shard).unwrap().len();
                     assert!(offset + len <= size, "member past the end of {shard:?}");
                 }
+                Location::ParquetRow { .. } => panic!("a Parquet row from a tar or manifest"),
             }
         }
     }

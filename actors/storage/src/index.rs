@@ -6,7 +6,9 @@
 //!   [`MAX_NUMERIC_LABEL`](super::MAX_NUMERIC_LABEL));
 //! - files: one byte arena holding every canonical path end to end, and the end offset of each
 //!   item's path in it (`u64`);
-//! - tar members: shard number, offset and length columns.
+//! - tar members: shard number, offset and length columns;
+//! - Parquet rows: file number, row group and row-in-group columns (`u32` each), with the
+//!   image column's name and the allowed roots that a row's image `path` must lie under.
 //!
 //! Persisted with [`DatasetIndex::to_bytes`]: a magic tag naming the format's version, then
 //! the columns in postcard (varints; the arena as one byte string).
@@ -16,6 +18,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use super::parquet::RowsInfo;
 
 /// The first bytes of a persisted index; the last one is the format's version.
 const MAGIC: &[u8; 8] = b"JOADIDX\x02";
@@ -27,7 +31,8 @@ pub struct DatasetIndex {
     locations: Locations,
     /// `classes[label]` names the label.
     classes: Vec<String>,
-    /// The shard files of `Location::TarMember::shard` (empty for other sources).
+    /// The shard files of `Location::TarMember::shard`, or the Parquet files of
+    /// `Location::ParquetRow::file` (empty for other sources).
     shards: Vec<PathBuf>,
 }
 
@@ -46,6 +51,14 @@ enum Locations {
         offset: Vec<u64>,
         len: Vec<u64>,
     },
+    /// Item `i` is row `row[i]` of row group `group[i]` in Parquet file `file[i]`. (Last, so
+    /// that indexes persisted before it still read back.)
+    Rows {
+        file: Vec<u32>,
+        group: Vec<u32>,
+        row: Vec<u32>,
+        info: RowsInfo,
+    },
 }
 
 /// Where an item's bytes are.
@@ -55,6 +68,8 @@ pub enum Location<'a> {
     File(&'a Path),
     /// `len` bytes at `offset` in shard number `shard`.
     TarMember { shard: u32, offset: u64, len: u64 },
+    /// Row `row` of row group `row_group` in Parquet file number `file`.
+    ParquetRow { file: u32, row_group: u32, row: u32 },
 }
 
 /// Why a persisted index cannot be read back.
@@ -94,7 +109,8 @@ impl DatasetIndex {
         &self.classes
     }
 
-    /// The shard files tar members refer to (empty for other sources).
+    /// The shard files tar members refer to, or the Parquet files rows refer to (empty for
+    /// other sources).
     pub fn shards(&self) -> &[PathBuf] {
         &self.shards
     }
@@ -114,6 +130,21 @@ impl DatasetIndex {
                 offset: *offset.get(i)?,
                 len: *len.get(i)?,
             }),
+            Locations::Rows {
+                file, group, row, ..
+            } => Some(Location::ParquetRow {
+                file: *file.get(i)?,
+                row_group: *group.get(i)?,
+                row: *row.get(i)?,
+            }),
+        }
+    }
+
+    /// What reading a Parquet row needs besides its location (`None` for other sources).
+    pub(crate) fn rows_info(&self) -> Option<&RowsInfo> {
+        match &self.locations {
+            Locations::Rows { info, .. } => Some(info),
+            _ => None,
         }
     }
 
@@ -125,6 +156,9 @@ impl DatasetIndex {
             Locations::Members { shard, offset, len } => {
                 shard.capacity() * 4 + offset.capacity() * 8 + len.capacity() * 8
             }
+            Locations::Rows {
+                file, group, row, ..
+            } => (file.capacity() + group.capacity() + row.capacity()) * 4,
         };
         (cols + self.labels.capacity() * 4) as u64
     }
@@ -169,6 +203,14 @@ impl DatasetIndex {
                     && len.len() == n
                     && shard.iter().all(|&s| (s as usize) < self.shards.len())
             }
+            Locations::Rows {
+                file, group, row, ..
+            } => {
+                file.len() == n
+                    && group.len() == n
+                    && row.len() == n
+                    && file.iter().all(|&f| (f as usize) < self.shards.len())
+            }
         };
         if !ok {
             return Err("its columns disagree".into());
@@ -212,10 +254,49 @@ impl IndexBuilder {
         }
     }
 
+    pub(super) fn rows() -> Self {
+        Self {
+            labels: Vec::new(),
+            locations: Locations::Rows {
+                file: Vec::new(),
+                group: Vec::new(),
+                row: Vec::new(),
+                info: RowsInfo::default(),
+            },
+        }
+    }
+
+    /// Adds a Parquet row (a builder made by [`IndexBuilder::rows`]).
+    pub(super) fn push_row(&mut self, file_no: u32, group_no: u32, row_no: u32, label: u32) {
+        let Locations::Rows {
+            file, group, row, ..
+        } = &mut self.locations
+        else {
+            unreachable!("a Parquet row pushed into a builder of another kind");
+        };
+        file.push(file_no);
+        group.push(group_no);
+        row.push(row_no);
+        self.labels.push(label);
+    }
+
+    /// The index of Parquet rows (a builder made by [`IndexBuilder::rows`]).
+    pub(super) fn finish_rows(
+        mut self,
+        classes: Vec<String>,
+        files: Vec<PathBuf>,
+        rows_info: RowsInfo,
+    ) -> DatasetIndex {
+        if let Locations::Rows { info, .. } = &mut self.locations {
+            *info = rows_info;
+        }
+        self.finish(classes, files)
+    }
+
     /// Adds a file item (a builder made by [`IndexBuilder::files`]).
     pub(super) fn push_file(&mut self, path: &Path, label: u32) {
         let Locations::Files { arena, ends } = &mut self.locations else {
-            unreachable!("a file pushed into a builder of tar members");
+            unreachable!("a file pushed into a builder of another kind");
         };
         arena.extend_from_slice(path.as_os_str().as_bytes());
         ends.push(arena.len() as u64);
@@ -225,7 +306,7 @@ impl IndexBuilder {
     /// Adds a tar member item (a builder made by [`IndexBuilder::members`]).
     pub(super) fn push_member(&mut self, shard_no: u32, at: u64, length: u64, label: u32) {
         let Locations::Members { shard, offset, len } = &mut self.locations else {
-            unreachable!("a tar member pushed into a builder of files");
+            unreachable!("a tar member pushed into a builder of another kind");
         };
         shard.push(shard_no);
         offset.push(at);
@@ -250,6 +331,13 @@ impl IndexBuilder {
                 shard.shrink_to_fit();
                 offset.shrink_to_fit();
                 len.shrink_to_fit();
+            }
+            Locations::Rows {
+                file, group, row, ..
+            } => {
+                file.shrink_to_fit();
+                group.shrink_to_fit();
+                row.shrink_to_fit();
             }
         }
         DatasetIndex {

@@ -5,7 +5,7 @@
 //! Plain blocking code, no actix: indexing runs in the background and reads run on the
 //! Loader's worker pool.
 //!
-//! Three source kinds ([`SourceSpec`]):
+//! Four local source kinds ([`SourceSpec`]):
 //! - `image_folder`: the torchvision `ImageFolder` layout. Classes are the sub-folders of the
 //!   root, sorted by name; an image's label is its class's position. Files are found
 //!   recursively in each class folder, ordered like torchvision (by folder, then file name),
@@ -21,9 +21,15 @@
 //!   JSON lines (`{"path": ..., "label": ...}`, extra fields ignored; a `.json` file may also
 //!   be one JSON array of such objects). Relative paths resolve against the manifest's
 //!   folder. Items keep the manifest's order.
+//! - `parquet`: Parquet files (or folders of them, not recursive) as the Hugging Face Hub
+//!   stores image datasets: an image column (Hugging Face's `{bytes, path}` struct, or
+//!   binary) and an integer class column (`label` unless a `class` field names another),
+//!   with the class names of the files' `huggingface` metadata (`ClassLabel`) when present.
+//!   Items are rows, in file, row group and row order (see `parquet.rs`).
 //!
 //! Labels and classes: **`classes[label]` is always the name of `label`.** Folder classes
-//! are folder names. Numeric labels (tar `.cls`, numeric manifest labels) must lie in
+//! are folder names; Parquet classes are the `ClassLabel` names when the files carry them.
+//! Numeric labels (tar `.cls`, numeric manifest labels, Parquet class columns) must lie in
 //! `0..MAX_NUMERIC_LABEL`, and `classes` is then `"0", "1", ..., "max"`. Text manifest labels
 //! are class names: sorted, and the label is the position.
 //!
@@ -34,11 +40,13 @@
 //! allowed roots**: the source paths, each manifest entry and each symlink target met while
 //! walking. The check happens at indexing time; items record canonical paths.
 
+pub mod fields;
 mod folder;
 #[cfg(test)]
 mod fuzz;
 mod index;
 mod manifest;
+mod parquet;
 mod roots;
 pub mod s3;
 mod tar_shards;
@@ -98,6 +106,22 @@ pub enum SourceSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         region: Option<String>,
     },
+    /// Parquet files as the Hugging Face Hub stores image datasets: each path is a
+    /// `.parquet` file or a folder of them (not recursive; name one split's files).
+    Parquet {
+        #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
+        paths: Vec<PathBuf>,
+        /// The sample's fields: one of kind `image` and one of kind `class`, each `from` a
+        /// column. Default: the column Hugging Face's metadata types as `Image`, else the
+        /// first one holding Hugging Face's image struct `{bytes, path}` or binary; and the
+        /// `label` column. Other kinds are refused (not supported yet).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(value_type = Option<std::collections::BTreeMap<String, fields::FieldSpec>>)
+        )]
+        fields: Option<fields::Fields>,
+    },
 }
 
 /// Why indexing or reading failed.
@@ -119,6 +143,8 @@ pub enum StorageError {
     },
     #[error("bad shard {}: {reason}", path.display())]
     BadShard { path: PathBuf, reason: String },
+    #[error("bad Parquet file {}: {reason}", path.display())]
+    BadParquet { path: PathBuf, reason: String },
     #[error("bad label for {what}: {reason}")]
     BadLabel { what: String, reason: String },
     #[error("too many items: a dataset holds at most {} items", u32::MAX)]
@@ -166,6 +192,7 @@ impl StorageError {
             StorageError::Empty => "empty_dataset",
             StorageError::BadManifest { .. } => "bad_manifest",
             StorageError::BadShard { .. } => "bad_shard",
+            StorageError::BadParquet { .. } => "bad_parquet",
             StorageError::BadLabel { .. } => "bad_label",
             StorageError::TooManyItems => "too_many_items",
             StorageError::NoSuchItem { .. } => "no_such_item",
@@ -231,6 +258,9 @@ pub fn index(
         SourceSpec::ImageFolder { path } => folder::index(path, &roots, &mut counter)?,
         SourceSpec::TarShards { paths } => tar_shards::index(paths, &roots, &mut counter)?,
         SourceSpec::Manifest { path } => manifest::index(path, &roots, &mut counter)?,
+        SourceSpec::Parquet { paths, fields } => {
+            parquet::index(paths, fields.as_ref(), &roots, &mut counter)?
+        }
         SourceSpec::S3 { url, .. } => {
             return Err(StorageError::S3NotAllowed {
                 url: url.clone(),
@@ -308,6 +338,17 @@ impl DatasetIndex {
                     .map_or_else(|| format!("shard {shard}"), |p| p.display().to_string());
                 format!("{shard}@{offset}+{len}")
             }
+            Location::ParquetRow {
+                file,
+                row_group,
+                row,
+            } => {
+                let file = self
+                    .shards()
+                    .get(file as usize)
+                    .map_or_else(|| format!("file {file}"), |p| p.display().to_string());
+                format!("{file} row group {row_group} row {row}")
+            }
         })
     }
 
@@ -352,6 +393,20 @@ impl DatasetIndex {
                 })?;
                 Ok(buf)
             }
+            Location::ParquetRow {
+                file,
+                row_group,
+                row,
+            } => {
+                let path = self.shards().get(file as usize);
+                match (path, self.rows_info()) {
+                    (Some(path), Some(info)) => parquet::read(path, info, row_group, row),
+                    _ => Err(StorageError::ReadFailed {
+                        path: PathBuf::from(format!("file {file}")),
+                        source: io::Error::new(io::ErrorKind::InvalidData, "no such file"),
+                    }),
+                }
+            }
         }
     }
 }
@@ -384,7 +439,9 @@ impl SourceSpec {
             SourceSpec::ImageFolder { path } | SourceSpec::Manifest { path } => {
                 vec![path.as_path()]
             }
-            SourceSpec::TarShards { paths } => paths.iter().map(PathBuf::as_path).collect(),
+            SourceSpec::TarShards { paths } | SourceSpec::Parquet { paths, .. } => {
+                paths.iter().map(PathBuf::as_path).collect()
+            }
             // Checked against `--allowed-s3` by the object-store stage.
             SourceSpec::S3 { .. } => Vec::new(),
         };

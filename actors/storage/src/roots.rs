@@ -20,6 +20,16 @@ impl Roots {
         )
     }
 
+    /// Roots already canonical (as [`Roots::canonical`] gave them).
+    pub(super) fn from_canonical(roots: Vec<PathBuf>) -> Roots {
+        Roots(roots)
+    }
+
+    /// The canonical roots.
+    pub(super) fn canonical(&self) -> &[PathBuf] {
+        &self.0
+    }
+
     pub(super) fn contains(&self, canonical: &Path) -> bool {
         self.0.iter().any(|r| canonical.starts_with(r))
     }

@@ -622,7 +622,7 @@ fn indexes_are_compact_by_column() {
     let path_bytes: u64 = (0..n)
         .map(|id| match ix.location(id).unwrap() {
             Location::File(p) => p.as_os_str().len() as u64,
-            Location::TarMember { .. } => unreachable!(),
+            Location::TarMember { .. } | Location::ParquetRow { .. } => unreachable!(),
         })
         .sum();
     assert!(

@@ -1,0 +1,306 @@
+//! The `parquet` source against files written by `pyarrow` the way Hugging Face's `datasets`
+//! library writes them (image struct `{bytes, path}`, `ClassLabel` metadata, snappy and zstd,
+//! small row groups): the same images as an image folder give the same decoded pixels and
+//! labels through a real `joader serve`; damaged files and rows are error records or failed
+//! indexing, and the server lives on.
+//!
+//! `tests/all.sh` sets `JOADER_REQUIRE_TOOLS=1`; the test installs `pyarrow` with pip when
+//! it is missing, and fails (never skips) when it cannot under that variable.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use crate::common::{DEADLINE, TempDir, TestServer, consumer, finish, unique_instance, wait_for};
+
+/// Writes the Parquet files of the test (see the comments of the script).
+const WRITER: &str = r#"
+import json, os, sys
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+images, out = sys.argv[1], sys.argv[2]
+classes = sorted(d for d in os.listdir(images) if not d.startswith("."))
+rows = []  # ImageFolder's order: sorted class folders, sorted files
+for label, c in enumerate(classes):
+    for f in sorted(os.listdir(os.path.join(images, c))):
+        rows.append((os.path.join(c, f), label))
+
+image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+features = {"image": {"_type": "Image"}, "label": {"names": classes, "_type": "ClassLabel"}}
+schema = pa.schema([("image", image_type), ("label", pa.int64())]).with_metadata(
+    {"huggingface": json.dumps({"info": {"features": features}})})
+
+def table(items):
+    return pa.Table.from_pylist(items, schema=schema)
+
+def item(rel, label, path_only=False):
+    data = open(os.path.join(images, rel), "rb").read()
+    if path_only:
+        # Only a path, relative to the Parquet file's folder.
+        return {"image": {"bytes": None, "path": os.path.join("..", "imgs", rel)}, "label": label}
+    return {"image": {"bytes": data, "path": os.path.basename(rel)}, "label": label}
+
+# Two files, as the Hub shards a split: snappy (the default) and zstd, 4 rows per row group;
+# row 5 holds only a path.
+items = [item(rel, label, path_only=(i == 5)) for i, (rel, label) in enumerate(rows)]
+half = len(items) // 2
+os.makedirs(os.path.join(out, "pq"))
+pq.write_table(table(items[:half]), os.path.join(out, "pq", "train-00000-of-00002.parquet"),
+               row_group_size=4, compression="snappy")
+pq.write_table(table(items[half:]), os.path.join(out, "pq", "train-00001-of-00002.parquet"),
+               row_group_size=4, compression="zstd")
+
+# A file cut short (its footer is gone).
+os.makedirs(os.path.join(out, "cut"))
+whole = open(os.path.join(out, "pq", "train-00000-of-00002.parquet"), "rb").read()
+open(os.path.join(out, "cut", "train.parquet"), "wb").write(whole[: len(whole) // 2])
+
+# Row 2 holds bytes that are no image; row 3 a path outside the allowed roots.
+os.makedirs(os.path.join(out, "junk"))
+junk = [item(rel, label) for rel, label in rows[:6]]
+junk[2] = {"image": {"bytes": b"not an image at all", "path": None}, "label": junk[2]["label"]}
+junk[3] = {"image": {"bytes": None, "path": "/etc/hostname"}, "label": junk[3]["label"]}
+pq.write_table(table(junk), os.path.join(out, "junk", "data.parquet"), row_group_size=4)
+print(len(rows))
+"#;
+
+/// True when `pyarrow` can be imported, after installing it with pip if needed. Without it
+/// the test fails under `JOADER_REQUIRE_TOOLS=1`, else says that it skips.
+fn pyarrow(test: &str) -> bool {
+    let importable = || {
+        Command::new("python3")
+            .args(["-c", "import pyarrow"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if importable() {
+        return true;
+    }
+    let pip = Command::new("python3")
+        .args(["-m", "pip", "install", "-q", "pyarrow"])
+        .output();
+    if importable() {
+        return true;
+    }
+    let why = format!("{test} needs pyarrow, and pip could not install it: {pip:?}");
+    if std::env::var("JOADER_REQUIRE_TOOLS").is_ok_and(|v| v == "1") {
+        panic!("{why}; JOADER_REQUIRE_TOOLS=1 forbids skipping");
+    }
+    eprintln!("SKIPPED {why}");
+    false
+}
+
+/// The dataset once it has left `indexing`.
+fn settled(server: &TestServer, name: &str) -> Value {
+    let c = server.client();
+    wait_for(&format!("dataset {name} to be ready or failed"), || {
+        let v = c.ok("GET", &format!("/v1/datasets/{name}"), None).ok()?;
+        (v["state"] != "indexing").then_some(v)
+    })
+}
+
+fn create(server: &TestServer, name: &str, source: Value) -> (u16, Value) {
+    server
+        .client()
+        .call(
+            "POST",
+            "/v1/datasets",
+            Some(&json!({"name": name, "source": source})),
+        )
+        .unwrap()
+}
+
+/// Element → (label, pixels).
+type Delivered = BTreeMap<u32, (i64, Vec<u8>)>;
+
+/// One epoch of `dataset`, decoded: what was delivered, and element → error code.
+fn read_decoded(server: &TestServer, job: &str, dataset: &str) -> (Delivered, BTreeMap<u32, u64>) {
+    let dump = TempDir::new(job);
+    let s = finish(consumer(
+        &server.url,
+        &json!({"name": job, "dataset": dataset, "batch_size": 4, "epochs": 1,
+                "pipeline": {"kind": "decode", "resize_shorter": 32, "center_crop": [24, 28]}}),
+        &["--dump", dump.0.to_str().unwrap()],
+    ));
+    let labels: BTreeMap<u32, i64> = s["epochs"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_i64().unwrap()))
+        .collect();
+    let errors: BTreeMap<u32, u64> = s["errors"][0]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| (e[0].as_u64().unwrap() as u32, e[1].as_u64().unwrap()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(&dump.0).unwrap() {
+        let path = entry.unwrap().path();
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let element: u32 = stem.rsplit('-').next().unwrap().parse().unwrap();
+        out.insert(element, (labels[&element], std::fs::read(&path).unwrap()));
+    }
+    assert_eq!(out.len(), labels.len(), "{s}");
+    (out, errors)
+}
+
+fn write_files(root: &Path) -> usize {
+    let spec = joader_tools::synth::SynthSpec {
+        classes: 3,
+        per_class: 7,
+        width: 64,
+        height: 48,
+        quality: 90,
+        seed: 11,
+    };
+    joader_tools::synth::generate_image_folder(&root.join("imgs"), &spec, &mut |_| {})
+        .expect("generate the image folder");
+    let out = Command::new("python3")
+        .args(["-c", WRITER])
+        .arg(root.join("imgs"))
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the pyarrow writer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn a_parquet_dataset_gives_the_batches_of_the_same_image_folder() {
+    if !pyarrow("a_parquet_dataset_gives_the_batches_of_the_same_image_folder") {
+        return;
+    }
+    let root = TempDir::new("parquet_same");
+    let n = write_files(&root.0);
+    let state = TempDir::new("parquet_same_state");
+    let server = TestServer::start(&unique_instance("parquet_same"), &state.0, &root.0, &[]);
+    let (status, body) = create(
+        &server,
+        "folder",
+        json!({"kind": "image_folder", "path": root.0.join("imgs")}),
+    );
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = create(
+        &server,
+        "pq",
+        json!({"kind": "parquet", "paths": [root.0.join("pq")]}),
+    );
+    assert_eq!(status, 202, "{body}");
+    let folder = server.client().wait_ready("folder", DEADLINE).unwrap();
+    let pq = settled(&server, "pq");
+    assert_eq!(pq["state"], "ready", "{pq}");
+    assert_eq!(pq["items"], n, "{pq}");
+    // The ClassLabel names are the class folders' names.
+    assert_eq!(pq["classes"], folder["classes"], "{pq}");
+
+    let (from_folder, errors) = read_decoded(&server, "a", "folder");
+    assert!(errors.is_empty(), "{errors:?}");
+    let (from_parquet, errors) = read_decoded(&server, "b", "pq");
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(from_parquet.len(), n);
+    assert_eq!(
+        from_parquet.keys().collect::<Vec<_>>(),
+        from_folder.keys().collect::<Vec<_>>()
+    );
+    for (element, (label, pixels)) in &from_folder {
+        let (pq_label, pq_pixels) = &from_parquet[element];
+        assert_eq!(pq_label, label, "element {element}");
+        assert!(pq_pixels == pixels, "element {element}: other pixels");
+    }
+}
+
+#[test]
+fn damaged_parquet_files_and_rows_are_errors_and_the_server_lives_on() {
+    if !pyarrow("damaged_parquet_files_and_rows_are_errors_and_the_server_lives_on") {
+        return;
+    }
+    let root = TempDir::new("parquet_bad");
+    write_files(&root.0);
+    let state = TempDir::new("parquet_bad_state");
+    let server = TestServer::start(&unique_instance("parquet_bad"), &state.0, &root.0, &[]);
+
+    // A field kind not supported yet is refused with the error model, naming the field.
+    let (status, body) = create(
+        &server,
+        "captions",
+        json!({"kind": "parquet", "paths": [root.0.join("pq")], "fields": {
+            "image": {"kind": "image"}, "label": {"kind": "class"},
+            "caption": {"kind": "text", "from": "text"}}}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    assert!(
+        body.to_string().contains("field `caption`"),
+        "the error names the field: {body}"
+    );
+    // Paths outside the allowed roots are refused before indexing.
+    let (status, body) = create(
+        &server,
+        "outside",
+        json!({"kind": "parquet", "paths": ["/etc"]}),
+    );
+    assert_eq!(status, 403, "{body}");
+
+    // A file cut short fails its indexing, saying why.
+    let (status, body) = create(
+        &server,
+        "cut",
+        json!({"kind": "parquet", "paths": [root.0.join("cut")]}),
+    );
+    assert_eq!(status, 202, "{body}");
+    let cut = settled(&server, "cut");
+    assert_eq!(cut["state"], "failed", "{cut}");
+    assert!(
+        cut["error"].as_str().unwrap().starts_with("bad_parquet"),
+        "{cut}"
+    );
+
+    // Rows whose image is no image, or whose path lies outside the roots, are error
+    // records; the other rows are delivered.
+    let (status, body) = create(
+        &server,
+        "junk",
+        json!({"kind": "parquet", "paths": [root.0.join("junk/data.parquet")]}),
+    );
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(settled(&server, "junk")["state"], "ready");
+    let (delivered, errors) = read_decoded(&server, "j", "junk");
+    assert_eq!(
+        errors.keys().copied().collect::<Vec<_>>(),
+        [2, 3],
+        "{errors:?}"
+    );
+    assert_eq!(delivered.keys().copied().collect::<Vec<_>>(), [0, 1, 4, 5]);
+    assert_ne!(errors[&2], errors[&3], "a decode error and a read error");
+    let failures = server
+        .client()
+        .ok("GET", "/v1/datasets/junk/failures", None)
+        .unwrap();
+    let mut kinds: Vec<&str> = failures["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap())
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds.len(), 2, "{failures}");
+    assert!(kinds.contains(&"outside_roots"), "{failures}");
+    assert!(
+        kinds.contains(&"not_an_image") || kinds.contains(&"corrupt_image"),
+        "{failures}"
+    );
+
+    // The server lives on.
+    let (status, _) = server.client().call("GET", "/healthz", None).unwrap();
+    assert_eq!(status, 200);
+}
