@@ -40,7 +40,8 @@ pub struct Config {
     /// Endpoints `s3` sources may name besides the environment's `AWS_ENDPOINT_URL` (the
     /// server sends its signed requests there).
     pub allowed_s3_endpoints: Vec<String>,
-    /// Object-store requests in flight at once, for the whole server.
+    /// Object-store requests in flight at once, for the whole server, at most: the limit
+    /// starts at 16 and grows while fetches wait, halving when the store throttles.
     pub s3_max_in_flight: usize,
     /// Seconds one element (or listing page) may spend retrying transient failures.
     pub s3_retry_budget_s: f64,

@@ -82,7 +82,8 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allowed_s3_endpoints: Vec<String>,
-    /// Object-store requests in flight at once (default 64).
+    /// Object-store requests in flight at once, at most (default 64; the limit starts at 16
+    /// and adapts below this to what the store sustains).
     #[arg(long, env = "JOADER_S3_MAX_IN_FLIGHT")]
     pub s3_max_in_flight: Option<usize>,
     /// Seconds an element may spend retrying transient object-store failures (default 15).

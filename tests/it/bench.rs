@@ -219,7 +219,10 @@ fn bench_e2e_gpu_lock_prints_its_section() {
     assert!(figure("server CPU ms per decode") > 0.0, "{md}");
     assert!(figure("bare pipeline CPU ms per image") > 0.0, "{md}");
     assert!(figure("bare pipeline on") > 0.0, "{md}");
-    assert!(figure("server CPU per decode / bare pipeline on") > 0.0, "{md}");
+    assert!(
+        figure("server CPU per decode / bare pipeline on") > 0.0,
+        "{md}"
+    );
     assert!(figure("images/s, all jobs") > 0.0, "{md}");
     // No other scenario ran.
     assert!(!md.contains("| sync K=1 |"), "{md}");

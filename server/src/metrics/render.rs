@@ -180,6 +180,27 @@ pub(super) fn objects(out: &mut String, s: &ObjectStats) {
         "failed object-store requests by kind (not_found, access_denied, refused: another 4xx, unavailable: 5xx or connection, timeout)",
         &errors,
     );
+    family(
+        out,
+        "joader_s3_queued_seconds_total",
+        "counter",
+        "time element fetches waited for a place among the object-store requests in flight, summed",
+        &[(vec![], s.queued_seconds())],
+    );
+    family(
+        out,
+        "joader_s3_in_flight_limit",
+        "gauge",
+        "object-store requests allowed in flight at once now (grows while fetches wait, halves when the store throttles; at most s3_max_in_flight)",
+        &[(vec![], s.in_flight_limit() as f64)],
+    );
+    family(
+        out,
+        "joader_s3_in_flight",
+        "gauge",
+        "object-store requests in flight now",
+        &[(vec![], s.in_flight() as f64)],
+    );
     let (buckets, count, sum) = s.latency();
     let name = "joader_s3_request_duration_seconds";
     let _ = writeln!(

@@ -1,7 +1,7 @@
 //! From queued element fetches to requests: the stage's dispatcher takes what is due, reads
 //! a whole object per file element, and reads tar members due together whose byte ranges are
-//! neighbours (at most [`COALESCE_GAP`] apart) with one ranged GET, each request under one of
-//! the `max_in_flight` permits.
+//! neighbours (at most [`COALESCE_GAP`] apart) with one ranged GET, each request under a
+//! place among the requests in flight (`limit`).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use tokio::sync::mpsc;
 
 use super::fetch::{Request, SourceInner};
+use super::limit::Outcome;
 use super::remote::Remote;
 use crate::{Location, MAX_MEMBER_LEN, StorageError};
 
@@ -44,6 +45,12 @@ fn due(source: &SourceInner, element: u32) -> Result<Due, StorageError> {
             code: "refused",
             message: format!("element {element} is larger than a member may be"),
         }),
+        // No `s3` layout indexes Parquet rows (yet).
+        Some(Location::ParquetRow { .. }) => Err(StorageError::Remote {
+            url: source.dataset.url.to_string(),
+            code: "refused",
+            message: format!("element {element} is a Parquet row, not read from a store"),
+        }),
         None => Err(StorageError::NoSuchItem {
             id: element,
             len: index.len(),
@@ -51,7 +58,8 @@ fn due(source: &SourceInner, element: u32) -> Result<Due, StorageError> {
     }
 }
 
-/// Takes what is due, groups neighbouring tar members, and runs each group under a permit.
+/// Takes what is due, groups neighbouring tar members, and runs each group under a place
+/// among the requests in flight.
 pub(super) async fn dispatch(mut rx: mpsc::UnboundedReceiver<Request>, remote: Arc<Remote>) {
     while let Some(first) = rx.recv().await {
         let mut due_now = vec![first];
@@ -62,13 +70,21 @@ pub(super) async fn dispatch(mut rx: mpsc::UnboundedReceiver<Request>, remote: A
             }
         }
         for group in groups(due_now) {
-            let Ok(permit) = remote.permits.clone().acquire_owned().await else {
-                return;
-            };
+            let place = remote.limit.acquire().await;
+            let now = std::time::Instant::now();
+            for (r, _) in &group.members {
+                remote.stats.queued(now.duration_since(r.queued_at));
+            }
+            remote.stats.in_flight.fetch_add(1, Relaxed);
             let remote = remote.clone();
             tokio::spawn(async move {
-                run(&remote, group).await;
-                drop(permit);
+                let outcome = run(&remote, group).await;
+                remote.stats.in_flight.fetch_sub(1, Relaxed);
+                remote.limit.release(place, outcome);
+                remote
+                    .stats
+                    .limit
+                    .store(remote.limit.limit() as u64, Relaxed);
             });
         }
     }
@@ -151,7 +167,7 @@ fn groups(requests: Vec<Request>) -> Vec<Group> {
 fn shard_of(r: &Request) -> Option<u32> {
     match r.source.index.location(r.element)? {
         Location::TarMember { shard, .. } => Some(shard),
-        Location::File(_) => None,
+        Location::File(_) | Location::ParquetRow { .. } => None,
     }
 }
 
@@ -159,7 +175,8 @@ fn offset_range(r: &Range<u64>) -> Range<usize> {
     r.start as usize..r.end as usize
 }
 
-async fn run(remote: &Remote, group: Group) {
+/// Runs one group's request and hands each member its bytes: whether the store answered.
+async fn run(remote: &Remote, group: Group) -> Outcome {
     let Group {
         source,
         key,
@@ -168,7 +185,10 @@ async fn run(remote: &Remote, group: Group) {
     } = group;
     let key = match key {
         Ok(k) => k,
-        Err(e) => return fail_all(members, &e),
+        Err(e) => {
+            fail_all(members, &e);
+            return Outcome::Other;
+        }
     };
     if members.len() > 1 {
         remote.stats.coalesced.fetch_add(1, Relaxed);
@@ -182,8 +202,12 @@ async fn run(remote: &Remote, group: Group) {
                 };
                 (r.done)(Ok(piece));
             }
+            Outcome::Served
         }
-        Err(e) => fail_all(members, &e),
+        Err(e) => {
+            fail_all(members, &e);
+            Outcome::Other
+        }
     }
 }
 

@@ -3,18 +3,20 @@
 //! [`S3Source`] (one indexed dataset's reader, which queues element fetches).
 //!
 //! Object-store requests run on a small runtime of their own, apart from the decode threads,
-//! so that a server keeps up to `max_in_flight` requests waiting on the network while its
-//! decode threads stay busy. How one request is tried is `remote`'s business; how queued
-//! fetches become requests (tar members read together) is `coalesce`'s.
+//! so that a server keeps many requests waiting on the network while its decode threads stay
+//! busy; how many at once adapts to what the store sustains (`limit`, at most
+//! `max_in_flight`). How one request is tried is `remote`'s business; how queued fetches
+//! become requests (tar members read together) is `coalesce`'s.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::{Handle, Runtime};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 
 use super::coalesce::dispatch;
+use super::limit::InFlight;
 use super::remote::Remote;
 use super::stats::ObjectStats;
 use super::{S3Allow, S3Dataset, S3Index, S3Layout, S3Url};
@@ -23,7 +25,7 @@ use crate::{DatasetIndex, Progress, StorageError};
 /// How the stage talks to object stores.
 #[derive(Debug, Clone)]
 pub struct FetchConfig {
-    /// Requests in flight at once, for the whole server.
+    /// Requests in flight at once, for the whole server, at most (the limit adapts below it).
     pub max_in_flight: usize,
     /// Total time one element (or listing page) may spend on retries.
     pub budget: Duration,
@@ -36,7 +38,7 @@ pub struct FetchConfig {
 impl Default for FetchConfig {
     fn default() -> Self {
         Self {
-            max_in_flight: 64,
+            max_in_flight: 256,
             budget: Duration::from_secs(15),
             request_timeout: Duration::from_secs(10),
             list_page: 1000,
@@ -53,6 +55,8 @@ pub(super) struct Request {
     pub(super) source: Arc<SourceInner>,
     pub(super) element: u32,
     pub(super) done: Done,
+    /// When it was queued.
+    pub(super) queued_at: std::time::Instant,
 }
 
 /// The server's object-store access: its runtime, its limits and counters, the allowed list.
@@ -73,10 +77,15 @@ impl ObjectStores {
             .thread_name("joader-fetch")
             .enable_all()
             .build()?;
+        let limit = Arc::new(InFlight::new(config.max_in_flight));
+        let stats = Arc::new(ObjectStats::default());
+        stats
+            .limit
+            .store(limit.limit() as u64, std::sync::atomic::Ordering::Relaxed);
         let remote = Arc::new(Remote {
-            permits: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
+            limit,
             config,
-            stats: Arc::new(ObjectStats::default()),
+            stats,
         });
         let (queue, rx) = mpsc::unbounded_channel();
         runtime.spawn(dispatch(rx, remote.clone()));
@@ -191,6 +200,7 @@ impl S3Source {
             source: self.inner.clone(),
             element,
             done,
+            queued_at: std::time::Instant::now(),
         };
         if let Err(mpsc::error::SendError(r)) = self.queue.send(request) {
             (r.done)(Err(self.shut_down()));

@@ -22,7 +22,8 @@
 //! `dataset` (a bucket opened with the credentials), `version` (what a re-index compares),
 //! the three layouts' indexers (`folder`, `tar_shards`, `manifest`, beside the local ones),
 //! `stream` (the indexers' blocking reader of an object), and the fetch stage that runs every
-//! request (`fetch`, `remote`, `coalesce`) with its counters (`stats`). This file holds the
+//! request (`fetch`, `remote`, `coalesce`, and `limit`, the adaptive limit on requests in
+//! flight) with its counters (`stats`). This file holds the
 //! public surface and what the indexers share.
 
 mod allow;
@@ -30,6 +31,7 @@ mod coalesce;
 mod dataset;
 mod fetch;
 mod folder;
+mod limit;
 mod manifest;
 mod remote;
 mod stats;

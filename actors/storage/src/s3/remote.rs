@@ -11,9 +11,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use object_store::{GetOptions, GetRange, ObjectStore};
-use tokio::sync::Semaphore;
 
 use super::dataset::object_key;
+use super::limit::InFlight;
 use super::stats::{ObjectStats, Op};
 use super::{FetchConfig, S3Dataset};
 use crate::StorageError;
@@ -26,8 +26,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 pub(super) struct Remote {
     pub(super) config: FetchConfig,
     pub(super) stats: Arc<ObjectStats>,
-    /// One for each request in flight (`max_in_flight`).
-    pub(super) permits: Arc<Semaphore>,
+    /// The places of the requests in flight (at most `max_in_flight`, adapting below).
+    pub(super) limit: Arc<InFlight>,
 }
 
 /// A failure worth trying again, or not.
@@ -125,6 +125,10 @@ impl Remote {
                 Class::Transient(c) => (c, true),
             };
             self.stats.error(code);
+            if transient {
+                self.limit.overloaded();
+                self.stats.limit.store(self.limit.limit() as u64, Relaxed);
+            }
             // Full jitter: spread the retries of many elements failing together.
             let sleep = backoff.mul_f64(0.5 + jitter() / 2.0);
             if !transient || start.elapsed() + sleep >= self.config.budget {

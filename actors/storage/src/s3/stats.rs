@@ -51,6 +51,12 @@ pub struct ObjectStats {
     pub coalesced: AtomicU64,
     latency: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     latency_sum_us: AtomicU64,
+    /// Time element fetches waited for a place among the requests in flight, summed (µs).
+    queued_us: AtomicU64,
+    /// The server-wide limit on requests in flight now (it adapts, see `limit`).
+    pub(super) limit: AtomicU64,
+    /// Requests in flight now.
+    pub(super) in_flight: AtomicU64,
 }
 
 impl ObjectStats {
@@ -64,6 +70,25 @@ impl ObjectStats {
         self.latency[bucket].fetch_add(1, Relaxed);
         self.latency_sum_us
             .fetch_add(took.as_micros() as u64, Relaxed);
+    }
+
+    pub(super) fn queued(&self, waited: Duration) {
+        self.queued_us.fetch_add(waited.as_micros() as u64, Relaxed);
+    }
+
+    /// Seconds element fetches waited for a place among the requests in flight, in all.
+    pub fn queued_seconds(&self) -> f64 {
+        self.queued_us.load(Relaxed) as f64 / 1e6
+    }
+
+    /// The server-wide limit on requests in flight now.
+    pub fn in_flight_limit(&self) -> u64 {
+        self.limit.load(Relaxed)
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Relaxed)
     }
 
     pub(super) fn error(&self, kind: &str) {

@@ -8,7 +8,8 @@
 //! `joader.Loader` process per job, plus the training loop from cache: a 100 ms step per batch
 //! of 64 on a cached second epoch) and PyTorch's DataLoader (`--torch`: tuned, with cores / K
 //! workers per job, and with workers = cores per job); with `--source s3` also from a local S3
-//! server beside local disk (`s3`). Every system is timed
+//! server beside local disk (`s3`), directly or through a proxy adding a latency to each
+//! request (`--s3-latency-ms`, `proxy`). Every system is timed
 //! alike, from each job's start to its last sample, with the figure from the first batch
 //! beside it (`systems.rs`). It prints and writes a markdown table and a PNG chart, the
 //! baselines' aggregates by K (flat on a decode-bound machine when the threads are the same at
@@ -18,6 +19,7 @@
 //! holds. Nothing is asserted: the figures are what this machine did in this run.
 
 mod gpu_lock;
+pub mod proxy;
 mod report;
 mod s3;
 mod scenarios;
@@ -79,6 +81,11 @@ pub struct E2eArgs {
     /// The `s3s-fs` binary of `--source s3` (default: `JOADER_S3S_FS`).
     #[arg(long)]
     pub s3s_fs: Option<PathBuf>,
+    /// With `--source s3`: read the store through a proxy on loopback that delays each
+    /// request by this many ms (a store with a real network's latency); repeat for S3 rows at
+    /// several latencies (`--s3-latency-ms 0 --s3-latency-ms 30`). Default: the store directly.
+    #[arg(long)]
+    pub s3_latency_ms: Vec<u64>,
     /// Also run the Python client (one `joader.Loader` process per job); needs the `joader`
     /// package in python3 (`pip install ./dataplane/python`).
     #[arg(long)]
@@ -182,6 +189,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
         s3::Source::S3 => Some(s3::Store::start(
             &ctx,
             &s3::s3s_fs(args.s3s_fs.as_deref())?,
+            &args.s3_latency_ms,
         )?),
     };
     let mut s3_rows = Vec::new();
@@ -204,9 +212,12 @@ pub fn run(args: E2eArgs) -> Result<()> {
             outs.push(run_torch(&sc, &ctx, TORCH_CORES_PER_JOB, workers)?);
         }
         if let Some(store) = &store {
-            let (disk, s3, fetched) = store.run_both(&sc, &ctx, i)?;
-            s3_rows.push((sc.name.clone(), disk.clone(), s3.clone(), fetched));
-            outs.extend([disk, s3]);
+            let (disk, s3) = store.run_all(&sc, &ctx, i)?;
+            outs.push(disk.clone());
+            for (o, fetched) in s3 {
+                s3_rows.push((sc.name.clone(), disk.clone(), o.clone(), fetched));
+                outs.push(o);
+            }
         }
         rows.push((sc, outs));
     }

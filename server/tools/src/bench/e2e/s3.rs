@@ -2,7 +2,9 @@
 //! local `s3s-fs` on loopback serving a copy of the bench's dataset, beside the same dataset
 //! on local disk. Both are served by a `joader serve` child process (the object store's keys
 //! reach the server through its environment, the way AWS tools read them), the same consumers
-//! read both, so the rows differ only in where the bytes come from.
+//! read both, so the rows differ only in where the bytes come from. With `--s3-latency-ms`
+//! the store is also read through a [`DelayProxy`] per latency, so that the rows show what a
+//! store answering that much later (a real one: 20–60 ms) costs.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -12,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use super::Ctx;
+use super::proxy::DelayProxy;
 use super::scenarios::Scenario;
 use super::systems::{Outcome, run_jobs, summarize_runs};
 use crate::bench::scale::procs::{DEADLINE, ServerProc, wait_for};
@@ -36,21 +39,38 @@ pub(super) enum Where {
     S3,
 }
 
-impl Where {
-    pub(super) fn system(self) -> &'static str {
-        match self {
-            Where::Disk => "joader serve, disk",
-            Where::S3 => "joader serve, s3",
+/// One way to the store: directly, or through a proxy adding `latency_ms` to each request.
+pub(super) struct Route {
+    /// `None`: straight to `s3s-fs`.
+    pub(super) latency_ms: Option<u64>,
+    proxy: Option<DelayProxy>,
+}
+
+impl Route {
+    /// The rows' system name.
+    pub(super) fn system(&self) -> &'static str {
+        match self.latency_ms {
+            None => "joader serve, s3",
+            // A handful per run: leaked so that the rows' names stay `&'static str`.
+            Some(ms) => Box::leak(format!("joader serve, s3 +{ms} ms").into_boxed_str()),
         }
     }
 }
 
 /// One scenario's S3 figures: the bytes the server read from the store while the scenario's
-/// jobs read one epoch each, and the bytes of the union of the jobs' subsets.
+/// jobs read one epoch each, the bytes of the union of the jobs' subsets, and where a remote
+/// element's time went (from the server's `/metrics`).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Fetched {
+    pub(super) latency_ms: Option<u64>,
     pub(super) store_bytes: f64,
     pub(super) union_bytes: u64,
+    /// Mean time of a GET, from its first attempt's start to its last byte (s).
+    pub(super) get_s: f64,
+    /// Mean time a fetch waited for a place among the requests in flight (s).
+    pub(super) queued_s: f64,
+    /// The server-wide limit on requests in flight at the end of the scenario.
+    pub(super) limit: f64,
 }
 
 /// A local `s3s-fs` over a copy of the bench's dataset, with keys made up for this run.
@@ -61,6 +81,8 @@ pub(super) struct Store {
     secret: String,
     /// Each element's size in bytes, by id (the files of the local dataset).
     sizes: Vec<u64>,
+    /// The ways to the store the S3 rows are measured through.
+    pub(super) routes: Vec<Route>,
     root: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -88,8 +110,9 @@ fn copy_folder(from: &Path, to: &Path) -> Result<()> {
 }
 
 impl Store {
-    /// Starts `s3s_fs` on a free port over a copy of the dataset of `ctx`.
-    pub(super) fn start(ctx: &Ctx, s3s_fs: &Path) -> Result<Self> {
+    /// Starts `s3s_fs` on a free port over a copy of the dataset of `ctx`, and a delaying
+    /// proxy in front of it for each of `latencies_ms` (none: the store directly).
+    pub(super) fn start(ctx: &Ctx, s3s_fs: &Path, latencies_ms: &[u64]) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("joader-e2e-s3-")
             .tempdir()?;
@@ -122,12 +145,31 @@ impl Store {
                     .then_some(true))
             })?;
             if up {
+                let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                let routes = if latencies_ms.is_empty() {
+                    vec![Route {
+                        latency_ms: None,
+                        proxy: None,
+                    }]
+                } else {
+                    latencies_ms
+                        .iter()
+                        .map(|&ms| {
+                            let delay = std::time::Duration::from_millis(ms);
+                            Ok(Route {
+                                latency_ms: Some(ms),
+                                proxy: Some(DelayProxy::start(upstream, delay)?),
+                            })
+                        })
+                        .collect::<Result<_>>()?
+                };
                 return Ok(Store {
                     child,
                     endpoint: format!("http://127.0.0.1:{port}"),
                     key,
                     secret,
                     sizes,
+                    routes,
                     root: ctx.root.clone(),
                     _dir: dir,
                 });
@@ -136,8 +178,19 @@ impl Store {
         bail!("s3s-fs found no free port in 10 tries")
     }
 
-    /// A `joader serve` child over the local dataset or the store, with dataset `d` indexed.
-    fn server(&self, ctx: &Ctx, tag: &str, source: Where) -> Result<(ServerProc, Client)> {
+    /// A `joader serve` child over the local dataset or the store (through `route`), with
+    /// dataset `d` indexed.
+    fn server(
+        &self,
+        ctx: &Ctx,
+        tag: &str,
+        source: Where,
+        route: &Route,
+    ) -> Result<(ServerProc, Client)> {
+        let endpoint = route
+            .proxy
+            .as_ref()
+            .map_or_else(|| self.endpoint.clone(), DelayProxy::endpoint);
         let args = [
             "--cache-slots".to_owned(),
             "8192".to_owned(),
@@ -150,7 +203,7 @@ impl Store {
         let env = [
             ("AWS_ACCESS_KEY_ID", self.key.as_str()),
             ("AWS_SECRET_ACCESS_KEY", self.secret.as_str()),
-            ("AWS_ENDPOINT_URL", self.endpoint.as_str()),
+            ("AWS_ENDPOINT_URL", endpoint.as_str()),
             ("AWS_ALLOW_HTTP", "true"),
             ("AWS_REGION", "us-east-1"),
         ];
@@ -183,16 +236,21 @@ impl Store {
         Ok((server, client))
     }
 
-    /// Runs `sc` from disk, then from the store: both outcomes, the store's with its bytes.
-    pub(super) fn run_both(
+    /// Runs `sc` from disk, then from the store through each route: the disk's outcome, and
+    /// each route's with its figures.
+    pub(super) fn run_all(
         &self,
         sc: &Scenario,
         ctx: &Ctx,
         tag: usize,
-    ) -> Result<(Outcome, Outcome, Fetched)> {
-        let (disk, _) = self.run(sc, ctx, tag, Where::Disk)?;
-        let (s3, fetched) = self.run(sc, ctx, tag, Where::S3)?;
-        Ok((disk, s3, fetched.context("no S3 figures")?))
+    ) -> Result<(Outcome, Vec<(Outcome, Fetched)>)> {
+        let (disk, _) = self.run(sc, ctx, tag, Where::Disk, &self.routes[0])?;
+        let mut s3 = Vec::new();
+        for (i, route) in self.routes.iter().enumerate() {
+            let (o, fetched) = self.run(sc, ctx, tag * 16 + i, Where::S3, route)?;
+            s3.push((o, fetched.context("no S3 figures")?));
+        }
+        Ok((disk, s3))
     }
 
     /// Runs `sc` on a `joader serve` child reading from `source`: its outcome (CPU of the
@@ -203,20 +261,25 @@ impl Store {
         ctx: &Ctx,
         tag: usize,
         source: Where,
+        route: &Route,
     ) -> Result<(Outcome, Option<Fetched>)> {
         let name = format!(
             "e2e{tag}_{}",
             if source == Where::S3 { "s3" } else { "disk" }
         );
-        let (server, client) = self.server(ctx, &name, source)?;
-        let before = read_bytes(&server.url)?;
+        let (server, client) = self.server(ctx, &name, source, route)?;
+        let before = Scrape::of(&server.url)?;
         let cpu0 = server_cpu(&client)? + process_cpu();
         let runs = run_jobs(&client, sc)?;
         let stats = client.ok("GET", "/v1/stats", None)?;
         let cpu = server_cpu(&client)? + process_cpu() - cpu0;
-        let after = read_bytes(&server.url)?;
+        let after = Scrape::of(&server.url)?;
+        let system = match source {
+            Where::Disk => "joader serve, disk",
+            Where::S3 => route.system(),
+        };
         let outcome = summarize_runs(
-            source.system(),
+            system,
             &runs,
             cpu,
             stats["decodes"].as_f64().unwrap_or(0.0),
@@ -234,9 +297,14 @@ impl Store {
             .filter(|(u, _)| **u)
             .map(|(_, s)| s)
             .sum();
+        let gets = after.gets - before.gets;
         let fetched = (source == Where::S3).then_some(Fetched {
-            store_bytes: after - before,
+            latency_ms: route.latency_ms,
+            store_bytes: after.bytes - before.bytes,
             union_bytes,
+            get_s: (after.get_s - before.get_s) / gets.max(1.0),
+            queued_s: (after.queued_s - before.queued_s) / gets.max(1.0),
+            limit: after.limit,
         });
         Ok((outcome, fetched))
     }
@@ -256,17 +324,36 @@ fn server_cpu(client: &Client) -> Result<f64> {
         .context("the server reports no process_cpu_s")
 }
 
-/// `joader_s3_read_bytes_total` as the server's `/metrics` gives it (0 before any read).
-fn read_bytes(url: &str) -> Result<f64> {
-    let text = ureq::get(&format!("{url}/metrics"))
-        .call()?
-        .into_body()
-        .read_to_string()?;
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix("joader_s3_read_bytes_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0))
+/// The server's object-store series, as its `/metrics` gives them (0 before any read).
+struct Scrape {
+    bytes: f64,
+    gets: f64,
+    get_s: f64,
+    queued_s: f64,
+    limit: f64,
+}
+
+impl Scrape {
+    fn of(url: &str) -> Result<Self> {
+        let text = ureq::get(&format!("{url}/metrics"))
+            .call()?
+            .into_body()
+            .read_to_string()?;
+        let value = |series: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        Ok(Self {
+            bytes: value("joader_s3_read_bytes_total"),
+            gets: value("joader_s3_requests_total{op=\"get\"}"),
+            // No listing runs during a scenario: every request timed is a GET.
+            get_s: value("joader_s3_request_duration_seconds_sum"),
+            queued_s: value("joader_s3_queued_seconds_total"),
+            limit: value("joader_s3_in_flight_limit"),
+        })
+    }
 }
 
 impl Store {
@@ -279,20 +366,28 @@ impl Store {
 
 fn report(rows: &[(String, Outcome, Outcome, Fetched)], endpoint_note: &str) -> String {
     let mut s = format!(
-        "\nS3 beside local disk ({endpoint_note}); both served by a `joader serve` child, read by the same consumers\n\n\
-         | scenario | disk samples/s | s3 samples/s | s3 / disk | s3 CPU ms/sample | bytes read from the store | union of the jobs' subsets | read / union |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n"
+        "\nS3 beside local disk ({endpoint_note}); both served by a `joader serve` child, read by the same consumers. \
+         added latency: what the proxy adds to each request (-: the store directly); GET ms: a GET's mean time from its first attempt to its last byte; \
+         queued ms: the mean time a fetch waited for a place among the requests in flight; limit: that limit at the end (it adapts)\n\n\
+         | scenario | added latency | disk samples/s | s3 samples/s | s3 / disk | disk CPU ms/sample | s3 CPU ms/sample | s3 CPU / disk | bytes read from the store | union of the jobs' subsets | read / union | GET ms | queued ms | limit |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for (name, disk, s3, f) in rows {
         s.push_str(&format!(
-            "| {name} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {} | {:.2} |\n",
+            "| {name} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {:.2} | {:.1} | {:.1} | {:.0} |\n",
+            f.latency_ms.map_or("-".to_owned(), |ms| format!("{ms} ms")),
             disk.aggregate,
             s3.aggregate,
             s3.aggregate / disk.aggregate.max(1e-9),
+            disk.cpu_ms_per_sample,
             s3.cpu_ms_per_sample,
+            s3.cpu_ms_per_sample / disk.cpu_ms_per_sample.max(1e-9),
             f.store_bytes,
             f.union_bytes,
             f.store_bytes / (f.union_bytes.max(1) as f64),
+            f.get_s * 1e3,
+            f.queued_s * 1e3,
+            f.limit,
         ));
     }
     s

@@ -1,0 +1,247 @@
+//! The server-wide limit on object-store requests in flight ([`InFlight`]): it grows to what
+//! the store sustains and backs off when the store says it cannot keep up, as TCP's
+//! congestion control does (AIMD), instead of a fixed number that is too small for a store
+//! far away and too large for a store that throttles.
+//!
+//! - It starts at [`START`] (or the ceiling, if lower) and never leaves `1..=ceiling`
+//!   (`s3_max_in_flight`).
+//! - It grows only while fetches wait for a place (a limit nobody reaches says nothing): by
+//!   one for each request that succeeds while it has never been cut (slow start, doubling per
+//!   round trip), by one per round trip's worth of successes afterwards.
+//! - A request the store throttled or could not serve (429, 503 and other 5xx, a timeout, a
+//!   broken connection) halves it, once per round trip (the failures of requests that were
+//!   already in flight when it was cut do not cut it again).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use tokio::sync::Notify;
+
+/// The limit a server starts with.
+pub const START: usize = 16;
+
+/// See the module docs.
+pub(super) struct InFlight {
+    ceiling: usize,
+    state: Mutex<State>,
+    /// Woken when a place is given back.
+    freed: Notify,
+    /// The current limit, for the counters (read without the lock).
+    shown: AtomicU64,
+}
+
+struct State {
+    /// Fractional so that congestion avoidance grows by `1/limit` per success.
+    limit: f64,
+    in_flight: usize,
+    /// A fetch waits for a place now.
+    wanted: bool,
+    /// Never cut yet: grow by one per success.
+    slow_start: bool,
+    /// Requests finished since the last cut; a cut needs as many as were in flight then.
+    since_cut: usize,
+    in_flight_at_cut: usize,
+}
+
+/// What became of a request, for the limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// Answered.
+    Served,
+    /// Throttled, unavailable or timed out: the store did not keep up.
+    Overloaded,
+    /// Neither says anything more (a final error, or an overload already told).
+    Other,
+}
+
+/// A place among the requests in flight; give it back with [`InFlight::release`].
+#[must_use]
+pub(super) struct Place(());
+
+impl InFlight {
+    pub(super) fn new(ceiling: usize) -> Self {
+        let ceiling = ceiling.max(1);
+        let limit = START.min(ceiling);
+        Self {
+            ceiling,
+            state: Mutex::new(State {
+                limit: limit as f64,
+                in_flight: 0,
+                wanted: false,
+                slow_start: true,
+                since_cut: 0,
+                in_flight_at_cut: 0,
+            }),
+            freed: Notify::new(),
+            shown: AtomicU64::new(limit as u64),
+        }
+    }
+
+    /// The current limit.
+    pub(super) fn limit(&self) -> usize {
+        self.shown.load(Relaxed) as usize
+    }
+
+    /// Requests in flight now.
+    #[cfg(test)]
+    fn in_flight(&self) -> usize {
+        self.lock().in_flight
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A place if one is free now; otherwise marks that a fetch wants one.
+    pub(super) fn try_acquire(&self) -> Option<Place> {
+        let mut s = self.lock();
+        if s.in_flight < s.limit as usize {
+            s.in_flight += 1;
+            s.wanted = false;
+            Some(Place(()))
+        } else {
+            s.wanted = true;
+            None
+        }
+    }
+
+    /// Waits for a place.
+    pub(super) async fn acquire(&self) -> Place {
+        loop {
+            if let Some(p) = self.try_acquire() {
+                return p;
+            }
+            // A place given back between the check and this wait left a permit in `freed`.
+            self.freed.notified().await;
+        }
+    }
+
+    /// Gives a place back and adapts the limit to how the request went.
+    pub(super) fn release(&self, place: Place, outcome: Outcome) {
+        let Place(()) = place;
+        let mut s = self.lock();
+        s.in_flight -= 1;
+        s.since_cut += 1;
+        self.adapt(&mut s, outcome);
+        drop(s);
+        self.freed.notify_one();
+    }
+
+    /// A request still in flight was throttled (it will be tried again under its place).
+    pub(super) fn overloaded(&self) {
+        let mut s = self.lock();
+        self.adapt(&mut s, Outcome::Overloaded);
+    }
+
+    fn adapt(&self, s: &mut State, outcome: Outcome) {
+        match outcome {
+            Outcome::Served if s.wanted => {
+                let step = if s.slow_start { 1.0 } else { 1.0 / s.limit };
+                s.limit = (s.limit + step).min(self.ceiling as f64);
+            }
+            Outcome::Served => {}
+            Outcome::Overloaded if s.since_cut > s.in_flight_at_cut => {
+                s.limit = (s.limit / 2.0).floor().max(1.0);
+                s.slow_start = false;
+                s.since_cut = 0;
+                s.in_flight_at_cut = s.in_flight;
+            }
+            Outcome::Overloaded | Outcome::Other => {}
+        }
+        self.shown.store(s.limit as u64, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Takes every free place (the fetches then want more).
+    fn fill(l: &InFlight, places: &mut Vec<Place>) {
+        while let Some(p) = l.try_acquire() {
+            places.push(p);
+        }
+    }
+
+    #[test]
+    fn the_limit_grows_while_fetches_wait_and_stops_at_the_ceiling() {
+        let l = InFlight::new(100);
+        let mut places = Vec::new();
+        fill(&l, &mut places);
+        assert_eq!(places.len(), START);
+        // Requests keep succeeding while more fetches wait: slow start, one more per success.
+        for _ in 0..500 {
+            let p = places.pop().unwrap();
+            l.release(p, Outcome::Served);
+            fill(&l, &mut places);
+            assert!(l.in_flight() <= l.limit(), "more in flight than the limit");
+            assert_eq!(places.len(), l.in_flight());
+        }
+        assert_eq!(l.limit(), 100, "the ceiling is reached and held");
+        assert_eq!(places.len(), 100);
+    }
+
+    #[test]
+    fn a_limit_nobody_reaches_does_not_grow() {
+        let l = InFlight::new(100);
+        for _ in 0..100 {
+            let p = l.try_acquire().unwrap();
+            l.release(p, Outcome::Served);
+        }
+        assert_eq!(l.limit(), START);
+    }
+
+    #[test]
+    fn overload_halves_the_limit_once_per_round_trip_then_it_grows_slowly() {
+        let l = InFlight::new(1000);
+        let mut places = Vec::new();
+        fill(&l, &mut places);
+        for _ in 0..48 {
+            l.release(places.pop().unwrap(), Outcome::Served);
+            fill(&l, &mut places);
+        }
+        assert_eq!(l.limit(), 64);
+        // Every request in flight fails (a throttling store): one cut, not 64.
+        let n = places.len();
+        for p in places.drain(..) {
+            l.release(p, Outcome::Overloaded);
+        }
+        assert_eq!(l.limit(), 32, "{n} failures of one round trip cut once");
+        // The next round trip's failures cut again.
+        fill(&l, &mut places);
+        for p in places.drain(..) {
+            l.release(p, Outcome::Overloaded);
+        }
+        assert_eq!(l.limit(), 16);
+        // Then one more per round trip of successes (congestion avoidance), not one each.
+        fill(&l, &mut places);
+        for _ in 0..20 {
+            l.release(places.pop().unwrap(), Outcome::Served);
+            fill(&l, &mut places);
+        }
+        assert_eq!(l.limit(), 17);
+        // And never below one.
+        let l = InFlight::new(4);
+        for _ in 0..20 {
+            let p = l.try_acquire().unwrap();
+            l.release(p, Outcome::Overloaded);
+        }
+        assert_eq!(l.limit(), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_waiting_fetch_gets_the_place_given_back() {
+        let l = std::sync::Arc::new(InFlight::new(1));
+        let first = l.acquire().await;
+        let waiter = {
+            let l = l.clone();
+            tokio::spawn(async move { l.acquire().await })
+        };
+        tokio::task::yield_now().await;
+        l.release(first, Outcome::Served);
+        let second = waiter.await.unwrap();
+        assert_eq!(l.in_flight(), 1);
+        l.release(second, Outcome::Served);
+        assert_eq!(l.in_flight(), 0);
+    }
+}
