@@ -87,8 +87,12 @@ pub async fn run(
     };
     let workers = config.loader_workers;
     let st = stats.clone();
+    // The Loader's threads hold the segment weakly: they write loaded elements straight into
+    // slots while the Cache keeps room for them, and never keep the segment past the Cache.
+    let writer = std::sync::Arc::new(writer);
     let cache = CacheActor::create(move |ctx| {
-        let loader = Loader::new(workers, ctx.address().recipient(), st.clone()).start();
+        let slots = std::sync::Arc::downgrade(&writer);
+        let loader = Loader::placing(workers, ctx.address().recipient(), st.clone(), slots).start();
         CacheActor::new(writer, &cache_cfg, loader.recipient(), st)
     });
     let samplers = actix::Arbiter::new();

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use actors::service::{ElementSource, Fetched, LoadFailure, Prepare, Prepared};
+use actors::service::{ElementSource, Fetched, LoadFailure, Place, Prepare, Prepared};
 use dataplane::element_error;
 use joader_pipeline::{self as pipeline, Limits, Output, Pipeline, PipelineError};
 use joader_storage::s3::{self, ObjectStores, ObjectVersion, S3Source};
@@ -165,35 +165,65 @@ pub struct PipelinePrepare {
 impl Prepare for PipelinePrepare {
     fn prepare(&self, bytes: &[u8]) -> Result<Prepared, LoadFailure> {
         match pipeline::run(&self.pipeline, bytes, &self.limits) {
-            Ok(Output::Raw(bytes)) => Ok(Prepared {
-                bytes,
-                format: dataplane::Format::Raw,
-            }),
+            Ok(Output::Raw(bytes)) => Ok(Prepared::bytes(bytes, dataplane::Format::Raw)),
             Ok(Output::Hwc {
                 data,
                 height,
                 width,
                 channels,
-            }) => Ok(Prepared {
-                bytes: data,
-                format: dataplane::Format::HwcU8 {
+            }) => Ok(Prepared::bytes(
+                data,
+                dataplane::Format::HwcU8 {
                     height,
                     width,
                     channels,
                 },
+            )),
+            Err(e) => Err(pipeline_failure(e)),
+        }
+    }
+
+    /// Decodes, then resizes straight into the slot `place` gives (no copy of the output),
+    /// or into a buffer when it has no room.
+    fn prepare_placed(&self, bytes: &[u8], place: &mut dyn Place) -> Result<Prepared, LoadFailure> {
+        let Some(decoded) =
+            pipeline::decode(&self.pipeline, bytes, &self.limits).map_err(pipeline_failure)?
+        else {
+            return self.prepare(bytes);
+        };
+        let (height, width, channels) = decoded.shape();
+        let format = dataplane::Format::HwcU8 {
+            height,
+            width,
+            channels,
+        };
+        let mut fill = |dst: &mut [u8]| decoded.resize_into(dst).map_err(pipeline_failure);
+        match place.place(format, decoded.len() as u64, &mut fill) {
+            Some(placed) => Ok(Prepared {
+                bytes: Vec::new(),
+                format,
+                placed: Some(placed?),
             }),
-            Err(e) => Err(LoadFailure {
-                code: match e {
-                    PipelineError::TooLarge { .. } => element_error::TOO_LARGE,
-                    _ => element_error::DECODE,
-                },
-                kind: e.code().to_string(),
-                message: e.to_string(),
-            }),
+            None => match decoded.finish().map_err(pipeline_failure)? {
+                Output::Hwc { data, .. } => Ok(Prepared::bytes(data, format)),
+                Output::Raw(data) => Ok(Prepared::bytes(data, dataplane::Format::Raw)),
+            },
         }
     }
 
     fn decodes(&self) -> bool {
         !matches!(self.pipeline, Pipeline::Raw)
+    }
+}
+
+/// A pipeline's error as the element's load failure.
+fn pipeline_failure(e: PipelineError) -> LoadFailure {
+    LoadFailure {
+        code: match e {
+            PipelineError::TooLarge { .. } => element_error::TOO_LARGE,
+            _ => element_error::DECODE,
+        },
+        kind: e.code().to_string(),
+        message: e.to_string(),
     }
 }

@@ -286,8 +286,82 @@ pub fn run_with_scales(
     limits: &Limits,
     eighths: &[u32],
 ) -> Result<Output, PipelineError> {
+    match decode_with_scales(p, bytes, limits, eighths)? {
+        None => Ok(Output::Raw(bytes.to_vec())),
+        Some(d) => d.finish(),
+    }
+}
+
+/// An element decoded, its output's size known and checked, its resize and crop not yet
+/// done: [`Decoded::resize_into`] writes the output wherever the caller has a place for it
+/// (the server's loader threads: straight into a shared-memory slot), [`Decoded::finish`]
+/// into a new buffer. Either gives the bytes [`run`] gives.
+pub struct Decoded {
+    img: decode::Rgb,
+    plan: resize::Plan,
+}
+
+impl Decoded {
+    /// `(height, width, channels)` of the output (HWC, RGB8).
+    pub fn shape(&self) -> (u32, u32, u32) {
+        (self.plan.ch, self.plan.cw, 3)
+    }
+
+    /// Bytes of the output.
+    pub fn len(&self) -> usize {
+        self.plan.len()
+    }
+
+    /// True if the output has no byte (never: sides are at least 1).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Resizes and crops into `dst`, which must hold exactly [`Decoded::len`] bytes (charged
+    /// to the stage `resize`).
+    pub fn resize_into(&self, dst: &mut [u8]) -> Result<(), PipelineError> {
+        let _resizing = stages::enter(&RESIZE);
+        resize::apply_into(&self.img, &self.plan, dst)
+    }
+
+    /// Resizes and crops into a new buffer.
+    pub fn finish(self) -> Result<Output, PipelineError> {
+        let _resizing = stages::enter(&RESIZE);
+        let (height, width, channels) = self.shape();
+        let data = if self.plan.is_identity(&self.img) {
+            self.img.data
+        } else {
+            let mut data = vec![0u8; self.plan.len()];
+            resize::apply_into(&self.img, &self.plan, &mut data)?;
+            data
+        };
+        Ok(Output::Hwc {
+            data,
+            height,
+            width,
+            channels,
+        })
+    }
+}
+
+/// The first half of [`run`]: decodes a `decode` pipeline's element and checks its output's
+/// size; `None` for [`Pipeline::Raw`] (whose output is the stored bytes).
+pub fn decode(
+    p: &Pipeline,
+    bytes: &[u8],
+    limits: &Limits,
+) -> Result<Option<Decoded>, PipelineError> {
+    decode_with_scales(p, bytes, limits, DCT_EIGHTHS)
+}
+
+fn decode_with_scales(
+    p: &Pipeline,
+    bytes: &[u8],
+    limits: &Limits,
+    eighths: &[u32],
+) -> Result<Option<Decoded>, PipelineError> {
     match p {
-        Pipeline::Raw => Ok(Output::Raw(bytes.to_vec())),
+        Pipeline::Raw => Ok(None),
         Pipeline::Decode {
             resize_shorter,
             center_crop,
@@ -296,14 +370,8 @@ pub fn run_with_scales(
             let decoding = stages::enter(&DECODE);
             let img = decode::decode_rgb(bytes, limits, *resize_shorter, eighths)?;
             drop(decoding);
-            let _resizing = stages::enter(&RESIZE);
-            let out = resize::resize_crop(img, *resize_shorter, *center_crop, limits)?;
-            Ok(Output::Hwc {
-                data: out.data,
-                height: out.height,
-                width: out.width,
-                channels: 3,
-            })
+            let plan = resize::plan(&img, *resize_shorter, *center_crop, limits)?;
+            Ok(Some(Decoded { img, plan }))
         }
     }
 }

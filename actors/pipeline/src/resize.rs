@@ -20,16 +20,40 @@ pub(super) fn resized_size(width: u32, height: u32, target: u32) -> (u32, u32) {
     }
 }
 
-/// Resizes (if `resize_shorter`) then center-crops (if `center_crop`, `[height, width]`).
-///
-/// Sizes and the crop are those of the stored image (`img.stored`): a DCT-scaled decode gives
-/// the same geometry as a full one, its crop box being the stored one times `eighths / 8`.
-pub(super) fn resize_crop(
-    img: Rgb,
+/// The output of a resize and crop of one decoded image: its size, checked against the
+/// limits, before any pixel is computed (so that the caller can give the output a place).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Plan {
+    /// Size after the resize of the shorter side.
+    rw: u32,
+    rh: u32,
+    /// Size of the output (after the crop).
+    pub(super) cw: u32,
+    pub(super) ch: u32,
+}
+
+impl Plan {
+    /// Bytes of the output (RGB8).
+    pub(super) fn len(&self) -> usize {
+        self.cw as usize * self.ch as usize * 3
+    }
+
+    /// The decoded image is the output as it is.
+    pub(super) fn is_identity(&self, img: &Rgb) -> bool {
+        (self.rw, self.rh) == (img.width, img.height)
+            && img.eighths == 8
+            && (self.cw, self.ch) == (self.rw, self.rh)
+    }
+}
+
+/// The resize (if `resize_shorter`) and center crop (if `center_crop`, `[height, width]`) of
+/// `img`, checked: the crop must fit and the output must be within the pixel limit.
+pub(super) fn plan(
+    img: &Rgb,
     resize_shorter: Option<u32>,
     center_crop: Option<[u32; 2]>,
     limits: &Limits,
-) -> Result<Rgb, PipelineError> {
+) -> Result<Plan, PipelineError> {
     let (sw, sh) = img.stored;
     let (rw, rh) = match resize_shorter {
         Some(t) => resized_size(sw, sh, t),
@@ -54,12 +78,32 @@ pub(super) fn resize_crop(
             max_pixels: limits.max_pixels,
         });
     }
-    if (rw, rh) == (img.width, img.height) && img.eighths == 8 {
-        if (cw, ch) == (rw, rh) {
-            return Ok(img);
-        }
-        return Ok(crop_copy(&img, cw, ch));
+    Ok(Plan { rw, rh, cw, ch })
+}
+
+/// Writes the output of `plan` for `img` into `dst` (exactly [`Plan::len`] bytes).
+///
+/// Sizes and the crop are those of the stored image (`img.stored`): a DCT-scaled decode gives
+/// the same geometry as a full one, its crop box being the stored one times `eighths / 8`.
+pub(super) fn apply_into(img: &Rgb, p: &Plan, dst: &mut [u8]) -> Result<(), PipelineError> {
+    if dst.len() != p.len() {
+        return Err(PipelineError::Corrupt(format!(
+            "resize: an output of {} bytes for {}x{} pixels",
+            dst.len(),
+            p.cw,
+            p.ch
+        )));
     }
+    if p.is_identity(img) {
+        dst.copy_from_slice(&img.data);
+        return Ok(());
+    }
+    let (rw, rh, cw, ch) = (p.rw, p.rh, p.cw, p.ch);
+    if (rw, rh) == (img.width, img.height) && img.eighths == 8 {
+        crop_copy_into(img, cw, ch, dst);
+        return Ok(());
+    }
+    let (sw, sh) = img.stored;
 
     // The crop, in resized pixels, at an integer offset; mapped back into source coordinates
     // (fractional) so that only the kept pixels are computed. A decoded side is
@@ -81,33 +125,20 @@ pub(super) fn resize_crop(
         );
     let src = ImageRef::new(img.width, img.height, &img.data, PixelType::U8x3)
         .map_err(|e| PipelineError::Corrupt(format!("resize: {e}").to_lowercase()))?;
-    let mut dst = Image::new(cw, ch, PixelType::U8x3);
-    Resizer::new()
-        .resize(&src, &mut dst, &options)
+    let mut out = Image::from_slice_u8(cw, ch, dst, PixelType::U8x3)
         .map_err(|e| PipelineError::Corrupt(format!("resize: {e}").to_lowercase()))?;
-    Ok(Rgb {
-        data: dst.into_vec(),
-        width: cw,
-        height: ch,
-        eighths: 8,
-        stored: (cw, ch),
-    })
+    Resizer::new()
+        .resize(&src, &mut out, &options)
+        .map_err(|e| PipelineError::Corrupt(format!("resize: {e}").to_lowercase()))
 }
 
-/// Cuts the centered `cw`×`ch` window out of an image that needs no resize.
-fn crop_copy(img: &Rgb, cw: u32, ch: u32) -> Rgb {
+/// Cuts the centered `cw`×`ch` window out of an image that needs no resize into `dst`.
+fn crop_copy_into(img: &Rgb, cw: u32, ch: u32, dst: &mut [u8]) {
     let (x0, y0) = ((img.width - cw) / 2, (img.height - ch) / 2);
     let stride = img.width as usize * 3;
-    let mut data = Vec::with_capacity(cw as usize * ch as usize * 3);
-    for y in y0..y0 + ch {
+    let row = cw as usize * 3;
+    for (y, out) in (y0..y0 + ch).zip(dst.chunks_exact_mut(row)) {
         let start = y as usize * stride + x0 as usize * 3;
-        data.extend_from_slice(&img.data[start..start + cw as usize * 3]);
-    }
-    Rgb {
-        data,
-        width: cw,
-        height: ch,
-        eighths: 8,
-        stored: (cw, ch),
+        out.copy_from_slice(&img.data[start..start + row]);
     }
 }

@@ -804,3 +804,37 @@ fn run_charges_decode_and_resize_apart() {
         "{decode_ns} + {resize_ns} of {used}"
     );
 }
+
+/// `decode` then `resize_into` (what the server's loader threads run to write an element
+/// straight into its slot) gives the bytes and shape of `run`, for every kind of output: a
+/// resize (DCT-scaled or not), a resize + crop, a crop alone, the image as it is; and a
+/// destination of the wrong size is an error, not a panic.
+#[test]
+fn decode_then_resize_into_equals_run() {
+    let limits = Limits::default();
+    let cases = [
+        (jpeg_rgb(640, 480), decode(Some(256), None)),
+        (jpeg_rgb(640, 480), decode(Some(64), None)),
+        (jpeg_rgb(640, 480), decode(Some(256), Some([224, 224]))),
+        (jpeg_rgb(300, 200), decode(None, Some([100, 120]))),
+        (jpeg_rgb(300, 200), decode(None, None)),
+    ];
+    for (bytes, p) in &cases {
+        let (want, h, w) = hwc(p, bytes);
+        let d = crate::decode(p, bytes, &limits)
+            .unwrap()
+            .expect("a decode pipeline");
+        assert_eq!(d.shape(), (h, w, 3), "{p:?}");
+        assert_eq!(d.len(), want.len(), "{p:?}");
+        let mut dst = vec![7u8; d.len()];
+        d.resize_into(&mut dst).unwrap();
+        assert_eq!(dst, want, "{p:?}");
+        let mut short = vec![0u8; d.len() - 1];
+        assert!(d.resize_into(&mut short).is_err(), "{p:?}");
+    }
+    assert!(
+        crate::decode(&Pipeline::Raw, b"abc", &limits)
+            .unwrap()
+            .is_none()
+    );
+}

@@ -6,8 +6,8 @@
 //! the process's nice value), so that when decoding saturates the cores the sampler, the cache
 //! and the HTTP workers still get the CPU at once: control never waits behind a decode.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -15,8 +15,9 @@ use actix::prelude::*;
 use crossbeam_channel::{Sender, unbounded};
 
 use dataplane::stages::{self, server::LOADER, server::READ};
+use dataplane::{SlotMeta, SlotRef, Writer};
 
-use super::messages::{Load, LoadFailure, Loaded};
+use super::messages::{Load, LoadFailure, Loaded, Place};
 use super::stats::CacheStats;
 
 /// How much nicer (lower priority) than the process the decode workers run, on Linux (one
@@ -49,12 +50,25 @@ pub struct Loader {
 impl Loader {
     /// Starts `workers` threads that send their results to `downstream`.
     pub fn new(workers: usize, downstream: Recipient<Loaded>, stats: Arc<CacheStats>) -> Self {
+        Self::placing(workers, downstream, stats, Weak::new())
+    }
+
+    /// [`Loader::new`], whose workers write prepared elements straight into new slots of
+    /// `writer`'s segment while it has room to spare (see [`SlotPlace`]), instead of handing
+    /// the bytes to the Cache to copy.
+    pub fn placing(
+        workers: usize,
+        downstream: Recipient<Loaded>,
+        stats: Arc<CacheStats>,
+        writer: Weak<Writer>,
+    ) -> Self {
         let (tx, rx) = unbounded::<Work>();
         let workers = (0..workers.max(1))
             .map(|i| {
                 let rx = rx.clone();
                 let downstream = downstream.clone();
                 let stats = stats.clone();
+                let writer = writer.clone();
                 std::thread::Builder::new()
                     .name(format!("joader-loader-{i}"))
                     .spawn(move || {
@@ -62,7 +76,7 @@ impl Loader {
                         lower_own_priority();
                         while let Ok((load, fetched)) = rx.recv() {
                             stats.loader_queue.fetch_sub(1, Relaxed);
-                            let loaded = run_load(&load, fetched, &stats);
+                            let loaded = run_load(&load, fetched, &stats, &writer);
                             downstream.do_send(loaded);
                         }
                     })
@@ -85,6 +99,7 @@ fn run_load(
     load: &Load,
     fetched: Option<Result<Vec<u8>, LoadFailure>>,
     stats: &CacheStats,
+    writer: &Weak<Writer>,
 ) -> Loaded {
     let start = Instant::now();
     let read_stage = stages::enter(&READ);
@@ -105,7 +120,19 @@ fn run_load(
                     } else {
                         Some(stages::enter(&READ))
                     };
-                    (*id, p.prepare(&bytes))
+                    let prepared = match writer.upgrade() {
+                        Some(writer) => {
+                            let mut place = SlotPlace {
+                                writer: &writer,
+                                element: load.element,
+                                label,
+                                stats,
+                            };
+                            p.prepare_placed(&bytes, &mut place)
+                        }
+                        None => p.prepare(&bytes),
+                    };
+                    (*id, prepared)
                 })
                 .collect();
             (results, bytes.len() as u64)
@@ -131,6 +158,50 @@ fn run_load(
         results,
         bytes_read,
         busy,
+    }
+}
+
+/// A loader thread's place for one element: a new slot of the segment, taken only while the
+/// Cache has no payload waiting for room (when memory is short the Cache decides what is
+/// evicted for what; the Cache keeps some room free for these writes otherwise).
+struct SlotPlace<'a> {
+    writer: &'a Writer,
+    element: u32,
+    label: i64,
+    stats: &'a CacheStats,
+}
+
+impl Place for SlotPlace<'_> {
+    fn place(
+        &mut self,
+        format: dataplane::Format,
+        len: u64,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<(), LoadFailure>,
+    ) -> Option<Result<SlotRef, LoadFailure>> {
+        if self.stats.waiting_for_space.load(Relaxed) > 0 {
+            return None;
+        }
+        let meta = SlotMeta {
+            element_id: self.element,
+            label: self.label,
+            format,
+        };
+        let mut filled = Ok(());
+        match self
+            .writer
+            .write_slot_with(meta, len, |buf| filled = fill(buf))
+        {
+            Ok(slot) => match filled {
+                Ok(()) => Some(Ok(slot)),
+                Err(e) => {
+                    // Published but referenced by nothing: no reader can hold it.
+                    let _ = self.writer.free_slot(slot);
+                    Some(Err(e))
+                }
+            },
+            // No room to spare, or a payload the Cache should judge: it gets the bytes.
+            Err(_) => None,
+        }
     }
 }
 
@@ -191,10 +262,7 @@ mod tests {
     struct Twice;
     impl Prepare for Twice {
         fn prepare(&self, bytes: &[u8]) -> Result<Prepared, LoadFailure> {
-            Ok(Prepared {
-                bytes: bytes.repeat(2),
-                format: dataplane::Format::Raw,
-            })
+            Ok(Prepared::bytes(bytes.repeat(2), dataplane::Format::Raw))
         }
         fn decodes(&self) -> bool {
             true
@@ -224,10 +292,21 @@ mod tests {
             if !comm.starts_with(prefix) {
                 continue;
             }
-            let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
-            let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+            // A thread of another test may be exiting meanwhile: its stat is then gone or
+            // cut short, and it is not one of the threads looked for.
+            let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+                continue;
+            };
+            let Some(end) = stat.rfind(')') else {
+                continue;
+            };
             // Fields from the third (state) on; nice is the 19th field.
-            out.push(after_name.split(' ').nth(16).unwrap().parse().unwrap());
+            let nice = stat
+                .get(end + 2..)
+                .and_then(|f| f.split(' ').nth(16)?.parse().ok());
+            if let Some(nice) = nice {
+                out.push(nice);
+            }
         }
         out
     }

@@ -28,11 +28,37 @@ pub struct LoadFailure {
     pub message: String,
 }
 
-/// A prepared element, ready to be copied into a slot.
+/// A prepared element: its bytes, to be copied into a slot, or (`placed`) the slot a loader
+/// thread already wrote it into (then `bytes` is empty).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prepared {
     pub bytes: Vec<u8>,
     pub format: dataplane::Format,
+    pub placed: Option<dataplane::SlotRef>,
+}
+
+impl Prepared {
+    /// Bytes to be copied into a slot.
+    pub fn bytes(bytes: Vec<u8>, format: dataplane::Format) -> Prepared {
+        Prepared {
+            bytes,
+            format,
+            placed: None,
+        }
+    }
+}
+
+/// Where a loader thread may write a prepared element straight into shared memory.
+pub trait Place {
+    /// Gives a new slot of `len` bytes for an element of `format` to `fill`, and publishes it
+    /// when `fill` succeeds (or frees it when it fails); `None` when there is no room to spare
+    /// (the element then goes to the Cache as bytes, which makes room by its rules).
+    fn place(
+        &mut self,
+        format: dataplane::Format,
+        len: u64,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<(), LoadFailure>,
+    ) -> Option<Result<dataplane::SlotRef, LoadFailure>>;
 }
 
 /// Called once with an element's stored bytes, from the source's own fetch stage.
@@ -60,6 +86,12 @@ pub trait ElementSource: Send + Sync {
 /// The shared, deterministic part of the preparation (decode, resize, crop).
 pub trait Prepare: Send + Sync {
     fn prepare(&self, bytes: &[u8]) -> Result<Prepared, LoadFailure>;
+    /// [`Prepare::prepare`], writing the output straight into a slot that `place` gives when
+    /// it has room (which saves a copy of every decoded image); by default, as bytes.
+    fn prepare_placed(&self, bytes: &[u8], place: &mut dyn Place) -> Result<Prepared, LoadFailure> {
+        let _ = place;
+        self.prepare(bytes)
+    }
     /// Whether this pipeline decodes (counted as a decode in metrics).
     fn decodes(&self) -> bool;
 }

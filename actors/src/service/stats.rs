@@ -112,6 +112,8 @@ pub struct CacheStats {
     pub requests: AtomicU64,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
+    /// Loaded elements a loader thread wrote straight into their slot (no copy by the Cache).
+    pub placed: AtomicU64,
     pub loads: AtomicU64,
     pub decodes: AtomicU64,
     pub bytes_read: AtomicU64,

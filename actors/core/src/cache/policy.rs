@@ -276,6 +276,18 @@ impl Policy {
         Some((key, refcount))
     }
 
+    /// [`Policy::victim_with_refcount`] when its victim is needed by nobody (reference count
+    /// 0), else `None` and nothing changes: eviction ahead of need (the Cache keeping room free)
+    /// never takes an element some job still needs.
+    pub fn unneeded_victim(&mut self) -> Option<u64> {
+        let key = self.peek_victim()?;
+        if self.refcount(key).unwrap_or(0) > 0 {
+            return None;
+        }
+        self.remove(key);
+        Some(key)
+    }
+
     /// Chooses the key to evict and stops tracking it; `None` when every key is pinned.
     pub fn victim(&mut self) -> Option<u64> {
         let key = self.peek_victim()?;
@@ -315,6 +327,23 @@ mod tests {
         }
         assert_eq!(lru.victim(), Some(2));
         assert_eq!(fifo.victim(), Some(1));
+    }
+
+    #[test]
+    fn an_unneeded_victim_is_taken_only_when_nobody_needs_it() {
+        let mut p = Policy::new(PolicyKind::RefCnt, 0);
+        p.insert(10, 2, None);
+        p.insert(11, 1, None);
+        // The victim (11) is still needed: nothing is taken, nothing forgotten.
+        assert_eq!(p.unneeded_victim(), None);
+        assert_eq!(p.len(), 2);
+        p.set_refcount(11, 0);
+        assert_eq!(p.unneeded_victim(), Some(11));
+        assert!(!p.contains(11));
+        assert_eq!(p.unneeded_victim(), None, "10 is needed");
+        p.set_refcount(10, 0);
+        p.pin(10);
+        assert_eq!(p.unneeded_victim(), None, "a pinned key is never a victim");
     }
 
     #[test]

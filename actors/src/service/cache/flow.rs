@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use dataplane::{SlotMeta, element_error};
+use dataplane::{SlotMeta, SlotRef, element_error};
 
 use super::{CacheActor, Entry, Loading, Pending, SlotEntry, split_key};
 use crate::service::messages::{JobId, Load, Loaded, PipelineId, Prepare, Prepared, cache_key};
@@ -135,9 +135,30 @@ impl CacheActor {
         for (pipeline, result) in msg.results {
             let key = cache_key(msg.dataset, pipeline, msg.element);
             if !self.loading.contains_key(&key) {
+                // No longer needed (its jobs closed, or displaced): a slot a loader thread
+                // wrote it into is freed (nothing references it).
+                if let (
+                    Ok(Prepared {
+                        placed: Some(slot), ..
+                    }),
+                    Some(w),
+                ) = (&result, &self.writer)
+                {
+                    let _ = w.free_slot(*slot);
+                }
                 continue;
             }
             match result {
+                Ok(Prepared {
+                    placed: Some(slot),
+                    format,
+                    ..
+                }) => {
+                    self.stats.placed.fetch_add(1, Relaxed);
+                    let len = format.expected_len().unwrap_or(0);
+                    self.largest_payload = self.largest_payload.max(len);
+                    self.stored(key, slot);
+                }
                 Ok(prepared) => {
                     self.waiting.insert(
                         key,
@@ -158,6 +179,7 @@ impl CacheActor {
             }
         }
         self.drain_waiting();
+        self.keep_headroom();
         self.issue_loads();
         self.pump();
     }
@@ -257,6 +279,67 @@ impl CacheActor {
         times
     }
 
+    /// A loading key's payload is in `slot` now: cached, pinned if rings wait for it.
+    fn stored(&mut self, key: u64, slot: SlotRef) {
+        let l = self.loading.remove(&key).unwrap_or_default();
+        self.slots.insert(
+            key,
+            SlotEntry {
+                slot,
+                queued: l.refs,
+                pushed: 0,
+            },
+        );
+        self.by_slot.insert(slot.slot, (slot, key));
+        self.policy.insert(key, l.need, None);
+        if l.refs > 0 {
+            self.policy.pin(key);
+        }
+        self.debug_assert_slot(key);
+    }
+
+    /// Keeps room free for the loads under way, so that the loader threads can write them
+    /// straight into slots (`Loader::placing`): while less than `max_loading` of the largest
+    /// payloads (and as many slots) are free, or no free block holds the largest, evicts the
+    /// policy's victims that no job needs
+    /// (never a needed one: when only those are left, payloads come to the Cache as bytes
+    /// and wait for room by the usual rules). At most a sixteenth of the arena and of the
+    /// slots is kept free this way.
+    pub(super) fn keep_headroom(&mut self) {
+        let Some(writer) = self.writer.clone() else {
+            return;
+        };
+        if self.largest_payload == 0 || !self.waiting.is_empty() {
+            return;
+        }
+        let arena = writer.arena_stats();
+        let bytes = (self.largest_payload * self.max_loading as u64).min(arena.size / 16);
+        let slots = (self.max_loading as u32).min(writer.slot_count() / 16);
+        let mut evicted = false;
+        loop {
+            let a = writer.arena_stats();
+            if a.free >= bytes
+                && a.largest_free >= self.largest_payload
+                && writer.free_slots() >= slots
+            {
+                break;
+            }
+            let Some(victim) = self.policy.unneeded_victim() else {
+                break;
+            };
+            debug_assert!(
+                self.slots.get(&victim).is_none_or(|e| e.uses() == 0),
+                "key {victim:#x}: the policy's victim is used"
+            );
+            self.stats.evictions_unneeded.fetch_add(1, Relaxed);
+            self.evict(victim);
+            evicted = true;
+        }
+        if evicted {
+            self.update_gauges();
+        }
+    }
+
     /// Stores the payloads that wait for room, soonest needed first. Room comes from the
     /// policy's victims (keys nobody holds), then, when memory is short, from keys that
     /// are only queued and needed later than the payload. What still finds no room waits.
@@ -301,21 +384,9 @@ impl CacheActor {
             drop(copy);
             match written {
                 Ok(slot) => {
-                    let l = self.loading.remove(&key).unwrap_or_default();
-                    self.slots.insert(
-                        key,
-                        SlotEntry {
-                            slot,
-                            queued: l.refs,
-                            pushed: 0,
-                        },
-                    );
-                    self.by_slot.insert(slot.slot, (slot, key));
-                    self.policy.insert(key, l.need, None);
-                    if l.refs > 0 {
-                        self.policy.pin(key);
-                    }
-                    self.debug_assert_slot(key);
+                    let len = w.prepared.bytes.len() as u64;
+                    self.largest_payload = self.largest_payload.max(len);
+                    self.stored(key, slot);
                     return None;
                 }
                 Err(dataplane::Error::Full { .. } | dataplane::Error::NoFreeSlot { .. }) => {

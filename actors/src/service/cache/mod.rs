@@ -167,7 +167,11 @@ struct CacheJob {
 
 /// See the module docs.
 pub struct CacheActor {
-    writer: Option<Writer>,
+    /// Shared with the Loader's threads (weakly), which write loaded elements into new slots
+    /// while there is room to spare (`flow::keep_headroom`).
+    writer: Option<Arc<Writer>>,
+    /// The largest payload stored so far (bytes): the unit of the room kept free.
+    largest_payload: u64,
     policy: Policy,
     slots: HashMap<u64, SlotEntry>,
     by_slot: HashMap<u32, (SlotRef, u64)>,
@@ -208,11 +212,12 @@ fn split_key(key: u64) -> (DatasetId, PipelineId, u32) {
 
 impl CacheActor {
     pub fn new(
-        writer: Writer,
+        writer: impl Into<Arc<Writer>>,
         cfg: &CacheConfig,
         loader: Recipient<Load>,
         stats: Arc<CacheStats>,
     ) -> Self {
+        let writer: Arc<Writer> = writer.into();
         stats
             .slot_capacity
             .store(u64::from(writer.slot_count()), Relaxed);
@@ -221,6 +226,7 @@ impl CacheActor {
             .store(writer.arena_stats().size, Relaxed);
         Self {
             writer: Some(writer),
+            largest_payload: 0,
             policy: Policy::new(cfg.policy, 0x6a6f_6164),
             slots: HashMap::new(),
             by_slot: HashMap::new(),
@@ -283,6 +289,7 @@ impl CacheActor {
         found |= !polled.released.is_empty() || !polled.gone.is_empty() || !polled.done.is_empty();
         self.settle(polled);
         self.drain_waiting();
+        self.keep_headroom();
         self.issue_loads();
         let pushed = self.records_pushed();
         self.pump();
@@ -427,19 +434,9 @@ impl Handler<Loaded> for CacheActor {
     type Result = ();
     fn handle(&mut self, msg: Loaded, ctx: &mut Context<Self>) {
         let _cpu = stages::enter(&CACHE);
-        let short = !self.waiting.is_empty();
+        // Stored, the freed load place used and units pushed by `loaded` itself.
         self.loaded(msg);
-        if short {
-            // Memory is short: the payloads that wait are ordered by need at the next poll,
-            // once for all the payloads that arrive within a tick.
-            self.hurry(ctx);
-        } else {
-            // Stored and pushed now (and the freed load place used), not at the next poll.
-            self.drain_waiting();
-            self.issue_loads();
-            self.pump();
-            self.wake(ctx);
-        }
+        self.wake(ctx);
         self.after_message();
     }
 }
