@@ -271,6 +271,7 @@ fn metrics_count_what_the_jobs_did() {
         ("joader_cache_hits_total", "counter"),
         ("joader_cache_misses_total", "counter"),
         ("joader_decodes_total", "counter"),
+        ("joader_loads_placed_total", "counter"),
         ("joader_decodes_saved_total", "counter"),
         ("joader_loads_total", "counter"),
         ("joader_storage_read_bytes_total", "counter"),
@@ -371,6 +372,9 @@ fn metrics_count_what_the_jobs_did() {
     );
     assert!(v("joader_decodes_total", &[]) >= (ITEMS - 1) as f64);
     assert!(v("joader_loads_total", &[]) >= ITEMS as f64);
+    // Placed in their slot by a loader thread, or copied there by the Cache: never more than
+    // were loaded.
+    assert!(v("joader_loads_placed_total", &[]) <= v("joader_loads_total", &[]));
     assert!(v("joader_storage_read_bytes_total", &[]) > 1000.0);
     assert!(v("joader_load_failures_total", &[("kind", "not_an_image")]) >= 1.0);
     assert!(v("joader_load_errors_total", &[]) >= 1.0);

@@ -234,6 +234,7 @@ pub(super) fn record_cache(state: &AppState) {
     c("joader_decodes_saved_total", s.hits.load(Relaxed));
     c("joader_loads_total", s.loads.load(Relaxed));
     c("joader_decodes_total", s.decodes.load(Relaxed));
+    c("joader_loads_placed_total", s.placed.load(Relaxed));
     c(
         "joader_storage_read_bytes_total",
         s.bytes_read.load(Relaxed),

@@ -36,6 +36,10 @@ pub(super) fn describe_all() {
         "images decoded (pipelines other than raw)"
     );
     describe_counter!(
+        "joader_loads_placed_total",
+        "prepared elements a loader thread wrote straight into their shared-memory slot (the rest the cache copied in, when it had to make room first)"
+    );
+    describe_counter!(
         "joader_storage_read_bytes_total",
         Unit::Bytes,
         "bytes read from storage"
