@@ -164,23 +164,9 @@ pub struct PipelinePrepare {
 
 impl Prepare for PipelinePrepare {
     fn prepare(&self, bytes: &[u8]) -> Result<Prepared, LoadFailure> {
-        match pipeline::run(&self.pipeline, bytes, &self.limits) {
-            Ok(Output::Raw(bytes)) => Ok(Prepared::bytes(bytes, dataplane::Format::Raw)),
-            Ok(Output::Hwc {
-                data,
-                height,
-                width,
-                channels,
-            }) => Ok(Prepared::bytes(
-                data,
-                dataplane::Format::HwcU8 {
-                    height,
-                    width,
-                    channels,
-                },
-            )),
-            Err(e) => Err(pipeline_failure(e)),
-        }
+        pipeline::run(&self.pipeline, bytes, &self.limits)
+            .map(prepared)
+            .map_err(pipeline_failure)
     }
 
     /// Decodes, then resizes straight into the slot `place` gives (no copy of the output),
@@ -204,15 +190,32 @@ impl Prepare for PipelinePrepare {
                 format,
                 placed: Some(placed?),
             }),
-            None => match decoded.finish().map_err(pipeline_failure)? {
-                Output::Hwc { data, .. } => Ok(Prepared::bytes(data, format)),
-                Output::Raw(data) => Ok(Prepared::bytes(data, dataplane::Format::Raw)),
-            },
+            None => decoded.finish().map(prepared).map_err(pipeline_failure),
         }
     }
 
     fn decodes(&self) -> bool {
         !matches!(self.pipeline, Pipeline::Raw)
+    }
+}
+
+/// A pipeline's output as bytes for the Cache to copy into a slot.
+fn prepared(out: Output) -> Prepared {
+    match out {
+        Output::Raw(bytes) => Prepared::bytes(bytes, dataplane::Format::Raw),
+        Output::Hwc {
+            data,
+            height,
+            width,
+            channels,
+        } => Prepared::bytes(
+            data,
+            dataplane::Format::HwcU8 {
+                height,
+                width,
+                channels,
+            },
+        ),
     }
 }
 

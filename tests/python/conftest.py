@@ -1,11 +1,14 @@
 """Shared by the tests of the Python client against the real server: `need`, the import of a
-tool that a test cannot run without."""
+tool that a test cannot run without, and `start_serve`, a `joader serve` child."""
 
 from __future__ import annotations
 
 import importlib
 import os
-from typing import Any
+import re
+import subprocess
+import threading
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -25,3 +28,21 @@ def need(module: str, why: str) -> Any:
     if REQUIRE_TOOLS:
         pytest.fail(f"JOADER_REQUIRE_TOOLS=1 and {missing}", pytrace=False)
     pytest.skip(missing)
+
+
+def start_serve(binary: str, args: List[str]) -> Tuple["subprocess.Popen[str]", str]:
+    """Starts `binary serve --bind 127.0.0.1:0 ARGS` and returns the process and its URL, read
+    from the `addr=` of its log; the rest of the log is drained so that the server never
+    blocks on a full pipe. The caller stops it (SIGTERM) and checks its exit."""
+    proc = subprocess.Popen([binary, "serve", "--bind", "127.0.0.1:0", *args], stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "JOADER_LOG": "info"})
+    assert proc.stderr is not None
+    url = None
+    for line in proc.stderr:
+        m = re.search(r"addr=(\S+)", line)
+        if m:
+            url = f"http://{m.group(1)}"
+            break
+    assert url, "joader serve did not start"
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    return proc, url

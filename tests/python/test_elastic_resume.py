@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import numpy as np
 import pytest
 
 import joader
-from conftest import need
+from conftest import need, start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
@@ -74,19 +73,8 @@ def server() -> Iterator[str]:
         d.mkdir(parents=True, exist_ok=True)
         image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(d / f"{i:03d}.png")
     instance = f"pyel_{os.getpid()}"
-    proc = subprocess.Popen(
-        [str(BIN), "serve", "--bind", "127.0.0.1:0", "--instance", instance, "--data-dir", str(tmp / "state"),
-         "--allowed-root", str(tmp / "imgs"), "--cache-bytes", str(32 << 20), "--cache-slots", "1024"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "JOADER_LOG": "info"})
-    assert proc.stderr is not None
-    url = None
-    for line in proc.stderr:
-        m = re.search(r"addr=(\S+)", line)
-        if m:
-            url = f"http://{m.group(1)}"
-            break
-    assert url, "joader serve did not start"
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    proc, url = start_serve(str(BIN), ["--instance", instance, "--data-dir", str(tmp / "state"),
+         "--allowed-root", str(tmp / "imgs"), "--cache-bytes", str(32 << 20), "--cache-slots", "1024"])
     call(url, "/v1/datasets", {"name": "imgs", "source": {"kind": "image_folder", "path": str(tmp / "imgs")}}, "POST")
     wait_for("the dataset indexed", lambda: call(url, "/v1/datasets/imgs")["state"] == "ready")
     yield url

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from conftest import need
+from conftest import need, start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
@@ -34,18 +33,8 @@ def server() -> Iterator[Dict[str, Any]]:
     subprocess.run([str(BIN), "gen-dataset", "--out", str(data), "--classes", str(CLASSES), "--per-class",
                     str(PER_CLASS), "--width", "64", "--height", "48"], check=True, capture_output=True)
     instance = f"py_{os.getpid()}"
-    proc = subprocess.Popen(
-        [str(BIN), "serve", "--bind", "127.0.0.1:0", "--instance", instance, "--data-dir", str(tmp / "state"),
-         "--allowed-root", str(data), "--allowed-root", str(tmp / "more"), "--cache-bytes", str(64 << 20), "--cache-slots", "1024"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "JOADER_LOG": "info"})
-    assert proc.stderr is not None
-    url = None
-    for line in proc.stderr:
-        m = re.search(r"addr=(\S+)", line)
-        if m:
-            url = f"http://{m.group(1)}"
-            break
-    assert url, "joader serve did not start"
+    proc, url = start_serve(str(BIN), ["--instance", instance, "--data-dir", str(tmp / "state"),
+         "--allowed-root", str(data), "--allowed-root", str(tmp / "more"), "--cache-bytes", str(64 << 20), "--cache-slots", "1024"])
     post(url, "/v1/datasets", {"name": "imgs", "source": {"kind": "image_folder", "path": str(data)}})
     wait_ready(url, "imgs")
     yield {"url": url, "instance": instance, "more": tmp / "more"}

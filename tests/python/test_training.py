@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import numpy as np
 import pytest
 
 import joader
-from conftest import need
+from conftest import need, start_serve
 
 # Every test here needs them: imported by `tools` (skipped, or failed under
 # JOADER_REQUIRE_TOOLS=1, when one is missing).
@@ -89,20 +88,8 @@ def digits() -> Iterator[Dict[str, Any]]:
             files.append((str(train_dir / cls / f), int(cls[1:])))
     x_test = np.stack([upscale(images[i]) for i in np.flatnonzero(test)])
     instance = f"pyt_{os.getpid()}"
-    proc = subprocess.Popen(
-        [str(BIN), "serve", "--bind", "127.0.0.1:0", "--instance", instance, "--data-dir", str(tmp / "state"),
-         "--allowed-root", str(train_dir), "--cache-bytes", str(64 << 20), "--cache-slots", "4096"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "JOADER_LOG": "info"})
-    assert proc.stderr is not None
-    url = None
-    for line in proc.stderr:
-        m = re.search(r"addr=(\S+)", line)
-        if m:
-            url = f"http://{m.group(1)}"
-            break
-    assert url, "joader serve did not start"
-    # Keep reading the server's log so that it never blocks on a full pipe.
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    proc, url = start_serve(str(BIN), ["--instance", instance, "--data-dir", str(tmp / "state"),
+         "--allowed-root", str(train_dir), "--cache-bytes", str(64 << 20), "--cache-slots", "4096"])
     post(url, "/v1/datasets", {"name": "digits", "source": {"kind": "image_folder", "path": str(train_dir)}})
     deadline = time.monotonic() + 120
     while get(url, "/v1/datasets/digits")["state"] != "ready":

@@ -675,6 +675,19 @@ mod tests {
         index(spec, &[root.to_owned()], &mut |_| {})
     }
 
+    /// `dir/a.parquet`: two image rows of classes 0 and 1, snappy.
+    fn two_rows(dir: &std::path::Path) -> std::path::PathBuf {
+        let file = dir.join("a.parquet");
+        write_hf(
+            &file,
+            &[row(1, 0), row(2, 1)],
+            10,
+            Compression::SNAPPY,
+            None,
+        );
+        file
+    }
+
     #[test]
     fn rows_read_back_across_files_row_groups_and_codecs() {
         let tmp = tempfile::tempdir().unwrap();
@@ -773,14 +786,7 @@ mod tests {
     #[test]
     fn damaged_files_and_bad_labels_fail_indexing_with_their_reason() {
         let tmp = tempfile::tempdir().unwrap();
-        let file = tmp.path().join("a.parquet");
-        write_hf(
-            &file,
-            &[row(1, 0), row(2, 1)],
-            10,
-            Compression::SNAPPY,
-            None,
-        );
+        let file = two_rows(tmp.path());
         let whole = fs::read(&file).unwrap();
         let cut = tmp.path().join("cut.parquet");
         fs::write(&cut, &whole[..whole.len() - 20]).unwrap();
@@ -848,14 +854,7 @@ mod tests {
     #[test]
     fn fields_name_the_columns_and_refuse_what_is_not_supported() {
         let tmp = tempfile::tempdir().unwrap();
-        let file = tmp.path().join("a.parquet");
-        write_hf(
-            &file,
-            &[row(1, 0), row(2, 1)],
-            10,
-            Compression::SNAPPY,
-            None,
-        );
+        let file = two_rows(tmp.path());
         let fields = serde_json::json!({
             "img": {"kind": "image", "from": "image"},
             "cls": {"kind": "class", "from": "label"},

@@ -312,32 +312,38 @@ impl CacheActor {
         if self.largest_payload == 0 || !self.waiting.is_empty() {
             return;
         }
-        let arena = writer.arena_stats();
-        let bytes = (self.largest_payload * self.max_loading as u64).min(arena.size / 16);
+        let mut a = writer.arena_stats();
+        let bytes = (self.largest_payload * self.max_loading as u64).min(a.size / 16);
         let slots = (self.max_loading as u32).min(writer.slot_count() / 16);
         let mut evicted = false;
-        loop {
-            let a = writer.arena_stats();
-            if a.free >= bytes
-                && a.largest_free >= self.largest_payload
-                && writer.free_slots() >= slots
-            {
-                break;
-            }
+        while a.free < bytes || a.largest_free < self.largest_payload || writer.free_slots() < slots
+        {
             let Some(victim) = self.policy.unneeded_victim() else {
                 break;
             };
-            debug_assert!(
-                self.slots.get(&victim).is_none_or(|e| e.uses() == 0),
-                "key {victim:#x}: the policy's victim is used"
-            );
-            self.stats.evictions_unneeded.fetch_add(1, Relaxed);
-            self.evict(victim);
+            self.evict_victim(victim, 0);
             evicted = true;
+            a = writer.arena_stats();
         }
         if evicted {
             self.update_gauges();
         }
+    }
+
+    /// Evicts the policy's victim (already taken out of the policy), counted by whether some
+    /// job still needed it (`refcount`).
+    fn evict_victim(&mut self, victim: u64, refcount: u32) {
+        let reason = if refcount == 0 {
+            &self.stats.evictions_unneeded
+        } else {
+            &self.stats.evictions_needed
+        };
+        reason.fetch_add(1, Relaxed);
+        debug_assert!(
+            self.slots.get(&victim).is_none_or(|e| e.uses() == 0),
+            "key {victim:#x}: the policy's victim is used"
+        );
+        self.evict(victim);
     }
 
     /// Stores the payloads that wait for room, soonest needed first. Room comes from the
@@ -391,17 +397,7 @@ impl CacheActor {
                 }
                 Err(dataplane::Error::Full { .. } | dataplane::Error::NoFreeSlot { .. }) => {
                     if let Some((victim, refcount)) = self.policy.victim_with_refcount() {
-                        let reason = if refcount == 0 {
-                            &self.stats.evictions_unneeded
-                        } else {
-                            &self.stats.evictions_needed
-                        };
-                        reason.fetch_add(1, Relaxed);
-                        debug_assert!(
-                            self.slots.get(&victim).is_none_or(|e| e.uses() == 0),
-                            "key {victim:#x}: the policy's victim is used"
-                        );
-                        self.evict(victim);
+                        self.evict_victim(victim, refcount);
                         continue;
                     }
                     if self.slots.is_empty() {

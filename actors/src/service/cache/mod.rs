@@ -291,18 +291,8 @@ impl CacheActor {
         self.drain_waiting();
         self.keep_headroom();
         self.issue_loads();
-        let pushed = self.records_pushed();
-        self.pump();
-        found || self.records_pushed() != pushed
-    }
-
-    /// Records pushed into the open jobs' rings so far.
-    fn records_pushed(&self) -> u64 {
-        self.jobs
-            .values()
-            .flat_map(|j| &j.rings)
-            .map(|rr| rr.ring.pushed())
-            .sum()
+        let pushed = self.pump();
+        found || pushed
     }
 
     /// Applies what a poll found once every job is polled: acknowledged slots are released,
@@ -420,11 +410,8 @@ impl Handler<Deliver> for CacheActor {
     type Result = ();
     fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) {
         let _cpu = stages::enter(&CACHE);
+        // Loads start and cached units are pushed by `deliver` itself, not at the next poll.
         self.deliver(msg);
-        // Loads start and cached units are pushed now, not at the next poll, which may be
-        // a back-off away.
-        self.issue_loads();
-        self.pump();
         self.wake(ctx);
         self.after_message();
     }

@@ -44,10 +44,11 @@ impl CacheActor {
     }
 
     /// Pushes what the rings can take (see [`push_units`](Self::push_units)), then counts the
-    /// units that wait for room other jobs hold.
-    pub(super) fn pump(&mut self) {
-        self.push_units();
+    /// units that wait for room other jobs hold. Returns whether it pushed anything.
+    pub(super) fn pump(&mut self) -> bool {
+        let pushed = self.push_units();
         self.count_waits();
+        pushed
     }
 
     /// Pushes every complete unit each ring has room for, in order, keeping at most one batch
@@ -55,8 +56,9 @@ impl CacheActor {
     /// for room) until the client has taken what was pushed. What a stopped reader pins is
     /// then the batch it holds plus at most one, never its whole ring; the rest of what it
     /// was sampled stays evictable for the readers that read.
-    fn push_units(&mut self) {
+    fn push_units(&mut self) -> bool {
         let short = !self.waiting.is_empty();
+        let mut pushed = false;
         let mut broken: Vec<(JobId, String)> = Vec::new();
         let job_ids: Vec<JobId> = self.jobs.keys().copied().collect();
         for id in job_ids {
@@ -82,6 +84,7 @@ impl CacheActor {
                     rr.ready = 0;
                     rr.ready_items = 0;
                     rr.waited = false;
+                    pushed = true;
                 }
                 debug_assert!(
                     rr.ready <= rr.queue.len() && rr.ready_items <= rr.ready.min(batch),
@@ -97,6 +100,7 @@ impl CacheActor {
             self.close_job(id, Some(reason));
         }
         self.update_gauges();
+        pushed
     }
 
     /// Pushes one ready entry into its ring.

@@ -147,10 +147,9 @@ impl fmt::Display for BenchReport {
     }
 }
 
-/// This thread's CPU time (what the augmentation costs, whatever else shares the cores).
+/// This thread's CPU time (`dataplane::stages`' clock).
 fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    Duration::from_nanos(dataplane::stages::thread_cpu_ns())
 }
 
 /// Median CPU time per image of `rounds` rounds of RandomResizedCrop(224) + flip over 64 images.

@@ -125,10 +125,9 @@ pub(super) fn photo_folder(dir: &Path, n: u32) -> Result<PathBuf> {
     Ok(root)
 }
 
-/// This thread's CPU time.
+/// This thread's CPU time (`dataplane::stages`' clock).
 fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    Duration::from_nanos(dataplane::stages::thread_cpu_ns())
 }
 
 /// The bare pipeline over every element of `index` on this thread: (CPU ms per image, decoded
