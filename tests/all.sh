@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+# One build per run: incremental caches would double the target dir on a CI machine's disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 echo "== tools: nasm (libjpeg-turbo's SIMD, built by the mozjpeg crate), and for the observability tests chromium, prometheus with promtool (Debian)"
 if ! command -v nasm >/dev/null || ! command -v chromium >/dev/null || ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
