@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from . import _native
+from . import boxes as boxes_module
 from ._native import JoaderError, LAYOUT_VERSION
 
 __version__: str = _native.__version__
@@ -132,6 +133,19 @@ class RandomResizedCrop:
         ``height × width`` image at ``(epoch, position)`` of a job with ``seed`` (drawn natively:
         the same draws as every other path)."""
         return _native.draw_crop(height, width, self._native(), seed, epoch, position)
+
+    def boxes(self, boxes: np.ndarray, height: int, width: int, seed: int = 0, epoch: int = 0,
+              position: int = 0, fmt: str = "xyxy",
+              source_size: Optional[Tuple[int, int]] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """Moves ``(N, 4)`` boxes of a ``height × width`` image through the crop and flip that
+        `apply` makes at ``(epoch, position)`` of a job with ``seed``: returns the boxes that
+        keep an area, in the output's coordinates and ``fmt`` (``"xyxy"`` or COCO's
+        ``"xywh"``), and their indices in the input (see `joader.boxes.crop_boxes`; with
+        ``source_size`` the boxes are on an image of that size, e.g. the original photo, and
+        are scaled to ``height × width`` first)."""
+        top, left, h, w, flip = self.draw(height, width, seed, epoch, position)
+        return boxes_module.crop_boxes(boxes, (top, left, h, w), flip, (self.height, self.width),
+                                       fmt=fmt, image_size=(height, width), source_size=source_size)
 
 
 @dataclass(frozen=True)
