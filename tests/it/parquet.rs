@@ -1,7 +1,8 @@
 //! The `parquet` source against files written by `pyarrow` the way Hugging Face's `datasets`
 //! library writes them (image struct `{bytes, path}`, `ClassLabel` metadata, snappy and zstd,
-//! small row groups): the same images as an image folder give the same decoded pixels and
-//! labels through a real `joader serve`; damaged files and rows are error records or failed
+//! small row groups; and v2 pages with an offset index and no dictionary): the same images as
+//! an image folder give the same decoded pixels and labels through a real `joader serve`;
+//! damaged files and rows are error records or failed
 //! indexing, and the server lives on.
 //!
 //! `tests/all.sh` sets `JOADER_REQUIRE_TOOLS=1`; the test installs `pyarrow` with pip when
@@ -13,7 +14,9 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::common::{DEADLINE, TempDir, TestServer, consumer, finish, unique_instance, wait_for};
+use crate::common::{
+    DEADLINE, TempDir, TestServer, consumer, finish, joader, unique_instance, wait_for,
+};
 
 /// Writes the Parquet files of the test (see the comments of the script).
 const WRITER: &str = r#"
@@ -52,6 +55,13 @@ pq.write_table(table(items[:half]), os.path.join(out, "pq", "train-00000-of-0000
                row_group_size=4, compression="snappy")
 pq.write_table(table(items[half:]), os.path.join(out, "pq", "train-00001-of-00002.parquet"),
                row_group_size=4, compression="zstd")
+
+# The same rows laid out as other writers do: no dictionary, v2 data pages of two rows, an
+# offset index.
+os.makedirs(os.path.join(out, "pq2"))
+pq.write_table(table(items), os.path.join(out, "pq2", "train.parquet"), row_group_size=8,
+               use_dictionary=False, data_page_version="2.0", write_page_index=True,
+               data_page_size=1, write_batch_size=2)
 
 # A file cut short (its footer is gone).
 os.makedirs(os.path.join(out, "cut"))
@@ -205,17 +215,31 @@ fn a_parquet_dataset_gives_the_batches_of_the_same_image_folder() {
 
     let (from_folder, errors) = read_decoded(&server, "a", "folder");
     assert!(errors.is_empty(), "{errors:?}");
-    let (from_parquet, errors) = read_decoded(&server, "b", "pq");
-    assert!(errors.is_empty(), "{errors:?}");
-    assert_eq!(from_parquet.len(), n);
-    assert_eq!(
-        from_parquet.keys().collect::<Vec<_>>(),
-        from_folder.keys().collect::<Vec<_>>()
+    // pyarrow's defaults (dictionary pages, Snappy; zstd in the second file), then v2 pages
+    // with an offset index and no dictionary.
+    let (status, body) = create(
+        &server,
+        "pq2",
+        json!({"kind": "parquet", "paths": [root.0.join("pq2")]}),
     );
-    for (element, (label, pixels)) in &from_folder {
-        let (pq_label, pq_pixels) = &from_parquet[element];
-        assert_eq!(pq_label, label, "element {element}");
-        assert!(pq_pixels == pixels, "element {element}: other pixels");
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(settled(&server, "pq2")["state"], "ready");
+    for (job, dataset) in [("b", "pq"), ("c", "pq2")] {
+        let (from_parquet, errors) = read_decoded(&server, job, dataset);
+        assert!(errors.is_empty(), "{dataset}: {errors:?}");
+        assert_eq!(from_parquet.len(), n, "{dataset}");
+        assert_eq!(
+            from_parquet.keys().collect::<Vec<_>>(),
+            from_folder.keys().collect::<Vec<_>>()
+        );
+        for (element, (label, pixels)) in &from_folder {
+            let (pq_label, pq_pixels) = &from_parquet[element];
+            assert_eq!(pq_label, label, "{dataset}: element {element}");
+            assert!(
+                pq_pixels == pixels,
+                "{dataset}: element {element}: other pixels"
+            );
+        }
     }
 }
 
@@ -303,4 +327,71 @@ fn damaged_parquet_files_and_rows_are_errors_and_the_server_lives_on() {
     // The server lives on.
     let (status, _) = server.client().call("GET", "/healthz", None).unwrap();
     assert_eq!(status, 200);
+}
+
+/// The cells of the markdown row of `md` that starts with `start`.
+fn cells<'a>(md: &'a str, start: &str) -> Vec<&'a str> {
+    md.lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no row {start:?} in\n{md}"))
+        .split('|')
+        .map(str::trim)
+        .collect()
+}
+
+/// `joader bench e2e --parquet` and `joader bench parquet-index`, tiny, so that the benches
+/// cannot rot: each prints its rows with every figure. The figures are the benches' business;
+/// what is exact is checked: a row read from its location reads and decompresses bytes, and
+/// the index holds every generated row.
+#[test]
+fn the_parquet_benches_print_their_rows() {
+    if !pyarrow("the_parquet_benches_print_their_rows") {
+        return;
+    }
+    let dir = TempDir::new("bench-parquet");
+    let out = dir.0.join("out");
+    let o = joader(&[
+        "bench",
+        "e2e",
+        "--quick",
+        "--parquet",
+        "--only",
+        "parquet",
+        "--data",
+        dir.0.join("data").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let md = std::fs::read_to_string(out.join("e2e.md")).unwrap();
+    for source in ["image folder", "parquet"] {
+        let row = cells(&md, &format!("| joader serve, {source} | 1 |"));
+        let figures: Vec<f64> = row[3..8].iter().map(|c| c.parse().unwrap()).collect();
+        assert!(figures.iter().all(|f| *f > 0.0), "{source}: {row:?}");
+        // Four jobs of one dataset: no element is decoded for more than one of them.
+        assert!(figures[2] <= 1.0, "{source}: {row:?}");
+    }
+    assert!(md.contains("mean of the rounds: throughput"), "{md}");
+    let located = cells(&md, "| parquet, rows located |");
+    let read: f64 = located[3].parse().unwrap();
+    let decompressed: f64 = located[4].parse().unwrap();
+    assert!(read > 0.0 && decompressed > 0.0, "{located:?}");
+
+    let o = joader(&[
+        "bench",
+        "parquet-index",
+        "--items",
+        "5000",
+        "--rows-per-file",
+        "1000",
+        "--data",
+        dir.0.join("index").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("5000 rows in 5 files"), "{table}");
+    let ready = cells(&table, "| time until ready");
+    assert!(ready[2].ends_with(" s"), "{ready:?}");
+    let rss = cells(&table, "| RssAnon growth");
+    assert!(rss[2].contains("B/item"), "{rss:?}");
 }

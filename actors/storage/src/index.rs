@@ -8,7 +8,9 @@
 //!   item's path in it (`u64`);
 //! - tar members: shard number, offset and length columns;
 //! - Parquet rows: file number, row group and row-in-group columns (`u32` each), with the
-//!   image column's name and the allowed roots that a row's image `path` must lie under.
+//!   image column's name and the allowed roots that a row's image `path` must lie under, and
+//!   the dataset's read state (`parquet/reader.rs`: kept with the index that the Loader reads
+//!   through, never persisted nor compared).
 //!
 //! Persisted with [`DatasetIndex::to_bytes`]: a magic tag naming the format's version, then
 //! the columns in postcard (varints; the arena as one byte string).
@@ -254,13 +256,14 @@ impl IndexBuilder {
         }
     }
 
-    pub(super) fn rows() -> Self {
+    /// A builder of `rows` Parquet rows: its columns allocated once, at their size.
+    pub(super) fn rows(rows: usize) -> Self {
         Self {
-            labels: Vec::new(),
+            labels: Vec::with_capacity(rows),
             locations: Locations::Rows {
-                file: Vec::new(),
-                group: Vec::new(),
-                row: Vec::new(),
+                file: Vec::with_capacity(rows),
+                group: Vec::with_capacity(rows),
+                row: Vec::with_capacity(rows),
                 info: RowsInfo::default(),
             },
         }

@@ -25,7 +25,7 @@
 //!   stores image datasets: an image column (Hugging Face's `{bytes, path}` struct, or
 //!   binary) and an integer class column (`label` unless a `class` field names another),
 //!   with the class names of the files' `huggingface` metadata (`ClassLabel`) when present.
-//!   Items are rows, in file, row group and row order (see `parquet.rs`).
+//!   Items are rows, in file, row group and row order (see `parquet/`).
 //!
 //! Labels and classes: **`classes[label]` is always the name of `label`.** Folder classes
 //! are folder names; Parquet classes are the `ClassLabel` names when the files carry them.
@@ -63,6 +63,7 @@ use serde::{Deserialize, Serialize};
 use roots::Roots;
 
 pub use index::{DatasetIndex, IndexFormatError, Location};
+pub use parquet::ParquetReads;
 
 /// Numeric labels must be below this (their class list is `0..=max`).
 pub const MAX_NUMERIC_LABEL: i64 = 1 << 20;
@@ -352,6 +353,20 @@ impl DatasetIndex {
         })
     }
 
+    /// What the reads of a `parquet` dataset have cost so far (`None` for other sources).
+    pub fn parquet_reads(&self) -> Option<ParquetReads> {
+        self.rows_info().map(|info| info.reader.reads())
+    }
+
+    /// Drops the decoded rows a `parquet` dataset's reads keep (at most 64 MiB), as an epoch
+    /// over a dataset larger than that does: the benchmarks' way to measure reads of rows
+    /// located in their pages. Reads stay correct either way.
+    pub fn parquet_drop_decoded(&self) {
+        if let Some(info) = self.rows_info() {
+            info.reader.drop_decoded();
+        }
+    }
+
     /// Reads the stored bytes of item `id` (blocking).
     pub fn read(&self, id: u32) -> Result<Vec<u8>, StorageError> {
         let location = self.location(id).ok_or(StorageError::NoSuchItem {
@@ -400,7 +415,7 @@ impl DatasetIndex {
             } => {
                 let path = self.shards().get(file as usize);
                 match (path, self.rows_info()) {
-                    (Some(path), Some(info)) => parquet::read(path, info, row_group, row),
+                    (Some(path), Some(info)) => parquet::read(path, file, info, row_group, row),
                     _ => Err(StorageError::ReadFailed {
                         path: PathBuf::from(format!("file {file}")),
                         source: io::Error::new(io::ErrorKind::InvalidData, "no such file"),

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod dataplane;
 pub mod decode;
 pub mod e2e;
+pub mod parquet_index;
 pub mod photos;
 pub mod sampler;
 pub mod scale;
@@ -30,6 +31,9 @@ pub enum BenchCommand {
     /// An ImageNet-size manifest and 64 jobs on real `joader serve` processes: index time and
     /// memory, memory per job, idle CPU, and fast jobs beside slow, paused and idle ones.
     Scale(scale::ScaleArgs),
+    /// An ImageNet-size `parquet` dataset shaped like Hugging Face's (1,281,167 rows, 100 per
+    /// row group) indexed by a `joader serve` process: time until ready and memory.
+    ParquetIndex(parquet_index::ParquetIndexArgs),
     /// A leader and three followers as processes on this machine: decodes per epoch of
     /// multi-node jobs against the union of their subsets, jobs on different node sets against
     /// the placement rule, per-rank throughput against one standalone server, leader CPU.
@@ -51,6 +55,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::E2e(args) => e2e::run(args),
         BenchCommand::Decode(args) => decode::decode(args),
         BenchCommand::Scale(args) => scale::run(args),
+        BenchCommand::ParquetIndex(args) => parquet_index::run(args),
         BenchCommand::Cluster(args) => cluster::run(args),
         BenchCommand::Train(args) => train::run(args),
     }

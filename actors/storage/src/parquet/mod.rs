@@ -4,10 +4,10 @@
 //! (`features.<column>` of `_type` `ClassLabel`, its `names`).
 //!
 //! Indexing reads each file's footer and the class column's pages only; an item is a row,
-//! located by (file, row group, row in the group). Reading an item parses the footer again
-//! (a few KiB for Hugging Face's files, whose row groups hold about 100 rows), reads the page
-//! headers of the row group's image column, skips the pages before the row without reading
-//! them, and decompresses the one page that holds it: memory is bounded by a page.
+//! located by (file, row group, row in the group). Reading items goes through the dataset's
+//! [`reader::Reader`], kept in its index: footers parsed once, each row group's image column
+//! decoded once and its rows located, then each row read as about its own bytes (a piece
+//! of a Snappy stream, `snappy.rs`), with bounded memory.
 //!
 //! We use the `parquet` crate's low-level column readers, not its `arrow` feature: an
 //! element is one value of one column in one row group, which needs no columnar batch, and
@@ -29,10 +29,20 @@ use parquet::basic::Type as PhysicalType;
 use parquet::column::reader::ColumnReaderImpl;
 use parquet::data_type::{ByteArray, ByteArrayType, DataType, Int32Type, Int64Type};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData};
+use parquet::file::metadata::{
+    ParquetMetaData, ParquetMetaDataOptions, ParquetMetaDataReader, ParquetStatisticsPolicy,
+    RowGroupMetaData,
+};
 use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::serialized_reader::SerializedPageReader;
 use parquet::schema::types::SchemaDescriptor;
+
+mod pages;
+mod reader;
+mod snappy;
+
+pub use reader::ParquetReads;
+use reader::{Found, OpenFile};
 
 use super::fields::{FieldKind, Fields};
 use super::index::IndexBuilder;
@@ -122,7 +132,18 @@ fn index_files(
         .unwrap_or(DEFAULT_CLASS_COLUMN);
     let mut image_column: Option<String> = None;
     let mut names: Option<(PathBuf, Vec<String>)> = None;
-    let mut items = IndexBuilder::rows();
+    // The rows the footers declare, so that the columns are allocated once (growing them
+    // would leave the server holding up to twice their size).
+    let mut declared = 0usize;
+    for path in &files {
+        let meta = Pread::open(path)
+            .map_err(|e| StorageError::io(path, e))?
+            .metadata(path)?;
+        declared =
+            declared.saturating_add(usize::try_from(meta.file_metadata().num_rows()).unwrap_or(0));
+    }
+    // (A damaged footer may declare any count: beyond 64 M rows the columns grow as read.)
+    let mut items = IndexBuilder::rows(declared.min(1 << 26));
     for (n, path) in files.iter().enumerate() {
         let n = u32::try_from(n).map_err(|_| StorageError::TooManyItems)?;
         let bad = bad(path);
@@ -193,51 +214,80 @@ fn index_files(
     let rows = RowsInfo {
         column: image_column.unwrap_or_default(),
         roots: roots.canonical().to_vec(),
+        reader: Default::default(),
     };
     Ok(items.finish_rows(classes, files, rows))
 }
 
 /// What reading a row needs besides its location: the image column's name, and the allowed
-/// roots (canonical) that a row's `path` must lie under.
+/// roots (canonical) that a row's `path` must lie under; and the dataset's read state (never
+/// persisted: it starts empty when the index is read back).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq, Default)]
 pub(crate) struct RowsInfo {
     pub(crate) column: String,
     pub(crate) roots: Vec<PathBuf>,
+    #[serde(skip)]
+    pub(crate) reader: Box<reader::Reader>,
 }
 
-/// Reads the image of row `row` of row group `group` in file `path`.
+/// Reads the image of row `row` of row group `group` in file number `n`, at `path`.
 pub(super) fn read(
     path: &Path,
+    n: u32,
     info: &RowsInfo,
     group: u32,
     row: u32,
 ) -> Result<Vec<u8>, StorageError> {
-    guarded(path, || read_row(path, info, group, row))
+    guarded(path, || read_row(path, n, info, group, row))
 }
 
-fn read_row(path: &Path, info: &RowsInfo, group: u32, row: u32) -> Result<Vec<u8>, StorageError> {
+fn read_row(
+    path: &Path,
+    n: u32,
+    info: &RowsInfo,
+    group: u32,
+    row: u32,
+) -> Result<Vec<u8>, StorageError> {
     let bad = bad(path);
-    let reader = Pread::open(path).map_err(|e| StorageError::read(path, e))?;
-    let meta = reader.metadata(path)?;
-    let schema = meta.file_metadata().schema_descr();
-    let image = ImageColumn::find(schema, &info.column).map_err(&bad)?;
-    let group_meta = (group as usize)
-        .lt(&meta.num_row_groups())
-        .then(|| meta.row_group(group as usize))
-        .ok_or_else(|| {
-            bad(format!(
-                "no row group {group} (the file changed since indexing?)"
-            ))
-        })?;
-    let cell = |leaf: usize| {
-        read_cell(&reader, group_meta, leaf, row as usize)
-            .map_err(|e| bad(format!("row {row} of row group {group}: {e}")))
-    };
-    if let Some(bytes) = cell(image.bytes)? {
-        return Ok(bytes.data().to_vec());
+    let file = info.reader.file(n, || {
+        let file = Pread::open(path).map_err(|e| StorageError::read(path, e))?;
+        let meta = file.metadata(path)?;
+        let image =
+            ImageColumn::find(meta.file_metadata().schema_descr(), &info.column).map_err(&bad)?;
+        Ok(OpenFile { file, meta, image })
+    })?;
+    if group as usize >= file.meta.num_row_groups() {
+        return Err(bad(format!(
+            "no row group {group} (the file changed since indexing?)"
+        )));
     }
-    let stored = match image.path {
-        Some(leaf) => cell(leaf)?,
+    let found = info
+        .reader
+        .read_row(n, &file, group, row)
+        .map_err(|e| bad(format!("row {row} of row group {group}: {e}")))?;
+    match found {
+        Found::Bytes(bytes) => Ok(bytes),
+        Found::Null => read_path_row(path, info, &file, group, row),
+    }
+}
+
+/// A row whose image `bytes` are null: its image is the file its `path` names.
+fn read_path_row(
+    path: &Path,
+    info: &RowsInfo,
+    file: &OpenFile,
+    group: u32,
+    row: u32,
+) -> Result<Vec<u8>, StorageError> {
+    let bad = bad(path);
+    let stored = match file.image.path {
+        Some(leaf) => read_cell(
+            &file.file,
+            file.meta.row_group(group as usize),
+            leaf,
+            row as usize,
+        )
+        .map_err(|e| bad(format!("row {row} of row group {group}: {e}")))?,
         None => None,
     };
     let Some(stored) = stored else {
@@ -506,9 +556,15 @@ impl Pread {
         }))
     }
 
-    /// The file's footer, parsed (its page indexes are not read).
+    /// The file's footer, parsed without its statistics, which nothing here uses (its page
+    /// indexes are not read): a smaller, faster parse, and footers the reader keeps cost less.
     fn metadata(&self, path: &Path) -> Result<ParquetMetaData, StorageError> {
+        let options = ParquetMetaDataOptions::new()
+            .with_column_stats_policy(ParquetStatisticsPolicy::SkipAll)
+            .with_encoding_stats_policy(ParquetStatisticsPolicy::SkipAll)
+            .with_size_stats_policy(ParquetStatisticsPolicy::SkipAll);
         ParquetMetaDataReader::new()
+            .with_metadata_options(Some(options))
             .parse_and_finish(self)
             .map_err(|e| bad(path)(format!("its footer cannot be read: {e}")))
     }
@@ -561,345 +617,4 @@ impl Read for At {
 }
 
 #[cfg(test)]
-mod tests {
-    //! Small files written by the `parquet` crate's writer in Hugging Face's shape (the
-    //! integration tests use files written by `pyarrow`).
-
-    use std::fs;
-    use std::sync::Arc;
-
-    use parquet::basic::{Compression, GzipLevel, ZstdLevel};
-    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
-    use parquet::file::metadata::KeyValue;
-    use parquet::file::properties::WriterProperties;
-    use parquet::file::writer::SerializedFileWriter;
-    use parquet::schema::parser::parse_message_type;
-
-    use crate::{DatasetIndex, Location, SourceSpec, StorageError, index};
-
-    /// A row: image bytes, image path, label (`None`: null).
-    struct Row {
-        bytes: Option<Vec<u8>>,
-        path: Option<&'static str>,
-        label: Option<i64>,
-    }
-
-    fn row(tag: u8, label: i64) -> Row {
-        Row {
-            bytes: Some(image(tag)),
-            path: None,
-            label: Some(label),
-        }
-    }
-
-    fn image(tag: u8) -> Vec<u8> {
-        (0..200u32).map(|i| (i as u8).wrapping_mul(tag)).collect()
-    }
-
-    /// Writes `rows` as Hugging Face does: `image {bytes, path}`, `label` int64, `per_group`
-    /// rows per row group, and a `huggingface` metadata naming `names` when given.
-    fn write_hf(
-        path: &std::path::Path,
-        rows: &[Row],
-        per_group: usize,
-        compression: Compression,
-        names: Option<&[&str]>,
-    ) {
-        let schema = parse_message_type(
-            "message hf { optional group image { optional binary bytes; \
-             optional binary path (STRING); } optional int64 label; }",
-        )
-        .unwrap();
-        let mut props = WriterProperties::builder()
-            .set_compression(compression)
-            .set_data_page_row_count_limit(2)
-            .set_write_batch_size(1);
-        if let Some(names) = names {
-            let meta = serde_json::json!({"info": {"features": {
-                "image": {"_type": "Image"},
-                "label": {"names": names, "_type": "ClassLabel"},
-            }}});
-            props = props.set_key_value_metadata(Some(vec![KeyValue::new(
-                "huggingface".into(),
-                meta.to_string(),
-            )]));
-        }
-        let file = fs::File::create(path).unwrap();
-        let mut w =
-            SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props.build())).unwrap();
-        for group in rows.chunks(per_group) {
-            let mut g = w.next_row_group().unwrap();
-            // image.bytes, image.path, label: definition levels (2 = set, 1 = null in a
-            // present struct) and the values that are set.
-            let mut c = g.next_column().unwrap().unwrap();
-            let defs: Vec<i16> = group.iter().map(|r| 1 + r.bytes.is_some() as i16).collect();
-            let vals: Vec<ByteArray> = group
-                .iter()
-                .filter_map(|r| r.bytes.clone().map(ByteArray::from))
-                .collect();
-            c.typed::<ByteArrayType>()
-                .write_batch(&vals, Some(&defs), None)
-                .unwrap();
-            c.close().unwrap();
-            let mut c = g.next_column().unwrap().unwrap();
-            let defs: Vec<i16> = group.iter().map(|r| 1 + r.path.is_some() as i16).collect();
-            let vals: Vec<ByteArray> = group
-                .iter()
-                .filter_map(|r| r.path.map(ByteArray::from))
-                .collect();
-            c.typed::<ByteArrayType>()
-                .write_batch(&vals, Some(&defs), None)
-                .unwrap();
-            c.close().unwrap();
-            let mut c = g.next_column().unwrap().unwrap();
-            let defs: Vec<i16> = group.iter().map(|r| r.label.is_some() as i16).collect();
-            let vals: Vec<i64> = group.iter().filter_map(|r| r.label).collect();
-            c.typed::<Int64Type>()
-                .write_batch(&vals, Some(&defs), None)
-                .unwrap();
-            c.close().unwrap();
-            g.close().unwrap();
-        }
-        w.close().unwrap();
-    }
-
-    fn spec(paths: &[&std::path::Path], fields: Option<serde_json::Value>) -> SourceSpec {
-        let mut v = serde_json::json!({"kind": "parquet", "paths": paths});
-        if let Some(f) = fields {
-            v["fields"] = f;
-        }
-        serde_json::from_value(v).unwrap()
-    }
-
-    fn index_of(spec: &SourceSpec, root: &std::path::Path) -> Result<DatasetIndex, StorageError> {
-        index(spec, &[root.to_owned()], &mut |_| {})
-    }
-
-    /// `dir/a.parquet`: two image rows of classes 0 and 1, snappy.
-    fn two_rows(dir: &std::path::Path) -> std::path::PathBuf {
-        let file = dir.join("a.parquet");
-        write_hf(
-            &file,
-            &[row(1, 0), row(2, 1)],
-            10,
-            Compression::SNAPPY,
-            None,
-        );
-        file
-    }
-
-    #[test]
-    fn rows_read_back_across_files_row_groups_and_codecs() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ds");
-        fs::create_dir_all(&dir).unwrap();
-        let codecs = [
-            Compression::SNAPPY,
-            Compression::ZSTD(ZstdLevel::try_new(3).unwrap()),
-            Compression::GZIP(GzipLevel::default()),
-            Compression::UNCOMPRESSED,
-        ];
-        let names = ["cat", "dog", "eel"];
-        let mut expected = Vec::new();
-        for (f, codec) in codecs.into_iter().enumerate() {
-            let rows: Vec<Row> = (0..7u8)
-                .map(|i| row(f as u8 * 10 + i + 1, i64::from(i % 3)))
-                .collect();
-            expected.extend(
-                rows.iter()
-                    .map(|r| (r.bytes.clone().unwrap(), r.label.unwrap())),
-            );
-            write_hf(
-                &dir.join(format!("train-{f:05}.parquet")),
-                &rows,
-                3,
-                codec,
-                Some(&names),
-            );
-        }
-        fs::write(dir.join("README.md"), "not a parquet file").unwrap();
-        let ix = index_of(&spec(&[&dir], None), tmp.path()).unwrap();
-        assert_eq!(ix.len(), expected.len());
-        assert_eq!(ix.classes(), names);
-        assert_eq!(ix.shards().len(), 4);
-        assert_eq!(
-            ix.location(4),
-            Some(Location::ParquetRow {
-                file: 0,
-                row_group: 1,
-                row: 1
-            })
-        );
-        for (id, (bytes, label)) in expected.iter().enumerate() {
-            let id = id as u32;
-            assert_eq!(&ix.read(id).unwrap(), bytes, "item {id}");
-            assert_eq!(ix.label(id), Some(*label));
-        }
-        assert!(
-            ix.describe(8)
-                .unwrap()
-                .ends_with("train-00001.parquet row group 0 row 1")
-        );
-        // The persisted form reads back, rows and all.
-        let back = DatasetIndex::from_bytes(&ix.to_bytes()).unwrap();
-        assert_eq!(back, ix);
-        assert_eq!(back.read(20).unwrap(), expected[20].0);
-    }
-
-    #[test]
-    fn a_row_with_only_a_path_is_read_from_under_the_roots() {
-        let tmp = tempfile::tempdir().unwrap();
-        let (root, outside) = (tmp.path().join("root"), tmp.path().join("outside"));
-        fs::create_dir_all(root.join("ds/images")).unwrap();
-        fs::create_dir_all(&outside).unwrap();
-        fs::write(root.join("ds/images/a.jpg"), image(9)).unwrap();
-        fs::write(outside.join("b.jpg"), image(11)).unwrap();
-        let path_row = |path| Row {
-            bytes: None,
-            path: Some(path),
-            label: Some(1),
-        };
-        let rows = [
-            row(3, 0),
-            path_row("images/a.jpg"),
-            path_row("../../outside/b.jpg"),
-            path_row("images/missing.jpg"),
-            Row {
-                bytes: None,
-                path: None,
-                label: Some(0),
-            },
-        ];
-        let file = root.join("ds/data.parquet");
-        write_hf(&file, &rows, 10, Compression::SNAPPY, None);
-        let ix = index_of(&spec(&[&file], None), &root).unwrap();
-        assert_eq!(ix.classes(), ["0", "1"]);
-        assert_eq!(ix.read(0).unwrap(), image(3));
-        assert_eq!(ix.read(1).unwrap(), image(9));
-        assert_eq!(ix.read(2).unwrap_err().code(), "outside_roots");
-        assert_eq!(ix.read(3).unwrap_err().code(), "not_found");
-        let e = ix.read(4).unwrap_err();
-        assert_eq!(e.code(), "bad_parquet");
-        assert!(e.to_string().contains("bytes and path are null"), "{e}");
-    }
-
-    #[test]
-    fn damaged_files_and_bad_labels_fail_indexing_with_their_reason() {
-        let tmp = tempfile::tempdir().unwrap();
-        let file = two_rows(tmp.path());
-        let whole = fs::read(&file).unwrap();
-        let cut = tmp.path().join("cut.parquet");
-        fs::write(&cut, &whole[..whole.len() - 20]).unwrap();
-        let e = index_of(&spec(&[&cut], None), tmp.path()).unwrap_err();
-        assert_eq!(e.code(), "bad_parquet", "{e}");
-
-        let nulls = tmp.path().join("null-label.parquet");
-        let no_label = Row {
-            bytes: Some(image(1)),
-            path: None,
-            label: None,
-        };
-        write_hf(
-            &nulls,
-            &[row(1, 0), no_label],
-            10,
-            Compression::SNAPPY,
-            None,
-        );
-        let e = index_of(&spec(&[&nulls], None), tmp.path()).unwrap_err();
-        assert_eq!(e.code(), "bad_label", "{e}");
-
-        let unnamed = tmp.path().join("unnamed.parquet");
-        write_hf(
-            &unnamed,
-            &[row(1, 2)],
-            10,
-            Compression::SNAPPY,
-            Some(&["a", "b"]),
-        );
-        let e = index_of(&spec(&[&unnamed], None), tmp.path()).unwrap_err();
-        assert!(e.to_string().contains("label 2 has no name"), "{e}");
-
-        let other = tmp.path().join("other.parquet");
-        write_hf(
-            &other,
-            &[row(1, 0)],
-            10,
-            Compression::SNAPPY,
-            Some(&["x", "y"]),
-        );
-        let named = tmp.path().join("named.parquet");
-        write_hf(
-            &named,
-            &[row(1, 0)],
-            10,
-            Compression::SNAPPY,
-            Some(&["a", "b"]),
-        );
-        let e = index_of(&spec(&[&named, &other], None), tmp.path()).unwrap_err();
-        assert!(e.to_string().contains("class names differ"), "{e}");
-    }
-
-    #[test]
-    fn a_panic_of_the_parquet_reader_is_an_error_of_the_file() {
-        let e = super::guarded::<()>(std::path::Path::new("/d/a.parquet"), || {
-            panic!("index out of bounds")
-        })
-        .unwrap_err();
-        assert_eq!(e.code(), "bad_parquet");
-        assert!(e.to_string().contains("/d/a.parquet"), "{e}");
-        assert!(e.to_string().contains("index out of bounds"), "{e}");
-    }
-
-    #[test]
-    fn fields_name_the_columns_and_refuse_what_is_not_supported() {
-        let tmp = tempfile::tempdir().unwrap();
-        let file = two_rows(tmp.path());
-        let fields = serde_json::json!({
-            "img": {"kind": "image", "from": "image"},
-            "cls": {"kind": "class", "from": "label"},
-        });
-        let ix = index_of(&spec(&[&file], Some(fields)), tmp.path()).unwrap();
-        assert_eq!(ix.read(1).unwrap(), image(2));
-
-        let missing = serde_json::json!({
-            "img": {"kind": "image", "from": "picture"},
-            "cls": {"kind": "class"},
-        });
-        let e = index_of(&spec(&[&file], Some(missing)), tmp.path()).unwrap_err();
-        assert!(e.to_string().contains("no column `picture`"), "{e}");
-        let not_image = serde_json::json!({
-            "img": {"kind": "image", "from": "label"},
-            "cls": {"kind": "class"},
-        });
-        let e = index_of(&spec(&[&file], Some(not_image)), tmp.path()).unwrap_err();
-        assert!(e.to_string().contains("is not an image"), "{e}");
-        let not_class = serde_json::json!({
-            "img": {"kind": "image"},
-            "cls": {"kind": "class", "from": "image"},
-        });
-        let e = index_of(&spec(&[&file], Some(not_class)), tmp.path()).unwrap_err();
-        assert!(e.to_string().contains("no class column `image`"), "{e}");
-
-        for (fields, says) in [
-            (
-                serde_json::json!({"image": {"kind": "image"}, "label": {"kind": "class"},
-                                   "caption": {"kind": "text", "from": "text"}}),
-                "field `caption`: fields of kind `text` are not supported yet",
-            ),
-            (
-                serde_json::json!({"label": {"kind": "class"}}),
-                "no field of kind `image`",
-            ),
-            (
-                serde_json::json!({"a": {"kind": "image"}, "b": {"kind": "image"},
-                                   "label": {"kind": "class"}}),
-                "2 fields of kind `image`",
-            ),
-        ] {
-            let v = serde_json::json!({"kind": "parquet", "paths": [&file], "fields": fields});
-            let e = serde_json::from_value::<SourceSpec>(v).unwrap_err();
-            assert!(e.to_string().contains(says), "{e}");
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,410 @@
+//! The read state of one `parquet` dataset, shared by the Loader's threads: what makes a row
+//! cost about its own bytes rather than its row group's.
+//!
+//! - **Files**: each file's footer is parsed once and kept with the open file (at most
+//!   [`MAX_OPEN_FILES`] at a time, the oldest dropped first).
+//! - **Row directories**: the first read of a row group reads its image column chunk whole
+//!   (one `pread`), lets the `parquet` crate decode it (page headers, dictionary page,
+//!   levels, encodings), and notes where each row's value lies (`pages.rs`): the page that holds its bytes
+//!   (a data page, or the dictionary page for a dictionary-encoded row, as `pyarrow` writes
+//!   Hugging Face's images by default) and its position in the page's decompressed payload.
+//!   For a Snappy page (the default) it also notes the piece of the compressed stream that
+//!   produces the value alone (`snappy.rs`); for an uncompressed page the value's own bytes.
+//!   Every later read of a row of that group is one `pread` of about the value's bytes and,
+//!   for Snappy, the decompression of that piece only. A directory costs
+//!   `size_of::<Row>()` (32) bytes per row, 3.2 KiB for Hugging Face's 100-row groups, and
+//!   the directories are kept up to [`DIRECTORY_BUDGET`] (2 M rows), the oldest dropped
+//!   first. Files with an offset index are read the same way: the one pass over the chunk
+//!   finds the pages without it.
+//! - **Decoded rows**: the rows decoded by a group's first read are kept for a while
+//!   (up to [`DECODED_BUDGET`] bytes, the oldest group dropped first; a group larger than
+//!   that is not kept), so that rows of one page due together are not read again; codecs whose stream
+//!   cannot be entered in the middle (zstd, gzip) are read this way only: a group's column is
+//!   decoded whole once for the rows read while it is kept.
+//!
+//! The build of a group holds its compressed chunk and its decoded pages at once (twice the
+//! chunk, about 22 MB for an ImageNet-sized group of 100 images); readers of the same group
+//! wait for it rather than build it again.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use parquet::data_type::ByteArray;
+use parquet::file::metadata::ParquetMetaData;
+use parquet::file::reader::ChunkReader;
+
+use super::pages::{self, Directory, Row, fewer_rows};
+use super::snappy;
+use super::{ImageColumn, Pread};
+
+/// Files whose footer and descriptor are kept at once.
+pub(super) const MAX_OPEN_FILES: usize = 256;
+/// Bytes of row directories kept.
+pub(super) const DIRECTORY_BUDGET: usize = 64 << 20;
+/// Bytes of decoded rows kept.
+pub(super) const DECODED_BUDGET: usize = 64 << 20;
+
+/// What the reads of a dataset have cost so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParquetReads {
+    /// Rows read (image bytes returned).
+    pub rows: u64,
+    /// Bytes read from the files (row groups' chunks on their first read, pieces after).
+    pub bytes_read: u64,
+    /// Bytes of decompressed output (pages on a group's first read, pieces after).
+    pub bytes_decompressed: u64,
+    /// Row groups decoded whole (a first read, or a read after its decoded rows were dropped
+    /// where no directory could be made).
+    pub groups_decoded: u64,
+    /// Rows served from decoded rows kept.
+    pub decoded_hits: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    rows: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_decompressed: AtomicU64,
+    groups_decoded: AtomicU64,
+    decoded_hits: AtomicU64,
+}
+
+/// A file's descriptor and parsed footer.
+pub(super) struct OpenFile {
+    pub(super) file: Arc<Pread>,
+    pub(super) meta: ParquetMetaData,
+    pub(super) image: ImageColumn,
+}
+
+/// A row group's state: `None` until its first read; `Some(None)` when it cannot be located
+/// (its rows are read from its decoded column).
+type Slot = Mutex<Option<Option<Arc<Directory>>>>;
+
+/// A row group's decoded image column: each row's bytes (`None`: null).
+type Decoded = Arc<Vec<Option<ByteArray>>>;
+
+/// The per-dataset read state (see the module docs).
+#[derive(Default)]
+pub(crate) struct Reader {
+    files: Mutex<Fifo<u32, Arc<OpenFile>>>,
+    groups: Mutex<Fifo<(u32, u32), Arc<Slot>>>,
+    decoded: Mutex<Fifo<(u32, u32), Decoded>>,
+    counters: Counters,
+    budgets: Budgets,
+}
+
+/// How much a [`Reader`] keeps: files, bytes of directories, bytes of decoded rows.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Budgets {
+    pub(super) files: usize,
+    pub(super) directories: usize,
+    pub(super) decoded: usize,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Budgets {
+            files: MAX_OPEN_FILES,
+            directories: DIRECTORY_BUDGET,
+            decoded: DECODED_BUDGET,
+        }
+    }
+}
+
+// The state is a cache of the files: a copy of an index starts with none, and two indexes
+// compare by their columns only.
+impl Clone for Reader {
+    fn clone(&self) -> Self {
+        Reader::default()
+    }
+}
+
+impl PartialEq for Reader {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Reader {}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("reads", &self.reads())
+            .finish()
+    }
+}
+
+/// What a [`Reader`] holds (tests).
+#[cfg(test)]
+#[derive(Debug)]
+pub(super) struct Held {
+    pub(super) files: usize,
+    pub(super) groups: usize,
+    pub(super) group_bytes: usize,
+    pub(super) decoded_bytes: usize,
+}
+
+/// What a row read found: bytes, or a null `bytes` leaf.
+pub(super) enum Found {
+    Bytes(Vec<u8>),
+    Null,
+}
+
+impl Reader {
+    #[cfg(test)]
+    pub(super) fn with_budgets(budgets: Budgets) -> Reader {
+        Reader {
+            budgets,
+            ..Reader::default()
+        }
+    }
+
+    /// What it holds now.
+    #[cfg(test)]
+    pub(super) fn held(&self) -> Held {
+        let (groups, decoded) = (lock(&self.groups), lock(&self.decoded));
+        Held {
+            files: lock(&self.files).map.len(),
+            groups: groups.map.len(),
+            group_bytes: groups.cost,
+            decoded_bytes: decoded.cost,
+        }
+    }
+
+    pub(crate) fn reads(&self) -> ParquetReads {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ParquetReads {
+            rows: get(&c.rows),
+            bytes_read: get(&c.bytes_read),
+            bytes_decompressed: get(&c.bytes_decompressed),
+            groups_decoded: get(&c.groups_decoded),
+            decoded_hits: get(&c.decoded_hits),
+        }
+    }
+
+    /// Drops the decoded rows kept, as a pass over a dataset larger than their budget does.
+    pub(crate) fn drop_decoded(&self) {
+        *lock(&self.decoded) = Fifo::default();
+    }
+
+    fn count(&self, counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// File number `n`, opened by `open` (its footer parsed) on first use.
+    pub(super) fn file(
+        &self,
+        n: u32,
+        open: impl FnOnce() -> Result<OpenFile, super::StorageError>,
+    ) -> Result<Arc<OpenFile>, super::StorageError> {
+        if let Some(f) = lock(&self.files).get(&n) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(open()?);
+        lock(&self.files).insert(n, f.clone(), 1, self.budgets.files);
+        Ok(f)
+    }
+
+    /// The image bytes of row `row` of group `group` in `file` (file number `n`).
+    pub(super) fn read_row(
+        &self,
+        n: u32,
+        file: &OpenFile,
+        group: u32,
+        row: u32,
+    ) -> Result<Found, String> {
+        let key = (n, group);
+        let slot = {
+            let mut groups = lock(&self.groups);
+            match groups.get(&key) {
+                Some(s) => s.clone(),
+                None => {
+                    let s = Arc::new(Slot::default());
+                    groups.insert(key, s.clone(), 0, self.budgets.directories);
+                    s
+                }
+            }
+        };
+        let directory = {
+            let mut state = lock(&slot);
+            match &*state {
+                Some(d) => d.clone(),
+                None => {
+                    let (directory, decoded) = self.build(file, group)?;
+                    let directory = directory.map(Arc::new);
+                    *state = Some(directory.clone());
+                    let cost = directory.as_ref().map_or(size_of::<Slot>(), |d| d.cost());
+                    lock(&self.groups).insert(key, slot.clone(), cost, self.budgets.directories);
+                    let found = from_decoded(&decoded, row)?;
+                    self.keep_decoded(key, decoded);
+                    self.count(&self.counters.rows, 1);
+                    return Ok(found);
+                }
+            }
+        };
+        if let Some(decoded) = lock(&self.decoded).get(&key).cloned() {
+            self.count(&self.counters.decoded_hits, 1);
+            self.count(&self.counters.rows, 1);
+            return from_decoded(&decoded, row);
+        }
+        let found = match directory {
+            Some(d) => self.read_located(file, &d, row)?,
+            None => {
+                let (_, decoded) = self.build(file, group)?;
+                let found = from_decoded(&decoded, row)?;
+                self.keep_decoded(key, decoded);
+                found
+            }
+        };
+        self.count(&self.counters.rows, 1);
+        Ok(found)
+    }
+
+    /// Keeps a group's decoded rows, unless they alone exceed the budget.
+    fn keep_decoded(&self, key: (u32, u32), decoded: Decoded) {
+        let cost = decoded
+            .iter()
+            .map(|v| v.as_ref().map_or(0, ByteArray::len) + 16)
+            .sum();
+        if cost <= self.budgets.decoded {
+            lock(&self.decoded).insert(key, decoded, cost, self.budgets.decoded);
+        }
+    }
+
+    /// A located row: one read of its piece, and for Snappy the piece decompressed.
+    fn read_located(&self, file: &OpenFile, d: &Directory, row: u32) -> Result<Found, String> {
+        let Some(&r) = d.rows.get(row as usize) else {
+            return Err(fewer_rows());
+        };
+        let Row::Value {
+            page,
+            at,
+            len,
+            span,
+        } = r
+        else {
+            return Ok(Found::Null);
+        };
+        if len == 0 {
+            return Ok(Found::Bytes(Vec::new()));
+        }
+        let stream = d.streams[page as usize];
+        if !stream.snappy {
+            let bytes = file
+                .file
+                .read_range(stream.offset + u64::from(at), len as usize)?;
+            self.count(&self.counters.bytes_read, bytes.len());
+            return Ok(Found::Bytes(bytes));
+        }
+        let piece = file.file.read_range(
+            stream.offset + u64::from(span.start),
+            (span.end - span.start) as usize,
+        )?;
+        self.count(&self.counters.bytes_read, piece.len());
+        let mut out = snappy::decode_span(&piece, &span, (at + len - span.out_start) as usize)
+            .map_err(|e| format!("{e} (the file changed since it was first read?)"))?;
+        self.count(&self.counters.bytes_decompressed, out.len());
+        out.drain(..(at - span.out_start) as usize);
+        Ok(Found::Bytes(out))
+    }
+
+    /// Reads and decodes row group `group`'s image column: its rows, and their directory when
+    /// every value can be located.
+    fn build(&self, file: &OpenFile, group: u32) -> Result<(Option<Directory>, Decoded), String> {
+        let d = pages::decode(file, group)?;
+        self.count(&self.counters.bytes_read, d.chunk.bytes.len());
+        self.count(&self.counters.groups_decoded, 1);
+        let decompressed: usize = d.pages.iter().map(|p| p.buf.len()).sum();
+        self.count(&self.counters.bytes_decompressed, decompressed);
+        let directory = pages::locate(&d.chunk, &d.pages, &d.rows, d.codec);
+        Ok((directory, Arc::new(d.rows)))
+    }
+}
+
+fn from_decoded(decoded: &[Option<ByteArray>], row: u32) -> Result<Found, String> {
+    match decoded.get(row as usize) {
+        None => Err(fewer_rows()),
+        Some(None) => Ok(Found::Null),
+        Some(Some(v)) => Ok(Found::Bytes(v.data().to_vec())),
+    }
+}
+
+/// A map of at most `budget` cost, dropping its oldest entries first (the newest is always
+/// kept).
+struct Fifo<K, V> {
+    map: HashMap<K, (V, usize)>,
+    order: VecDeque<K>,
+    cost: usize,
+}
+
+impl<K, V> Default for Fifo<K, V> {
+    fn default() -> Self {
+        Fifo {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            cost: 0,
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone, V> Fifo<K, V> {
+    fn get(&self, k: &K) -> Option<&V> {
+        self.map.get(k).map(|(v, _)| v)
+    }
+
+    /// Inserts or replaces `k`, then drops the oldest entries while over `budget`.
+    fn insert(&mut self, k: K, v: V, cost: usize, budget: usize) {
+        match self.map.insert(k.clone(), (v, cost)) {
+            Some((_, old)) => self.cost -= old,
+            None => self.order.push_back(k),
+        }
+        self.cost += cost;
+        while self.cost > budget && self.order.len() > 1 {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some((_, c)) = self.map.remove(&oldest) {
+                self.cost -= c;
+            }
+        }
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves consistent state (inserts and removes
+    // are single operations): carry on with it.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Pread {
+    /// `len` bytes at `start`, which must lie within the file.
+    pub(super) fn read_range(&self, start: u64, len: usize) -> Result<Vec<u8>, String> {
+        let bytes = self.get_bytes(start, len).map_err(|e| e.to_string())?;
+        Ok(bytes.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fifo;
+
+    #[test]
+    fn a_fifo_keeps_its_budget_and_its_newest_entry() {
+        let mut f = Fifo::default();
+        for i in 0..10u32 {
+            f.insert(i, i, 30, 100);
+            assert!(f.cost <= 100);
+        }
+        assert_eq!(f.map.len(), 3);
+        assert!(f.get(&9).is_some() && f.get(&6).is_none());
+        f.insert(10, 10, 500, 100);
+        assert_eq!((f.map.len(), f.get(&10)), (1, Some(&10)));
+        // Replacing an entry counts its new cost only.
+        f.insert(10, 11, 20, 100);
+        assert_eq!((f.cost, f.map.len()), (20, 1));
+    }
+}
