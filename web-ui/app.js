@@ -220,6 +220,18 @@ function renderTiles(st, jobs) {
   const cpu = lastValue(cpuSeries());
   $("k-cpu").textContent = cpu == null ? "–" : cpu.toFixed(0) + " %";
   $("k-cpu-sub").textContent = "RSS " + fmtBytes(st.process_rss_bytes) + " · " + (st.process_cpu_s == null ? "–" : st.process_cpu_s.toFixed(1)) + " s total";
+  // The disk tier of encoded bytes from object stores (null: the server has none).
+  const dc = st.disk_cache;
+  $("k-disk-tile").hidden = !dc;
+  if (dc) {
+    const reads = dc.hits + dc.misses;
+    $("k-disk").textContent = fmtBytes(dc.bytes);
+    $("k-disk-bar").style.width = (dc.capacity_bytes ? (100 * dc.bytes) / dc.capacity_bytes : 0) + "%";
+    $("k-disk-sub").textContent =
+      "of " + fmtBytes(dc.capacity_bytes) + " · " + fmtCount(dc.objects) + " objects · hits " +
+      fmtPct(reads ? dc.hits / reads : null) + " · " + fmtBytes(dc.store_read_bytes) + " from the store" +
+      (dc.writing ? "" : " · writing stopped (" + fmtCount(dc.write_errors) + " errors)");
+  }
   $("meta").textContent = "instance " + st.instance + " · v" + st.version + " · up " + fmtDuration(st.uptime_s);
 }
 

@@ -49,6 +49,13 @@ pub struct Config {
     pub s3_request_timeout_s: f64,
     /// Keys per listing page (S3 returns at most 1000).
     pub s3_list_page: usize,
+    /// A folder on local disk for the tier of encoded bytes fetched from object stores (see
+    /// `joader_storage::tier`); unset: no disk tier.
+    pub disk_cache: Option<PathBuf>,
+    /// The disk tier's size (an integer or a size such as `"200GiB"`); required with
+    /// `disk_cache`.
+    #[serde(deserialize_with = "de_bytes")]
+    pub disk_cache_bytes: u64,
     /// Bearer token required by the REST API when set.
     pub token: Option<String>,
     /// Records per delivery ring (per job rank); 0 means 2 × batch size, at least 64.
@@ -118,6 +125,8 @@ impl Default for Config {
             s3_retry_budget_s: 15.0,
             s3_request_timeout_s: 10.0,
             s3_list_page: 1000,
+            disk_cache: None,
+            disk_cache_bytes: 0,
             token: None,
             ring_capacity: 0,
             default_pipeline: Pipeline::Decode {
@@ -216,6 +225,13 @@ impl Config {
                 && self.s3_request_timeout_s > 0.0,
             "s3_retry_budget_s must be at least 0 and s3_request_timeout_s positive"
         );
+        if let Some(dir) = &self.disk_cache {
+            anyhow::ensure!(
+                self.disk_cache_bytes > 0,
+                "disk_cache {} needs its size: set disk_cache_bytes (--disk-cache-bytes 200GiB)",
+                dir.display()
+            );
+        }
         dataplane::names::validate_instance(&self.instance)
             .map_err(|e| anyhow::anyhow!("instance: {e}"))?;
         anyhow::ensure!(self.cache_slots > 0, "cache_slots must be positive");
@@ -281,5 +297,17 @@ mod tests {
         let c: Config = toml::from_str("cache_bytes = 1048576").unwrap();
         assert_eq!(c.cache_bytes, 1 << 20);
         assert!(toml::from_str::<Config>("cache_bytes = \"many\"").is_err());
+    }
+
+    #[test]
+    fn a_disk_cache_is_read_from_toml_and_needs_its_size() {
+        let c: Config =
+            toml::from_str("disk_cache = \"/nvme/tier\"\ndisk_cache_bytes = \"200GiB\"").unwrap();
+        assert_eq!(c.disk_cache, Some(PathBuf::from("/nvme/tier")));
+        assert_eq!(c.disk_cache_bytes, 200 << 30);
+        c.validate().unwrap();
+        let c: Config = toml::from_str("disk_cache = \"/nvme/tier\"").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--disk-cache-bytes"), "{e}");
     }
 }

@@ -71,11 +71,24 @@ pub async fn run(
             joader_storage::s3::S3Allow::parse(&config.allowed_s3, &config.allowed_s3_endpoints)
                 .map_err(|e| anyhow::anyhow!("allowed_s3 / allowed_s3_endpoints: {e}"))?
                 .with_environment();
+        let tier = match &config.disk_cache {
+            Some(dir) => {
+                let tier = joader_storage::tier::DiskTier::open(dir, config.disk_cache_bytes)?;
+                tracing::info!(dir = %dir.display(), bytes = config.disk_cache_bytes, objects = tier.stats().objects.load(std::sync::atomic::Ordering::Relaxed), "disk cache opened");
+                Some(Arc::new(tier))
+            }
+            None => None,
+        };
         Some(Arc::new(
-            joader_storage::s3::ObjectStores::new(config.fetch_config(), allow)
+            joader_storage::s3::ObjectStores::new(config.fetch_config(), allow, tier)
                 .context("cannot start the object-store stage")?,
         ))
     };
+    if objects.is_none()
+        && let Some(dir) = &config.disk_cache
+    {
+        tracing::warn!(dir = %dir.display(), "disk_cache is unused: it holds what object stores send, and this server reads none (--allowed-s3)");
+    }
     let mut max_loading = CacheConfig::max_loading_for(config.loader_workers);
     if objects.is_some() {
         max_loading = max_loading.max(config.s3_max_in_flight);

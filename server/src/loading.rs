@@ -57,6 +57,19 @@ impl ElementSource for S3ElementSource {
         self.0
             .fetch(element, Box::new(move |r| done(r.map_err(|e| failure(&e)))));
     }
+
+    // What the jobs still need this epoch, for the disk tier's admission.
+    fn epoch_started(&self, job: u64, remaining: &roaring::RoaringBitmap) {
+        self.0.epoch_started(job, remaining);
+    }
+
+    fn delivered(&self, job: u64, element: u32) {
+        self.0.delivered(job, element);
+    }
+
+    fn job_closed(&self, job: u64) {
+        self.0.job_closed(job);
+    }
 }
 
 /// Why an `s3` source is refused when the server reads no object store.
@@ -129,12 +142,14 @@ pub fn index(
     }
 }
 
-/// The element reader of an indexed dataset. Opening an object store builds its HTTP
-/// client: call it off the HTTP workers (indexing thread, start-up).
+/// The element reader of an indexed dataset (`versions`: an `s3` index's objects, whose
+/// ETags key the disk tier). Opening an object store builds its HTTP client: call it off the
+/// HTTP workers (indexing thread, start-up).
 pub fn element_source(
     spec: &SourceSpec,
     objects: Option<&ObjectStores>,
     index: Arc<DatasetIndex>,
+    versions: &[ObjectVersion],
 ) -> Result<Arc<dyn ElementSource>, StorageError> {
     match (spec, objects) {
         (
@@ -150,6 +165,7 @@ pub fn element_source(
             endpoint.as_deref(),
             region.as_deref(),
             index,
+            versions,
         )?))),
         (SourceSpec::S3 { url, .. }, None) => Err(no_object_store(url)),
         _ => Ok(Arc::new(IndexSource(index))),

@@ -86,6 +86,13 @@ pub struct ServeArgs {
     /// and adapts below this to what the store sustains).
     #[arg(long, env = "JOADER_S3_MAX_IN_FLIGHT")]
     pub s3_max_in_flight: Option<usize>,
+    /// A folder on local disk for the tier of encoded bytes fetched from object stores (the
+    /// second tier, below the decoded cache in shared memory; one server per folder).
+    #[arg(long, env = "JOADER_DISK_CACHE")]
+    pub disk_cache: Option<PathBuf>,
+    /// The disk tier's size: bytes or a size such as 200GiB (required with --disk-cache).
+    #[arg(long, env = "JOADER_DISK_CACHE_BYTES", value_parser = crate::config::parse_bytes)]
+    pub disk_cache_bytes: Option<u64>,
     /// Seconds an element may spend retrying transient object-store failures (default 15).
     #[arg(long, env = "JOADER_S3_RETRY_BUDGET_S")]
     pub s3_retry_budget_s: Option<f64>,
@@ -193,6 +200,12 @@ impl ServeArgs {
         }
         if let Some(v) = self.s3_max_in_flight {
             c.s3_max_in_flight = v;
+        }
+        if let Some(v) = self.disk_cache {
+            c.disk_cache = Some(v);
+        }
+        if let Some(v) = self.disk_cache_bytes {
+            c.disk_cache_bytes = v;
         }
         if let Some(v) = self.s3_retry_budget_s {
             c.s3_retry_budget_s = v;

@@ -7,6 +7,7 @@ mod codemap;
 mod common;
 mod decode;
 mod deploy;
+mod disk_tier;
 mod flow;
 mod layers;
 mod observability;

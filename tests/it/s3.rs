@@ -21,7 +21,7 @@ const KEY: &str = "joader-test-key";
 const SECRET: &str = "joader-test-secret-0123456789";
 
 /// The `s3s-fs` binary, or `None` (after saying so) when it is missing and not required.
-fn s3s_fs(test: &str) -> Option<PathBuf> {
+pub(crate) fn s3s_fs(test: &str) -> Option<PathBuf> {
     let found = std::env::var_os("JOADER_S3S_FS")
         .map(PathBuf::from)
         .filter(|p| p.is_file());
@@ -43,7 +43,7 @@ fn s3s_fs(test: &str) -> Option<PathBuf> {
 }
 
 /// An `s3s-fs` process serving the folder `root` (buckets are its sub-folders).
-struct S3Server {
+pub(crate) struct S3Server {
     bin: PathBuf,
     child: Option<Child>,
     port: u16,
@@ -51,7 +51,7 @@ struct S3Server {
 }
 
 impl S3Server {
-    fn start(bin: PathBuf, tag: &str) -> S3Server {
+    pub(crate) fn start(bin: PathBuf, tag: &str) -> S3Server {
         let root = TempDir::new(tag);
         std::fs::create_dir_all(root.0.join(BUCKET)).unwrap();
         let mut server = S3Server {
@@ -100,7 +100,7 @@ impl S3Server {
         up
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -108,18 +108,18 @@ impl S3Server {
     }
 
     /// Kills the process and starts another on the same port over the same folder.
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         wait_for("s3s-fs to take its port back", || {
             self.spawn().then_some(())
         });
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    fn bucket(&self) -> PathBuf {
+    pub(crate) fn bucket(&self) -> PathBuf {
         self.root.0.join(BUCKET)
     }
 }
@@ -131,7 +131,7 @@ impl Drop for S3Server {
 }
 
 /// The environment of a server that may read `s3`.
-fn credentials(s3: &S3Server) -> Vec<(&'static str, String)> {
+pub(crate) fn credentials(s3: &S3Server) -> Vec<(&'static str, String)> {
     vec![
         ("AWS_ACCESS_KEY_ID", KEY.to_string()),
         ("AWS_SECRET_ACCESS_KEY", SECRET.to_string()),
@@ -141,12 +141,17 @@ fn credentials(s3: &S3Server) -> Vec<(&'static str, String)> {
     ]
 }
 
-struct Joader {
-    server: TestServer,
-    _state: TempDir,
+pub(crate) struct Joader {
+    pub(crate) server: TestServer,
+    pub(crate) _state: TempDir,
 }
 
-fn joader(tag: &str, root: &Path, extra: &[&str], env: &[(&'static str, String)]) -> Joader {
+pub(crate) fn joader(
+    tag: &str,
+    root: &Path,
+    extra: &[&str],
+    env: &[(&'static str, String)],
+) -> Joader {
     let state = TempDir::new(tag);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let server = TestServer::start_env(&unique_instance(tag), &state.0, root, extra, &env);
@@ -156,7 +161,7 @@ fn joader(tag: &str, root: &Path, extra: &[&str], env: &[(&'static str, String)]
     }
 }
 
-fn create(j: &Joader, name: &str, source: Value) {
+pub(crate) fn create(j: &Joader, name: &str, source: Value) {
     j.server
         .client()
         .ok(
@@ -168,7 +173,7 @@ fn create(j: &Joader, name: &str, source: Value) {
 }
 
 /// The dataset once it has left `indexing`.
-fn settled(j: &Joader, name: &str) -> Value {
+pub(crate) fn settled(j: &Joader, name: &str) -> Value {
     let c = j.server.client();
     wait_for(&format!("dataset {name} to be ready or failed"), || {
         let v = c.ok("GET", &format!("/v1/datasets/{name}"), None).ok()?;
@@ -177,11 +182,11 @@ fn settled(j: &Joader, name: &str) -> Value {
 }
 
 /// Element → (label, stored bytes).
-type Payloads = BTreeMap<u32, (i64, Vec<u8>)>;
+pub(crate) type Payloads = BTreeMap<u32, (i64, Vec<u8>)>;
 
 /// Reads one epoch of `dataset` with the raw pipeline: its payloads, and the epoch's ids in
 /// delivery order.
-fn read_raw(j: &Joader, job: &str, dataset: &str) -> (Payloads, Vec<u32>) {
+pub(crate) fn read_raw(j: &Joader, job: &str, dataset: &str) -> (Payloads, Vec<u32>) {
     let dump = TempDir::new(job);
     let s = finish(consumer(
         &j.server.url,
@@ -215,7 +220,7 @@ fn read_raw(j: &Joader, job: &str, dataset: &str) -> (Payloads, Vec<u32>) {
 }
 
 /// One epoch is exactly the ids `0..n`, each once.
-fn assert_permutation(ids: &[u32], n: usize, what: &str) {
+pub(crate) fn assert_permutation(ids: &[u32], n: usize, what: &str) {
     let set: BTreeSet<u32> = ids.iter().copied().collect();
     assert_eq!(
         ids.len(),
@@ -227,7 +232,7 @@ fn assert_permutation(ids: &[u32], n: usize, what: &str) {
 }
 
 /// A metric's value as `/metrics` renders it (`name{labels}` exactly).
-fn metric(j: &Joader, series: &str) -> f64 {
+pub(crate) fn metric(j: &Joader, series: &str) -> f64 {
     let text = ureq::get(&format!("{}/metrics", j.server.url))
         .call()
         .unwrap()
@@ -241,7 +246,7 @@ fn metric(j: &Joader, series: &str) -> f64 {
 
 /// Writes the ImageFolder of the shared test dataset, WebDataset shards of it and a CSV
 /// manifest into `bucket`.
-fn write_layouts(bucket: &Path) -> usize {
+pub(crate) fn write_layouts(bucket: &Path) -> usize {
     let src = dataset();
     let mut list = Vec::new();
     let mut classes: Vec<PathBuf> = std::fs::read_dir(src)

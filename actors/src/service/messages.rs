@@ -81,6 +81,23 @@ pub trait ElementSource: Send + Sync {
     fn fetch(&self, element: u32, done: Fetched) {
         done(self.read(element));
     }
+
+    /// The Cache's news of a job, for a source that keeps what jobs still need (a remote
+    /// source's disk tier): `job` starts an epoch needing `remaining` (its subset, or a
+    /// resumed epoch's rest).
+    fn epoch_started(&self, job: JobId, remaining: &RoaringBitmap) {
+        let _ = (job, remaining);
+    }
+
+    /// `job` was handed `element` in its current epoch (queued for its ring).
+    fn delivered(&self, job: JobId, element: u32) {
+        let _ = (job, element);
+    }
+
+    /// `job` closed.
+    fn job_closed(&self, job: JobId) {
+        let _ = job;
+    }
 }
 
 /// The shared, deterministic part of the preparation (decode, resize, crop).

@@ -79,11 +79,37 @@ async fn join<T>(h: std::thread::JoinHandle<T>) -> T {
     h.join().unwrap()
 }
 
-/// Element `e` is 32 bytes derived from `e`; element 7 cannot be read.
+/// Element `e` is 32 bytes derived from `e`; element 7 cannot be read. It notes what the
+/// Cache tells it of the jobs (what a remote source's disk tier keeps).
 struct Source {
     reads: AtomicU64,
+    news: Mutex<Vec<News>>,
 }
+
+/// The Cache's news of a job, as a source heard it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum News {
+    EpochStarted(JobId, u64),
+    Delivered(JobId, u32),
+    Closed(JobId),
+}
+
 impl ElementSource for Source {
+    fn epoch_started(&self, job: JobId, remaining: &RoaringBitmap) {
+        self.news
+            .lock()
+            .unwrap()
+            .push(News::EpochStarted(job, remaining.len()));
+    }
+    fn delivered(&self, job: JobId, element: u32) {
+        self.news
+            .lock()
+            .unwrap()
+            .push(News::Delivered(job, element));
+    }
+    fn job_closed(&self, job: JobId) {
+        self.news.lock().unwrap().push(News::Closed(job));
+    }
     fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure> {
         self.reads.fetch_add(1, Relaxed);
         if element == 7 {
@@ -174,6 +200,7 @@ fn world_ticking(tag: &str, slots: u32, arena: u64, tick: Duration) -> World {
         stats,
         source: Arc::new(Source {
             reads: AtomicU64::new(0),
+            news: Default::default(),
         }),
         instance,
     }
@@ -360,6 +387,46 @@ async fn two_jobs_decode_each_element_once_and_get_exact_epochs() {
         "no element placed by a loader thread"
     );
     assert_invariants(&w).await;
+    w.cache.send(Shutdown).await.unwrap();
+}
+
+/// The source hears, per job, each epoch's start with what it needs, each delivery once per
+/// epoch after that start, and the job's end: what a disk tier's admission asks.
+#[actix::test]
+async fn the_source_hears_each_epoch_start_delivery_and_close_of_a_job() {
+    let w = world("news", 64, 1 << 20);
+    let subset: RoaringBitmap = (0..20).collect();
+    let (_, r1) = w.job(1, subset.clone(), 2, 8).await;
+    let seen = join(read_all(w.instance.clone(), r1, Duration::ZERO)).await;
+    check_epochs(&seen, &subset, 2);
+    wait_until("the job's close to reach the source", || {
+        w.source.news.lock().unwrap().contains(&News::Closed(1))
+    })
+    .await;
+    let news = w.source.news.lock().unwrap().clone();
+    assert_eq!(news.last(), Some(&News::Closed(1)));
+    let starts: Vec<usize> = news
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| matches!(n, News::EpochStarted(1, 20)))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(starts.len(), 2, "{news:?}");
+    for (e, window) in [(0, &news[starts[0]..starts[1]]), (1, &news[starts[1]..])] {
+        let delivered: Vec<u32> = window
+            .iter()
+            .filter_map(|n| match n {
+                News::Delivered(1, el) => Some(*el),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            delivered.iter().copied().collect::<RoaringBitmap>(),
+            subset,
+            "epoch {e}: every element delivered after its start"
+        );
+        assert_eq!(delivered.len(), 20, "epoch {e}: once each");
+    }
     w.cache.send(Shutdown).await.unwrap();
 }
 

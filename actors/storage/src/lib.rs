@@ -34,7 +34,8 @@
 //! are class names: sorted, and the label is the position.
 //!
 //! - `s3`: an S3-compatible object store, in any of the three layouts above (see `s3/`);
-//!   indexed and read through the server's [`s3::ObjectStores`], not through [`index()`].
+//!   indexed and read through the server's [`s3::ObjectStores`], not through [`index()`];
+//!   what it fetches may be kept on local disk by the [`tier`] (`--disk-cache`).
 //!
 //! **Every path is canonicalized (symlinks and `..` resolved) and must lie under one of the
 //! allowed roots**: the source paths, each manifest entry and each symlink target met while
@@ -52,6 +53,7 @@ pub mod s3;
 mod tar_shards;
 #[cfg(test)]
 mod tests;
+pub mod tier;
 
 use std::fs::File;
 use std::io;

@@ -292,6 +292,47 @@ pub struct Stats {
     pub process_rss_bytes: Option<u64>,
     pub process_threads: Option<u64>,
     pub state: StateSizes,
+    /// The disk tier of encoded bytes from object stores (null: none, `--disk-cache`).
+    pub disk_cache: Option<DiskCache>,
+}
+
+/// The disk tier in `GET /v1/stats` (the metrics `joader_disk_cache_*`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DiskCache {
+    pub capacity_bytes: u64,
+    pub bytes: u64,
+    pub objects: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub writes: u64,
+    pub evictions: u64,
+    pub not_admitted: u64,
+    pub write_errors: u64,
+    pub corrupt: u64,
+    /// False once a write error stopped writing (it still serves what it holds).
+    pub writing: bool,
+    /// Body bytes received from object stores, in all.
+    pub store_read_bytes: u64,
+}
+
+fn disk_cache_view(state: &AppState) -> Option<DiskCache> {
+    let objects = state.registry.objects.as_ref()?;
+    let t = objects.tier()?.stats();
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+    Some(DiskCache {
+        capacity_bytes: l(&t.capacity),
+        bytes: l(&t.bytes),
+        objects: l(&t.objects),
+        hits: l(&t.hits),
+        misses: l(&t.misses),
+        writes: l(&t.writes),
+        evictions: l(&t.evictions),
+        not_admitted: l(&t.not_admitted),
+        write_errors: l(&t.write_errors),
+        corrupt: l(&t.corrupt),
+        writing: l(&t.writing) == 1,
+        store_read_bytes: l(&objects.stats().bytes),
+    })
 }
 
 /// The sizes of the server's per-job state: each returns to its idle value once the jobs are
@@ -352,6 +393,7 @@ pub fn stats_view(state: &AppState, sizes: StateSizes) -> Stats {
         process_rss_bytes: process.map(|p| p.rss_bytes),
         process_threads: process.map(|p| p.threads),
         state: sizes,
+        disk_cache: disk_cache_view(state),
     }
 }
 

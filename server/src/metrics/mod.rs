@@ -236,6 +236,8 @@ impl Metrics {
         if let Some(objects) = &state.registry.objects {
             render::objects(&mut extra, objects.stats());
         }
+        let tier = state.registry.objects.as_ref().and_then(|o| o.tier());
+        render::disk_cache(&mut extra, tier.map(|t| &**t.stats()));
         // This thread's time so far, so that a scrape's own work is in its figures.
         stages::flush();
         let rows: Vec<_> = stages::SERVER

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 
 use joader_storage::s3::{LATENCY_BUCKETS, ObjectStats, Op};
+use joader_storage::tier::TierStats;
 
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 
@@ -218,6 +219,103 @@ pub(super) fn objects(out: &mut String, s: &ObjectStats) {
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
     let _ = writeln!(out, "{name}_sum {sum}");
     let _ = writeln!(out, "{name}_count {count}\n");
+}
+
+/// The disk tier's families (`joader_disk_cache_*`): written by every server, zeros where
+/// there is no tier (`--disk-cache`), so that dashboards find them everywhere.
+pub(super) fn disk_cache(out: &mut String, t: Option<&TierStats>) {
+    type Field = fn(&TierStats) -> &std::sync::atomic::AtomicU64;
+    let v = |f: Field| [(vec![], t.map_or(0.0, |t| f(t).load(Relaxed) as f64))];
+    let rows: [(&str, &str, &str, Field); 13] = [
+        (
+            "joader_disk_cache_queued",
+            "gauge",
+            "fetched objects queued for the disk tier's writer",
+            |t| &t.queued,
+        ),
+        (
+            "joader_disk_cache_capacity_bytes",
+            "gauge",
+            "the disk tier's size limit (0: no disk tier)",
+            |t| &t.capacity,
+        ),
+        (
+            "joader_disk_cache_bytes",
+            "gauge",
+            "bytes of the objects stored in the disk tier (headers included); never above its capacity",
+            |t| &t.bytes,
+        ),
+        (
+            "joader_disk_cache_objects",
+            "gauge",
+            "objects (elements' encoded bytes) stored in the disk tier",
+            |t| &t.objects,
+        ),
+        (
+            "joader_disk_cache_writing",
+            "gauge",
+            "1 while the disk tier writes, 0 once a write error stopped it",
+            |t| &t.writing,
+        ),
+        (
+            "joader_disk_cache_hits_total",
+            "counter",
+            "element reads served from the disk tier instead of the object store",
+            |t| &t.hits,
+        ),
+        (
+            "joader_disk_cache_misses_total",
+            "counter",
+            "element reads the disk tier did not serve (not stored, damaged or unreadable): fetched from the store",
+            |t| &t.misses,
+        ),
+        (
+            "joader_disk_cache_writes_total",
+            "counter",
+            "objects written to the disk tier",
+            |t| &t.writes,
+        ),
+        (
+            "joader_disk_cache_written_bytes_total",
+            "counter",
+            "bytes written to the disk tier",
+            |t| &t.written_bytes,
+        ),
+        (
+            "joader_disk_cache_evictions_total",
+            "counter",
+            "objects evicted from the disk tier to admit others (only objects no active job still needs this epoch)",
+            |t| &t.evictions,
+        ),
+        (
+            "joader_disk_cache_not_admitted_total",
+            "counter",
+            "fetched objects not stored: every stored object was still needed by a job this epoch",
+            |t| &t.not_admitted,
+        ),
+        (
+            "joader_disk_cache_write_errors_total",
+            "counter",
+            "failed writes to the disk tier (the first stops writing; jobs are not affected)",
+            |t| &t.write_errors,
+        ),
+        (
+            "joader_disk_cache_corrupt_total",
+            "counter",
+            "stored objects found torn or failing their checksum, dropped and fetched again",
+            |t| &t.corrupt,
+        ),
+    ];
+    for (name, kind, help, f) in rows {
+        family(out, name, kind, help, &v(f));
+    }
+    family(
+        out,
+        "joader_disk_cache_dropped_total",
+        "counter",
+        "fetched objects not offered to the disk tier's writer: its queue was full",
+        &v(|t| &t.dropped),
+    );
 }
 
 /// Appends one metric family in the Prometheus text format: `rows` of (labels, value);

@@ -258,7 +258,7 @@ pub fn start_indexing(registry: Arc<Registry>, name: String) {
                 // An object store's reader is opened here, off the HTTP workers.
                 let index = Arc::new(index);
                 let source = matches!(spec, joader_storage::SourceSpec::S3 { .. })
-                    .then(|| crate::loading::element_source(&spec, objects, index.clone()))
+                    .then(|| crate::loading::element_source(&spec, objects, index.clone(), versions.as_deref().unwrap_or_default()))
                     .transpose()?;
                 Ok((index, source, versions))
             });
@@ -335,12 +335,20 @@ pub fn load_catalog(registry: &Arc<Registry>) -> anyhow::Result<()> {
                     entry.progress.store(index.len() as u64, Relaxed);
                     let index = Arc::new(index);
                     if matches!(rec.source, joader_storage::SourceSpec::S3 { .. }) {
+                        // Its objects' ETags key the disk tier (none: not stored there).
+                        let versions = registry
+                            .catalog
+                            .objects(&rec.name)
+                            .ok()
+                            .flatten()
+                            .unwrap_or_default();
                         // Jobs of a dataset whose store cannot be opened are refused, naming
                         // this log line's reason.
                         match crate::loading::element_source(
                             &rec.source,
                             registry.objects.as_deref(),
                             index.clone(),
+                            &versions,
                         ) {
                             Ok(source) => entry.source = Some(source),
                             Err(e) => {

@@ -18,6 +18,7 @@ impl CacheActor {
         if !self.sources.contains_key(&msg.dataset) {
             return;
         }
+        let source = self.sources.get(&msg.dataset).cloned();
         let mut ends = msg.ends.iter().peekable();
         for (gi, group) in msg.groups.iter().enumerate() {
             while let Some(end) = ends.next_if(|e| e.after <= gi) {
@@ -34,8 +35,17 @@ impl CacheActor {
                 if let Some(remaining) = resumed {
                     // A resumed epoch starts: only what remains of it is needed once more.
                     self.epoch_started(msg.dataset, pipeline, &remaining);
+                    if let Some(s) = &source {
+                        s.epoch_started(item.job, &remaining);
+                    }
                 } else if item.position == 0 {
                     self.epoch_started(msg.dataset, pipeline, &subset);
+                    if let Some(s) = &source {
+                        s.epoch_started(item.job, &subset);
+                    }
+                }
+                if let Some(s) = &source {
+                    s.delivered(item.job, group.element);
                 }
                 let key = cache_key(msg.dataset, pipeline, group.element);
                 self.stats.requests.fetch_add(1, Relaxed);

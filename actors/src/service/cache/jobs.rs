@@ -107,6 +107,9 @@ impl CacheActor {
         }
         self.room_changed = true;
         job.stats.closed.store(true, Relaxed);
+        if let Some(source) = self.sources.get(&job.dataset) {
+            source.job_closed(id);
+        }
         // The last job of a dataset forgets its source (the dataset may be deleted: its index
         // must not live on here). Loads in flight hold their own reference.
         if !self.jobs.values().any(|j| j.dataset == job.dataset) {

@@ -2,6 +2,10 @@
 //! a whole object per file element, and reads tar members due together whose byte ranges are
 //! neighbours (at most [`COALESCE_GAP`] apart) with one ranged GET, each request under a
 //! place among the requests in flight (`limit`).
+//!
+//! With a disk tier, what it holds is read from it first (on the runtime's blocking threads,
+//! a few elements per task; a miss there, a damaged or vanished object, goes back to the
+//! queue for the store), and each element a request fetched is offered to it afterwards.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -12,6 +16,7 @@ use tokio::sync::mpsc;
 use super::fetch::{Request, SourceInner};
 use super::limit::Outcome;
 use super::remote::Remote;
+use crate::tier::DiskTier;
 use crate::{Location, MAX_MEMBER_LEN, StorageError};
 
 /// Neighbouring tar members at most this many bytes apart are read with one request (the
@@ -23,6 +28,9 @@ const MAX_COALESCED: u64 = 16 << 20;
 
 /// Requests taken from the queue at once (and grouped into neighbours).
 const MAX_DUE: usize = 256;
+
+/// Elements read from the disk tier by one blocking task.
+const TIER_READS_PER_TASK: usize = 8;
 
 /// Where an element's bytes are: a whole object, or a range of a shard.
 enum Due {
@@ -60,7 +68,11 @@ fn due(source: &SourceInner, element: u32) -> Result<Due, StorageError> {
 
 /// Takes what is due, groups neighbouring tar members, and runs each group under a place
 /// among the requests in flight.
-pub(super) async fn dispatch(mut rx: mpsc::UnboundedReceiver<Request>, remote: Arc<Remote>) {
+pub(super) async fn dispatch(
+    mut rx: mpsc::UnboundedReceiver<Request>,
+    remote: Arc<Remote>,
+    requeue: mpsc::UnboundedSender<Request>,
+) {
     while let Some(first) = rx.recv().await {
         let mut due_now = vec![first];
         while due_now.len() < MAX_DUE {
@@ -68,6 +80,9 @@ pub(super) async fn dispatch(mut rx: mpsc::UnboundedReceiver<Request>, remote: A
                 Ok(r) => due_now.push(r),
                 Err(_) => break,
             }
+        }
+        if let Some(tier) = &remote.tier {
+            due_now = from_tier(tier, due_now, &requeue);
         }
         for group in groups(due_now) {
             let place = remote.limit.acquire().await;
@@ -88,6 +103,49 @@ pub(super) async fn dispatch(mut rx: mpsc::UnboundedReceiver<Request>, remote: A
             });
         }
     }
+}
+
+/// Starts reading from the tier the requests whose element it holds; returns the others.
+fn from_tier(
+    tier: &Arc<DiskTier>,
+    due_now: Vec<Request>,
+    requeue: &mpsc::UnboundedSender<Request>,
+) -> Vec<Request> {
+    let mut rest = Vec::with_capacity(due_now.len());
+    let mut held = Vec::new();
+    for r in due_now {
+        if r.tier_checked {
+            rest.push(r);
+            continue;
+        }
+        match r.source.tier_key(r.element) {
+            Some(key) if tier.lookup(&key) => held.push((r, key)),
+            _ => rest.push(r),
+        }
+    }
+    while !held.is_empty() {
+        let chunk: Vec<_> = held.drain(..held.len().min(TIER_READS_PER_TASK)).collect();
+        let (tier, requeue) = (tier.clone(), requeue.clone());
+        tokio::task::spawn_blocking(move || {
+            for (mut r, key) in chunk {
+                let owner = r.source.owner(r.element);
+                match tier.read(&key, Some(owner)) {
+                    Some(bytes) => (r.done)(Ok(bytes)),
+                    None => {
+                        r.tier_checked = true;
+                        if let Err(mpsc::error::SendError(r)) = requeue.send(r) {
+                            (r.done)(Err(StorageError::Remote {
+                                url: r.source.dataset.url.to_string(),
+                                code: "unavailable",
+                                message: "the fetch stage is shut down".into(),
+                            }));
+                        }
+                    }
+                }
+            }
+        });
+    }
+    rest
 }
 
 /// One request's worth of elements: a whole object, or one range of a shard that covers
@@ -193,14 +251,21 @@ async fn run(remote: &Remote, group: Group) -> Outcome {
     if members.len() > 1 {
         remote.stats.coalesced.fetch_add(1, Relaxed);
     }
-    match remote.get(&source.dataset, &key, range).await {
+    // A fill of the tier asks for the ETag its key names.
+    let if_match = remote.tier.as_ref().and_then(|_| source.etag(&key));
+    match remote.get(&source.dataset, &key, range, if_match).await {
         Ok(bytes) => {
             for (r, part) in members {
                 let piece = match part {
-                    Some(p) => bytes[p].to_vec(),
+                    Some(p) => bytes.slice(p),
                     None => bytes.clone(),
                 };
-                (r.done)(Ok(piece));
+                if let Some(tier) = &remote.tier
+                    && let Some(key) = source.tier_key(r.element)
+                {
+                    tier.offer(key, piece.clone(), Some(source.owner(r.element)));
+                }
+                (r.done)(Ok(piece.to_vec()));
             }
             Outcome::Served
         }

@@ -7,20 +7,27 @@
 //! busy; how many at once adapts to what the store sustains (`limit`, at most
 //! `max_in_flight`). How one request is tried is `remote`'s business; how queued fetches
 //! become requests (tar members read together) is `coalesce`'s.
+//!
+//! With a disk tier (`crate::tier`), an element stored there is read from it instead (on the
+//! runtime's blocking threads), and what a request fetched is offered to it; each source
+//! keeps its jobs' [`Demand`], which the tier's admission asks.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use object_store::ObjectStoreExt as _;
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
 
 use super::coalesce::dispatch;
 use super::limit::InFlight;
 use super::remote::Remote;
-use super::stats::ObjectStats;
-use super::{S3Allow, S3Dataset, S3Index, S3Layout, S3Url};
-use crate::{DatasetIndex, Progress, StorageError};
+use super::stats::{ObjectStats, Op};
+use super::{ObjectVersion, S3Allow, S3Dataset, S3Index, S3Layout, S3Url};
+use crate::tier::{Demand, DiskTier, Owner, TierKey};
+use crate::{DatasetIndex, Location, Progress, StorageError};
 
 /// How the stage talks to object stores.
 #[derive(Debug, Clone)]
@@ -57,6 +64,8 @@ pub(super) struct Request {
     pub(super) done: Done,
     /// When it was queued.
     pub(super) queued_at: std::time::Instant,
+    /// The disk tier was asked already (it missed): fetch from the store.
+    pub(super) tier_checked: bool,
 }
 
 /// The server's object-store access: its runtime, its limits and counters, the allowed list.
@@ -70,8 +79,12 @@ pub struct ObjectStores {
 
 impl ObjectStores {
     /// Starts the stage's runtime (two threads: requests wait on the network, they do not
-    /// compute).
-    pub fn new(config: FetchConfig, allow: S3Allow) -> std::io::Result<Self> {
+    /// compute), with the disk tier of encoded bytes when the server has one.
+    pub fn new(
+        config: FetchConfig,
+        allow: S3Allow,
+        tier: Option<Arc<DiskTier>>,
+    ) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("joader-fetch")
@@ -86,9 +99,10 @@ impl ObjectStores {
             limit,
             config,
             stats,
+            tier,
         });
         let (queue, rx) = mpsc::unbounded_channel();
-        runtime.spawn(dispatch(rx, remote.clone()));
+        runtime.spawn(dispatch(rx, remote.clone(), queue.clone()));
         Ok(Self {
             handle: runtime.handle().clone(),
             runtime: Some(runtime),
@@ -100,6 +114,11 @@ impl ObjectStores {
 
     pub fn stats(&self) -> &Arc<ObjectStats> {
         &self.remote.stats
+    }
+
+    /// The disk tier of encoded bytes, when the server has one.
+    pub fn tier(&self) -> Option<&Arc<DiskTier>> {
+        self.remote.tier.as_ref()
     }
 
     pub fn allow(&self) -> &S3Allow {
@@ -149,23 +168,85 @@ impl ObjectStores {
             count: 0,
             report: progress,
         };
-        let (index, objects) = super::index(self, &dataset, layout, &mut counter)?;
+        let (index, mut objects) = super::index(self, &dataset, layout, &mut counter)?;
+        if self.tier().is_some() {
+            self.fill_etags(&dataset, &mut objects)?;
+        }
         let index = crate::finish_index(index, &mut counter)?;
         Ok(S3Index { index, objects })
     }
 
-    /// The reader of an indexed `s3` source's elements.
+    /// Asks the store for the ETag of each object its listing gave none (some S3-compatible
+    /// servers list none; AWS, MinIO, Ceph, Garage and R2 do): the disk tier keys objects by
+    /// ETag and stores nothing of an object without one. One HEAD per such object, 32 at
+    /// once, only on a server with a disk tier.
+    fn fill_etags(
+        &self,
+        ds: &S3Dataset,
+        objects: &mut [ObjectVersion],
+    ) -> Result<(), StorageError> {
+        use futures::StreamExt;
+        let missing: Vec<(usize, String)> = objects
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.etag.is_none())
+            .map(|(i, o)| (i, o.key.clone()))
+            .collect();
+        let remote = self.remote();
+        let found: Vec<(usize, Result<Option<String>, StorageError>)> = self.block_on(
+            futures::stream::iter(missing.into_iter().map(|(i, key)| async move {
+                let path = super::dataset::object_key(&key);
+                let meta = remote
+                    .call(ds, &key, Op::Head, || ds.store.head(&path))
+                    .await;
+                (i, meta.map(|m| m.e_tag))
+            }))
+            .buffer_unordered(32)
+            .collect(),
+        );
+        for (i, etag) in found {
+            objects[i].etag = etag?;
+        }
+        Ok(())
+    }
+
+    /// The reader of an indexed `s3` source's elements; `versions` are the objects the index
+    /// was made of (their ETags key the disk tier, and its fills ask for them: `If-Match`).
     pub fn source(
         &self,
         url: &str,
         endpoint: Option<&str>,
         region: Option<&str>,
         index: Arc<DatasetIndex>,
+        versions: &[ObjectVersion],
     ) -> Result<S3Source, StorageError> {
-        let url = self.check(url, endpoint, region)?;
-        let dataset = S3Dataset::open(&url, endpoint, region)?;
+        let parsed = self.check(url, endpoint, region)?;
+        let dataset = S3Dataset::open(&parsed, endpoint, region)?;
+        let etags = versions
+            .iter()
+            .filter_map(|v| Some((v.key.clone(), v.etag.clone()?)))
+            .collect();
+        let store = format!(
+            "{}/{}",
+            endpoint.map_or_else(|| "aws".to_owned(), |e| e.trim_end_matches('/').to_owned()),
+            parsed.bucket
+        );
+        let inner = Arc::new(SourceInner {
+            dataset,
+            index,
+            etags,
+            store,
+            demand: Arc::new(Demand::default()),
+        });
+        // What the tier already holds of this dataset (a restart) is its elements from now
+        // on: kept while its jobs need them.
+        if let Some(tier) = self.tier() {
+            let names = (0..inner.index.len() as u32)
+                .filter_map(|e| Some((inner.tier_key(e)?.name(), inner.owner(e))));
+            tier.adopt(names);
+        }
         Ok(S3Source {
-            inner: Arc::new(SourceInner { dataset, index }),
+            inner,
             queue: self.queue.clone(),
         })
     }
@@ -184,6 +265,50 @@ impl Drop for ObjectStores {
 pub(super) struct SourceInner {
     pub(super) dataset: S3Dataset,
     pub(super) index: Arc<DatasetIndex>,
+    /// Each indexed object's ETag, by key.
+    pub(super) etags: HashMap<String, String>,
+    /// The store's name in tier keys: its endpoint (or `aws`) and bucket.
+    store: String,
+    /// The elements its jobs still need this epoch (the tier's admission).
+    demand: Arc<Demand>,
+}
+
+impl SourceInner {
+    /// The ETag the index holds for `key`.
+    pub(super) fn etag(&self, key: &str) -> Option<&str> {
+        self.etags.get(key).map(String::as_str)
+    }
+
+    /// The tier key of `element`'s bytes (`None` when its object has no ETag: not stored).
+    pub(super) fn tier_key(&self, element: u32) -> Option<TierKey> {
+        let (object, range) = match self.index.location(element)? {
+            Location::File(key) => (key.to_string_lossy().into_owned(), None),
+            Location::TarMember { shard, offset, len } => (
+                self.index
+                    .shards()
+                    .get(shard as usize)?
+                    .to_string_lossy()
+                    .into_owned(),
+                Some(offset..offset + len),
+            ),
+            Location::ParquetRow { .. } => return None,
+        };
+        let etag = self.etag(&object)?.to_owned();
+        Some(TierKey {
+            store: self.store.clone(),
+            object,
+            etag,
+            range,
+        })
+    }
+
+    /// Whose element a stored object holds.
+    pub(super) fn owner(&self, element: u32) -> Owner {
+        Owner {
+            demand: Arc::downgrade(&self.demand),
+            element,
+        }
+    }
 }
 
 /// Reads the elements of one indexed `s3` dataset through the fetch stage.
@@ -201,6 +326,7 @@ impl S3Source {
             element,
             done,
             queued_at: std::time::Instant::now(),
+            tier_checked: false,
         };
         if let Err(mpsc::error::SendError(r)) = self.queue.send(request) {
             (r.done)(Err(self.shut_down()));
@@ -226,6 +352,21 @@ impl S3Source {
             code: "unavailable",
             message: "the fetch stage is shut down".into(),
         }
+    }
+
+    /// `job` starts an epoch needing `remaining` (the disk tier keeps what jobs still need).
+    pub fn epoch_started(&self, job: u64, remaining: &roaring::RoaringBitmap) {
+        self.inner.demand.epoch_started(job, remaining);
+    }
+
+    /// `job` was handed `element` in its current epoch.
+    pub fn delivered(&self, job: u64, element: u32) {
+        self.inner.demand.delivered(job, element);
+    }
+
+    /// `job` ended.
+    pub fn job_closed(&self, job: u64) {
+        self.inner.demand.job_closed(job);
     }
 
     /// The label of `element` (-1 for an unknown element).

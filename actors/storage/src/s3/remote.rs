@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use object_store::{GetOptions, GetRange, ObjectStore};
 
 use super::dataset::object_key;
@@ -28,6 +29,8 @@ pub(super) struct Remote {
     pub(super) stats: Arc<ObjectStats>,
     /// The places of the requests in flight (at most `max_in_flight`, adapting below).
     pub(super) limit: Arc<InFlight>,
+    /// The disk tier of encoded bytes, when the server has one.
+    pub(super) tier: Option<Arc<crate::tier::DiskTier>>,
 }
 
 /// A failure worth trying again, or not.
@@ -157,23 +160,52 @@ impl Remote {
         }
     }
 
-    /// `range` of the object `key` (the whole object for `None`).
+    /// `range` of the object `key` (the whole object for `None`). With `if_match` (the ETag
+    /// the index holds; disk tier fills), the request carries `If-Match` and an answer of
+    /// another ETag is refused too (a store that ignores the header): a changed object is an
+    /// element error, never bytes stored under the old key.
     pub(super) async fn get(
         &self,
         ds: &S3Dataset,
         key: &str,
         range: Option<Range<u64>>,
-    ) -> Result<Vec<u8>, StorageError> {
+        if_match: Option<&str>,
+    ) -> Result<Bytes, StorageError> {
         let path = object_key(key);
         let bytes = self
             .call(ds, key, Op::Get, || async {
                 let options = GetOptions {
                     range: range.clone().map(GetRange::Bounded),
+                    if_match: if_match.map(str::to_owned),
                     ..GetOptions::default()
                 };
-                ds.store.get_opts(&path, options).await?.bytes().await
+                let result = ds.store.get_opts(&path, options).await?;
+                if let (Some(want), Some(got)) = (if_match, result.meta.e_tag.as_deref())
+                    && want != got
+                {
+                    return Err(object_store::Error::Precondition {
+                        path: key.to_owned(),
+                        source: format!("the object's ETag is {got}, not {want}").into(),
+                    });
+                }
+                result.bytes().await
             })
-            .await?;
+            .await
+            .map_err(|e| match (e, if_match) {
+                (StorageError::Remote { url, code, message }, Some(etag))
+                    if code == "refused" && message.contains("precondition") =>
+                {
+                    StorageError::Remote {
+                        url,
+                        code,
+                        message: format!(
+                            "the object changed since the dataset was indexed (indexed ETag \
+                             {etag}): re-index the dataset ({message})"
+                        ),
+                    }
+                }
+                (e, _) => e,
+            })?;
         self.stats.bytes.fetch_add(bytes.len() as u64, Relaxed);
         if let Some(r) = &range
             && bytes.len() as u64 != r.end - r.start
@@ -188,7 +220,7 @@ impl Remote {
                 ),
             });
         }
-        Ok(bytes.to_vec())
+        Ok(bytes)
     }
 }
 

@@ -16,15 +16,19 @@ pub enum Op {
     List,
     /// A whole object, or a range of one.
     Get,
+    /// An object's metadata: its ETag, at indexing, when a listing gave none and the server
+    /// has a disk tier (whose keys need it).
+    Head,
 }
 
 impl Op {
-    pub const ALL: [Op; 2] = [Op::List, Op::Get];
+    pub const ALL: [Op; 3] = [Op::List, Op::Get, Op::Head];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Op::List => "list",
             Op::Get => "get",
+            Op::Head => "head",
         }
     }
 }
@@ -41,7 +45,7 @@ pub const ERROR_KINDS: [&str; 5] = [
 /// Object-store traffic of one server.
 #[derive(Debug, Default)]
 pub struct ObjectStats {
-    requests: [AtomicU64; 2],
+    requests: [AtomicU64; 3],
     /// Body bytes received from the store.
     pub bytes: AtomicU64,
     /// Attempts made again after a transient failure.

@@ -9,7 +9,8 @@
 //! of 64 on a cached second epoch) and PyTorch's DataLoader (`--torch`: tuned, with cores / K
 //! workers per job, and with workers = cores per job); with `--source s3` also from a local S3
 //! server beside local disk (`s3`), directly or through a proxy adding a latency to each
-//! request (`--s3-latency-ms`, `proxy`). Every system is timed
+//! request (`--s3-latency-ms`, `proxy`); with `--parquet` the `parquet` source against the
+//! same images in a folder (`parquet.rs`). Every system is timed
 //! alike, from each job's start to its last sample, with the figure from the first batch
 //! beside it (`systems.rs`). It prints and writes a markdown table and a PNG chart, the
 //! baselines' aggregates by K (flat on a decode-bound machine when the threads are the same at
@@ -19,11 +20,13 @@
 //! holds. Nothing is asserted: the figures are what this machine did in this run.
 
 mod gpu_lock;
+mod parquet;
 pub mod proxy;
 mod report;
 mod s3;
 mod scenarios;
 mod systems;
+mod tier;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -97,6 +100,11 @@ pub struct E2eArgs {
     /// The GPU-lock scenario's step per batch, in ms (default 48; 12 with `--quick`).
     #[arg(long)]
     pub gpu_step_ms: Option<f64>,
+    /// Also compare the `parquet` source with the image folder on the same JPEGs written as
+    /// Hugging Face's `datasets` writes them (needs pyarrow in python3): K = 4 jobs, each
+    /// source served by a `joader serve` child (`parquet.rs`).
+    #[arg(long)]
+    pub parquet: bool,
 }
 
 /// What every system of a run shares: the dataset, its index, the threads and the pipeline.
@@ -193,6 +201,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
         )?),
     };
     let mut s3_rows = Vec::new();
+    let mut tier_rows = Vec::new();
     let started = Instant::now();
     let mut rows: Vec<(Scenario, Vec<Outcome>)> = Vec::new();
     let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
@@ -217,6 +226,10 @@ pub fn run(args: E2eArgs) -> Result<()> {
             for (o, fetched) in s3 {
                 s3_rows.push((sc.name.clone(), disk.clone(), o.clone(), fetched));
                 outs.push(o);
+            }
+            // The disk tier's rows (`tier.rs`) at K = 4.
+            if sc.jobs.len() == 4 {
+                tier_rows.push(tier::run_k(store, &sc, &ctx, i)?);
             }
         }
         rows.push((sc, outs));
@@ -258,6 +271,20 @@ pub fn run(args: E2eArgs) -> Result<()> {
     }
     if let Some(store) = &store {
         table.push_str(&store.report(&s3_rows));
+        // One job on a tier of half the dataset, three epochs (with the K = 4 rows, or alone
+        // with `--only "tier half"`).
+        let half = if !tier_rows.is_empty() || wanted("tier half") {
+            eprintln!("scenario tier half: 1 job, 3 epochs on a tier of half the dataset");
+            Some(tier::run_half(store, &ctx, 3)?)
+        } else {
+            None
+        };
+        if !tier_rows.is_empty() || half.is_some() {
+            table.push_str(&tier::report(&tier_rows, half.as_ref()));
+        }
+    }
+    if args.parquet {
+        table.push_str(&parquet::run(&ctx, n)?);
     }
     println!("{table}");
     for w in report::warnings(&rows) {

@@ -179,19 +179,20 @@ impl Store {
     }
 
     /// A `joader serve` child over the local dataset or the store (through `route`), with
-    /// dataset `d` indexed.
-    fn server(
+    /// dataset `d` indexed; `extra`: more flags (the disk tier's, `tier.rs`).
+    pub(super) fn server(
         &self,
         ctx: &Ctx,
         tag: &str,
         source: Where,
         route: &Route,
+        extra: &[String],
     ) -> Result<(ServerProc, Client)> {
         let endpoint = route
             .proxy
             .as_ref()
             .map_or_else(|| self.endpoint.clone(), DelayProxy::endpoint);
-        let args = [
+        let mut args = vec![
             "--cache-slots".to_owned(),
             "8192".to_owned(),
             "--loader-workers".to_owned(),
@@ -199,6 +200,7 @@ impl Store {
             "--allowed-s3".to_owned(),
             format!("s3://{BUCKET}"),
         ];
+        args.extend_from_slice(extra);
         // The store's keys reach the server through its environment only.
         let env = [
             ("AWS_ACCESS_KEY_ID", self.key.as_str()),
@@ -255,7 +257,7 @@ impl Store {
 
     /// Runs `sc` on a `joader serve` child reading from `source`: its outcome (CPU of the
     /// server and of the consumers), and for the store the bytes read from it.
-    fn run(
+    pub(super) fn run(
         &self,
         sc: &Scenario,
         ctx: &Ctx,
@@ -267,7 +269,7 @@ impl Store {
             "e2e{tag}_{}",
             if source == Where::S3 { "s3" } else { "disk" }
         );
-        let (server, client) = self.server(ctx, &name, source, route)?;
+        let (server, client) = self.server(ctx, &name, source, route, &[])?;
         let before = Scrape::of(&server.url)?;
         let cpu0 = server_cpu(&client)? + process_cpu();
         let runs = run_jobs(&client, sc)?;
@@ -310,6 +312,13 @@ impl Store {
     }
 }
 
+impl Store {
+    /// The bytes of the whole dataset (its files).
+    pub(super) fn dataset_bytes(&self) -> u64 {
+        self.sizes.iter().sum()
+    }
+}
+
 impl Drop for Store {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -318,7 +327,7 @@ impl Drop for Store {
 }
 
 /// The server's CPU seconds so far.
-fn server_cpu(client: &Client) -> Result<f64> {
+pub(super) fn server_cpu(client: &Client) -> Result<f64> {
     client.ok("GET", "/v1/stats", None)?["process_cpu_s"]
         .as_f64()
         .context("the server reports no process_cpu_s")
