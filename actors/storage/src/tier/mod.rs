@@ -35,6 +35,26 @@ pub use demand::Demand;
 pub use format::TierKey;
 pub use index::{Admit, SCAN, TierIndex};
 
+/// How much nicer (lower priority) than the process the writer thread runs, on Linux: below
+/// the decode threads (5), since a write that falls behind costs only a later miss, and a
+/// decode that waits costs the jobs now.
+const WRITER_NICE: i32 = 10;
+
+/// Lowers the calling thread's priority by [`WRITER_NICE`]. On Linux `setpriority` on a thread
+/// id changes that thread alone; elsewhere it would change the whole process, so it is not done.
+fn lower_own_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::process::{getpriority_process, setpriority_process};
+        let tid = rustix::thread::gettid();
+        let result = getpriority_process(Some(tid))
+            .and_then(|nice| setpriority_process(Some(tid), (nice + WRITER_NICE).min(19)));
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "disk cache: could not lower the writer thread's priority");
+        }
+    }
+}
+
 /// Bytes queued for the writer, at most; a fetch whose bytes would exceed it is not stored.
 const MAX_QUEUED_BYTES: u64 = 256 << 20;
 /// Objects queued for the writer, at most.
@@ -344,6 +364,7 @@ impl Inner {
     /// The writer thread: admits each queued object, evicts what the admission chose and
     /// writes it; stops writing at the first error.
     fn write_all(self: Arc<Self>, rx: Receiver<Job>) {
+        lower_own_priority();
         let mut seq = 0u64;
         while let Ok(job) = rx.recv() {
             let (key, bytes, owner) = match job {

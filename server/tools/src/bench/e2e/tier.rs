@@ -37,8 +37,8 @@ pub(super) struct TierRow {
 }
 
 /// Rounds of each comparison: the machine is shared, so each ratio is taken side by side and
-/// several times.
-const ROUNDS: usize = 3;
+/// several times; an even number, half in each order.
+const ROUNDS: usize = 4;
 
 /// One job on a tier of half the dataset: each epoch's bytes from the store.
 pub(super) struct HalfRow {
@@ -116,26 +116,52 @@ pub(super) fn run_k(store: &Store, sc: &Scenario, ctx: &Ctx, tag: usize) -> Resu
             .prefix("joader-e2e-tier-")
             .tempdir()?;
         let t = 1000 + tag * 16 + r * 4;
-        let (s3, _) = store.run(sc, ctx, t, Where::S3, &store.routes[0])?;
-        let (first, first_store) = once(
-            store,
-            sc,
-            ctx,
-            &format!("e2e{t}_tier1"),
-            "joader serve, s3 + tier (first epoch)",
-            dir.path(),
-            capacity,
-        )?;
-        let (disk, _) = store.run(sc, ctx, t + 1, Where::Disk, &store.routes[0])?;
-        let (later, later_store) = once(
-            store,
-            sc,
-            ctx,
-            &format!("e2e{t}_tier2"),
-            "joader serve, s3 + tier (later epoch)",
-            dir.path(),
-            capacity,
-        )?;
+        let without = || {
+            store
+                .run(sc, ctx, t, Where::S3, &store.routes[0])
+                .map(|(s, _)| s)
+        };
+        let first = || {
+            once(
+                store,
+                sc,
+                ctx,
+                &format!("e2e{t}_tier1"),
+                "joader serve, s3 + tier (first epoch)",
+                dir.path(),
+                capacity,
+            )
+        };
+        let disk = || {
+            store
+                .run(sc, ctx, t + 1, Where::Disk, &store.routes[0])
+                .map(|(s, _)| s)
+        };
+        let later = || {
+            once(
+                store,
+                sc,
+                ctx,
+                &format!("e2e{t}_tier2"),
+                "joader serve, s3 + tier (later epoch)",
+                dir.path(),
+                capacity,
+            )
+        };
+        // Each pair in one order in even rounds and the other in odd ones, so that neither
+        // side always runs second (the later epoch always follows the first, which fills
+        // the tier).
+        let (s3, (first, first_store), disk, (later, later_store)) = if r % 2 == 0 {
+            let s3 = without()?;
+            let f = first()?;
+            let d = disk()?;
+            (s3, f, d, later()?)
+        } else {
+            let f = first()?;
+            let s3 = without()?;
+            let l = later()?;
+            (s3, f, disk()?, l)
+        };
         rounds.push(Round {
             s3,
             first,
