@@ -24,8 +24,8 @@ use crate::client::Client;
 
 /// The jobs of the comparison.
 const K: usize = 4;
-/// Times each source runs (interleaved).
-const ROUNDS: usize = 3;
+/// Times each source runs (interleaved; an even number, half with each source first).
+const ROUNDS: usize = 4;
 
 /// Writes the image folder `images` as Parquet files in `out`, the way `datasets` does.
 const WRITER: &str = r#"
@@ -242,28 +242,46 @@ pub(super) fn run(ctx: &Ctx, n: u32) -> Result<String> {
     let parquet_spec = json!({"kind": "parquet", "paths": [parquet_dir]});
     let (mut folder, mut parquet) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
+        // One source first in even rounds, the other in odd ones: neither always runs second.
+        let folder_first = round % 2 == 0;
         eprintln!(
-            "scenario {} round {}: image folder, then parquet",
+            "scenario {} round {}: {}",
             sc.name,
-            round + 1
+            round + 1,
+            if folder_first {
+                "image folder, then parquet"
+            } else {
+                "parquet, then image folder"
+            }
         );
         let tag = format!("pq{round}");
-        folder.push(run_one(
-            ctx,
-            &sc,
-            &roots,
-            &format!("{tag}f"),
-            "joader serve, image folder",
-            folder_spec.clone(),
-        )?);
-        parquet.push(run_one(
-            ctx,
-            &sc,
-            &roots,
-            &format!("{tag}p"),
-            "joader serve, parquet",
-            parquet_spec.clone(),
-        )?);
+        let run_folder = || {
+            run_one(
+                ctx,
+                &sc,
+                &roots,
+                &format!("{tag}f"),
+                "joader serve, image folder",
+                folder_spec.clone(),
+            )
+        };
+        let run_parquet = || {
+            run_one(
+                ctx,
+                &sc,
+                &roots,
+                &format!("{tag}p"),
+                "joader serve, parquet",
+                parquet_spec.clone(),
+            )
+        };
+        if folder_first {
+            folder.push(run_folder()?);
+            parquet.push(run_parquet()?);
+        } else {
+            parquet.push(run_parquet()?);
+            folder.push(run_folder()?);
+        }
     }
     let pq_index = joader_storage::index(
         &serde_json::from_value::<SourceSpec>(parquet_spec)?,
