@@ -54,8 +54,10 @@ impl ElementSource for S3ElementSource {
     }
 
     fn fetch(&self, element: u32, done: Fetched) {
-        self.0
-            .fetch(element, Box::new(move |r| done(r.map_err(|e| failure(&e)))));
+        self.0.fetch(
+            element,
+            Box::new(move |r, n| done(r.map_err(|e| failure(&e)), n)),
+        );
     }
 
     // What the jobs still need this epoch, for the disk tier's admission.

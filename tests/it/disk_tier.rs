@@ -462,3 +462,104 @@ fn a_second_server_on_the_same_tier_folder_is_refused() {
         "{err}"
     );
 }
+
+/// Reads `dataset` as `job` for `epochs` epochs with the raw pipeline and small rings.
+fn job(j: &Joader, job: &str, dataset: &str, epochs: u32) -> std::process::Child {
+    consumer(
+        &j.server.url,
+        &json!({"name": job, "dataset": dataset, "batch_size": 4, "ring_capacity": 8,
+                "epochs": epochs, "pipeline": {"kind": "raw"}}),
+        &[],
+    )
+}
+
+#[test]
+fn each_job_is_charged_the_store_bytes_of_its_misses_per_epoch_and_the_sums_add_up() {
+    let test = "each_job_is_charged_the_store_bytes_of_its_misses_per_epoch_and_the_sums_add_up";
+    let Some(bin) = s3s_fs(test) else {
+        return;
+    };
+    let s3 = S3Server::start(bin, "store_bytes");
+    // 40 objects of 1000 bytes: a miss's load costs exactly 1000 store bytes (a whole object,
+    // no tier: every load goes to the store).
+    let (n, len) = (40u32, 1000u64);
+    write_objects(&s3.bucket(), "objs", n, len as usize);
+    let j = joader(
+        "store_bytes",
+        &s3.bucket(),
+        &["--allowed-s3", "s3://bkt", "--cache-slots", "12"],
+        &credentials(&s3),
+    );
+    create(&j, "objs", folder_source("objs"));
+    assert_eq!(settled(&j, "objs")["state"], "ready");
+    let view = |name: &str| {
+        j.server
+            .client()
+            .ok("GET", &format!("/v1/jobs/{name}"), None)
+            .unwrap()
+    };
+    let store = || metric(&j, "joader_s3_read_bytes_total");
+
+    // One job, two epochs: its first epoch missed every element once.
+    let s = finish(job(&j, "alone", "objs", 2));
+    no_errors(&s, "alone");
+    let v = view("alone");
+    let total = v["store_read_bytes"].as_u64().unwrap();
+    assert_eq!(
+        total as f64,
+        store(),
+        "one job: its bytes are the store's: {v}"
+    );
+    let (this, last) = (
+        v["store_read_bytes_epoch"].as_u64().unwrap(),
+        v["store_read_bytes_last_epoch"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        last,
+        u64::from(n) * len,
+        "epoch 1 loaded every element once: {v}"
+    );
+    assert_eq!(this + last, total, "{v}");
+    assert!(
+        this >= u64::from(n - 12) * len,
+        "epoch 2 reloaded what 12 slots could not keep: {v}"
+    );
+
+    // Two jobs at once: a load one job's miss issued is not charged to the other too.
+    let before = store();
+    let (a, b) = (job(&j, "a", "objs", 1), job(&j, "b", "objs", 1));
+    no_errors(&finish(a), "a");
+    no_errors(&finish(b), "b");
+    let (va, vb) = (view("a"), view("b"));
+    let charged = ["store_read_bytes", "store_read_bytes_epoch"]
+        .map(|f| va[f].as_u64().unwrap() + vb[f].as_u64().unwrap());
+    assert_eq!(
+        charged[0] as f64,
+        store() - before,
+        "the jobs' sums are the store's: {va} {vb}"
+    );
+    assert_eq!(charged[0], charged[1], "all in their only epoch: {va} {vb}");
+    assert!(
+        charged[0] >= u64::from(n - 12) * len,
+        "every element the 12 slots did not keep loaded at least once: {va} {vb}"
+    );
+    assert!(
+        charged[0] < 2 * u64::from(n) * len,
+        "two jobs at once share loads: {va} {vb}"
+    );
+    // The per-job counter of `/metrics` agrees with the view.
+    let text = ureq::get(&format!("{}/metrics", j.server.url))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    let series = text
+        .lines()
+        .find(|l| {
+            l.starts_with("joader_job_store_read_bytes_total{") && l.contains("job_name=\"a\"")
+        })
+        .unwrap_or_else(|| panic!("no store bytes series of job a in /metrics"));
+    let value: f64 = series.rsplit(' ').next().unwrap().parse().unwrap();
+    assert_eq!(value, va["store_read_bytes"].as_u64().unwrap() as f64);
+}

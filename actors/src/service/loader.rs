@@ -92,19 +92,20 @@ impl Loader {
 }
 
 /// A load for the workers, with its bytes when a remote source fetched them already.
-type Work = (Load, Option<Result<Vec<u8>, LoadFailure>>);
+/// A load, with its bytes and the bytes a store sent for them when its source fetched them.
+type Work = (Load, Option<(Result<Vec<u8>, LoadFailure>, u64)>);
 
 /// Reads once (unless fetched), prepares for every pipeline.
 fn run_load(
     load: &Load,
-    fetched: Option<Result<Vec<u8>, LoadFailure>>,
+    fetched: Option<(Result<Vec<u8>, LoadFailure>, u64)>,
     stats: &CacheStats,
     writer: &Weak<Writer>,
 ) -> Loaded {
     let start = Instant::now();
     let read_stage = stages::enter(&READ);
     let label = load.source.label(load.element);
-    let read = fetched.unwrap_or_else(|| load.source.read(load.element));
+    let (read, store_bytes) = fetched.unwrap_or_else(|| (load.source.read(load.element), 0));
     drop(read_stage);
     let (results, bytes_read) = match read {
         Ok(bytes) => {
@@ -157,6 +158,7 @@ fn run_load(
         label,
         results,
         bytes_read,
+        store_bytes,
         busy,
     }
 }
@@ -218,7 +220,10 @@ impl Handler<Load> for Loader {
                 // The bytes come from the source's fetch stage; a send after the Loader
                 // stopped finds no worker, and the load is dropped with the server.
                 let (tx, source, element) = (tx.clone(), msg.source.clone(), msg.element);
-                source.fetch(element, Box::new(move |r| drop(tx.send((msg, Some(r))))));
+                source.fetch(
+                    element,
+                    Box::new(move |r, n| drop(tx.send((msg, Some((r, n)))))),
+                );
             } else {
                 // Workers only stop when the sender is dropped, so this cannot fail while we
                 // hold it.

@@ -61,8 +61,9 @@ pub trait Place {
     ) -> Option<Result<dataplane::SlotRef, LoadFailure>>;
 }
 
-/// Called once with an element's stored bytes, from the source's own fetch stage.
-pub type Fetched = Box<dyn FnOnce(Result<Vec<u8>, LoadFailure>) + Send>;
+/// Called once with an element's stored bytes, from the source's own fetch stage, and the
+/// bytes an object store sent for them (0 when none did: a disk tier, a local read).
+pub type Fetched = Box<dyn FnOnce(Result<Vec<u8>, LoadFailure>, u64) + Send>;
 
 /// Reads the stored bytes of an element of one base dataset.
 pub trait ElementSource: Send + Sync {
@@ -79,7 +80,7 @@ pub trait ElementSource: Send + Sync {
     /// Starts reading `element` in the source's own fetch stage; `done` gets the bytes. Only
     /// called when [`ElementSource::is_remote`].
     fn fetch(&self, element: u32, done: Fetched) {
-        done(self.read(element));
+        done(self.read(element), 0);
     }
 
     /// The Cache's news of a job, for a source that keeps what jobs still need (a remote
@@ -178,6 +179,8 @@ pub struct Loaded {
     pub label: i64,
     pub results: Vec<(PipelineId, Result<Prepared, LoadFailure>)>,
     pub bytes_read: u64,
+    /// Bytes an object store sent for this load (0 for local sources and disk tier hits).
+    pub store_bytes: u64,
     pub busy: Duration,
 }
 

@@ -53,6 +53,50 @@ pub struct JobStats {
     pub closed: AtomicBool,
     /// Deliveries a recording job (`AddJob::record`) could not record: the recorder lagged.
     pub record_dropped: AtomicU64,
+    /// Bytes object stores sent for the loads this job's deliveries caused (its misses; a
+    /// load shared by several jobs is charged to the one whose miss issued it, so the jobs'
+    /// sums add up to what the stores sent for elements). Per epoch in `store_epochs`.
+    pub store_read_bytes: AtomicU64,
+    pub store_epochs: Mutex<StoreEpochs>,
+}
+
+/// A job's store bytes of its latest epoch charged and of the epoch before it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StoreEpochs {
+    /// The latest epoch charged.
+    pub epoch: u64,
+    /// Its bytes.
+    pub bytes: u64,
+    /// The bytes of the epoch before it (0 when nothing was charged to it).
+    pub previous: u64,
+}
+
+impl StoreEpochs {
+    /// Charges `bytes` to `epoch`: a later epoch than the latest becomes the latest.
+    pub fn charge(&mut self, epoch: u64, bytes: u64) {
+        if epoch == self.epoch {
+            self.bytes += bytes;
+        } else if epoch > self.epoch {
+            self.previous = if epoch == self.epoch + 1 {
+                self.bytes
+            } else {
+                0
+            };
+            self.epoch = epoch;
+            self.bytes = bytes;
+        } else if epoch + 1 == self.epoch {
+            self.previous += bytes;
+        }
+    }
+
+    /// The bytes charged to the job's `current` epoch and to the one before it.
+    pub fn at(&self, current: u64) -> (u64, u64) {
+        match current.checked_sub(self.epoch) {
+            Some(0) => (self.bytes, self.previous),
+            Some(1) => (0, self.bytes),
+            _ => (0, 0),
+        }
+    }
 }
 
 impl Default for JobStats {
@@ -71,6 +115,8 @@ impl Default for JobStats {
             state: Mutex::new(JobState::Waiting),
             closed: AtomicBool::new(false),
             record_dropped: AtomicU64::new(0),
+            store_read_bytes: AtomicU64::new(0),
+            store_epochs: Mutex::new(StoreEpochs::default()),
         }
     }
 }
@@ -164,5 +210,28 @@ impl CacheStats {
         if let Ok(mut k) = self.failures_by_kind.lock() {
             *k.entry(kind.to_string()).or_default() += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod store_epoch_tests {
+    use super::StoreEpochs;
+
+    #[test]
+    fn store_bytes_go_to_their_epoch_and_the_one_before_is_kept() {
+        let mut e = StoreEpochs::default();
+        e.charge(0, 10);
+        e.charge(0, 5);
+        assert_eq!(e.at(0), (15, 0));
+        e.charge(1, 7);
+        assert_eq!(e.at(1), (7, 15));
+        // A load of the previous epoch that ends late still counts for it.
+        e.charge(0, 1);
+        assert_eq!(e.at(1), (7, 16));
+        // Older than that: no epoch of the two shown.
+        e.charge(3, 2);
+        assert_eq!(e.at(3), (2, 0), "epoch 2 charged nothing");
+        assert_eq!(e.at(4), (0, 2), "a new epoch with nothing charged yet");
+        assert_eq!(e.at(6), (0, 0));
     }
 }

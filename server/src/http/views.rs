@@ -143,6 +143,12 @@ pub struct JobView {
     pub record: bool,
     /// Deliveries the recorder could not keep up with (the record has gaps).
     pub record_dropped: u64,
+    /// Bytes object stores sent for the loads this job's deliveries caused (its misses; a load
+    /// shared with other jobs counts for the job whose miss issued it): in all, in its current
+    /// epoch and in the epoch before. Zero for local datasets and disk tier hits.
+    pub store_read_bytes: u64,
+    pub store_read_bytes_epoch: u64,
+    pub store_read_bytes_last_epoch: u64,
 }
 
 /// A recorded epoch of a job (`record: true`): the ids in the order they were delivered.
@@ -168,12 +174,18 @@ pub fn job_view(j: &JobEntry) -> JobView {
         JobState::Finished => (JobStateName::Finished, None),
         JobState::Failed(r) => (JobStateName::Failed, Some(r)),
     };
+    let epoch = s.epoch.load(Relaxed);
+    let (store_epoch, store_last) = s
+        .store_epochs
+        .lock()
+        .map(|e| e.at(epoch))
+        .unwrap_or_default();
     JobView {
         name: j.name.clone(),
         dataset: j.dataset.clone(),
         state,
         reason,
-        epoch: s.epoch.load(Relaxed),
+        epoch,
         position: s.position.load(Relaxed),
         subset_size: j.subset_len,
         sampled: s.sampled.load(Relaxed),
@@ -200,6 +212,9 @@ pub fn job_view(j: &JobEntry) -> JobView {
         age_s: j.created.elapsed().as_secs_f64(),
         record: j.request.record,
         record_dropped: s.record_dropped.load(Relaxed),
+        store_read_bytes: s.store_read_bytes.load(Relaxed),
+        store_read_bytes_epoch: store_epoch,
+        store_read_bytes_last_epoch: store_last,
     }
 }
 

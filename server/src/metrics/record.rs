@@ -27,7 +27,7 @@ pub(super) const COMMON_FAILURE_KINDS: [&str; 6] = [
 pub(super) const JOB_STATES: [&str; 4] = ["waiting", "running", "finished", "failed"];
 
 /// The per-job integer counters, in the order of [`JobSeries::counts`].
-pub(super) const JOB_COUNTERS: [(&str, &str); 8] = [
+pub(super) const JOB_COUNTERS: [(&str, &str); 9] = [
     (
         "joader_job_sampled_total",
         "deliveries the sampler decided for the job",
@@ -60,6 +60,10 @@ pub(super) const JOB_COUNTERS: [(&str, &str); 8] = [
         "joader_job_waits_for_others_total",
         "times a unit (a rank's next batch) of the job waited for cache room other jobs held (records they had not acknowledged, elements they needed sooner) while its client had taken everything and had credit; zero while the cache holds two batches per reading rank",
     ),
+    (
+        "joader_job_store_read_bytes_total",
+        "bytes object stores sent for the loads the job's misses issued (a load shared with other jobs counts for the job whose miss issued it)",
+    ),
 ];
 
 /// What the exporter remembers of a job name between scrapes.
@@ -71,7 +75,7 @@ pub(super) const JOB_COUNTERS: [(&str, &str); 8] = [
 /// `metrics_retention_s`) is dropped here too: its series end.
 pub(super) struct JobSeries {
     dataset: String,
-    counts: [u64; 8],
+    counts: [u64; 9],
     stall: f64,
 }
 
@@ -140,7 +144,7 @@ pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &App
         *by_state.entry(st).or_default() += 1;
         let e = series.entry(name.clone()).or_insert_with(|| JobSeries {
             dataset: j.dataset.clone(),
-            counts: [0; 8],
+            counts: [0; 9],
             stall: 0.0,
         });
         // A job under a reused name continues from what the stopped ones of that name

@@ -89,7 +89,7 @@ impl Inner {
 }
 
 /// A job's integer counters, in the order the metrics export them (`metrics::record`).
-pub fn job_counts(s: &JobStats) -> [u64; 8] {
+pub fn job_counts(s: &JobStats) -> [u64; 9] {
     let acked = s.acknowledged.load(Relaxed);
     [
         s.sampled.load(Relaxed),
@@ -100,6 +100,7 @@ pub fn job_counts(s: &JobStats) -> [u64; 8] {
         s.misses.load(Relaxed),
         s.errors.load(Relaxed),
         s.waited_for_others.load(Relaxed),
+        s.store_read_bytes.load(Relaxed),
     ]
 }
 
@@ -114,7 +115,7 @@ pub struct Registering {
 /// the last of them stopped (the registry forgets the name `metrics_retention_s` later).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Retired {
-    pub counts: [u64; 8],
+    pub counts: [u64; 9],
     pub stall_s: f64,
     pub at: Option<Instant>,
 }

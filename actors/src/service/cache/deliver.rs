@@ -53,6 +53,9 @@ impl CacheActor {
                 let counter = if hit {
                     (&self.stats.hits, &stats.hits)
                 } else {
+                    self.charged
+                        .entry(key)
+                        .or_insert_with(|| (stats.clone(), u64::from(item.epoch)));
                     (&self.stats.misses, &stats.misses)
                 };
                 counter.0.fetch_add(1, Relaxed);

@@ -132,6 +132,23 @@ impl CacheActor {
     }
 
     pub(super) fn loaded(&mut self, msg: Loaded) {
+        // The store bytes go to the job whose miss issued the load (once per element, whatever
+        // its pipelines).
+        let mut payer = None;
+        for (pipeline, _) in &msg.results {
+            let key = cache_key(msg.dataset, *pipeline, msg.element);
+            if let Some(p) = self.charged.remove(&key) {
+                payer.get_or_insert(p);
+            }
+        }
+        if let Some((stats, epoch)) = payer
+            && msg.store_bytes > 0
+        {
+            stats.store_read_bytes.fetch_add(msg.store_bytes, Relaxed);
+            if let Ok(mut e) = stats.store_epochs.lock() {
+                e.charge(epoch, msg.store_bytes);
+            }
+        }
         for (pipeline, result) in msg.results {
             let key = cache_key(msg.dataset, pipeline, msg.element);
             if !self.loading.contains_key(&key) {

@@ -107,6 +107,8 @@ impl CacheActor {
         }
         self.room_changed = true;
         job.stats.closed.store(true, Relaxed);
+        self.charged
+            .retain(|_, (stats, _)| !std::sync::Arc::ptr_eq(stats, &job.stats));
         if let Some(source) = self.sources.get(&job.dataset) {
             source.job_closed(id);
         }

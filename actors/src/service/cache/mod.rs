@@ -176,6 +176,9 @@ pub struct CacheActor {
     slots: HashMap<u64, SlotEntry>,
     by_slot: HashMap<u32, (SlotRef, u64)>,
     loading: HashMap<u64, Loading>,
+    /// Who pays for a key's load in store bytes: the job whose miss issued it, and the epoch
+    /// of that delivery (removed when the load ends, or with the job).
+    charged: HashMap<u64, (Arc<JobStats>, u64)>,
     pending: HashMap<u64, Pending>,
     /// Pending keys in the order they were first needed (may hold keys no longer pending).
     pending_order: VecDeque<u64>,
@@ -231,6 +234,7 @@ impl CacheActor {
             slots: HashMap::new(),
             by_slot: HashMap::new(),
             loading: HashMap::new(),
+            charged: HashMap::new(),
             pending: HashMap::new(),
             pending_order: VecDeque::new(),
             failed: HashMap::new(),

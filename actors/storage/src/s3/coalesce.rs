@@ -130,15 +130,18 @@ fn from_tier(
             for (mut r, key) in chunk {
                 let owner = r.source.owner(r.element);
                 match tier.read(&key, Some(owner)) {
-                    Some(bytes) => (r.done)(Ok(bytes)),
+                    Some(bytes) => (r.done)(Ok(bytes), 0),
                     None => {
                         r.tier_checked = true;
                         if let Err(mpsc::error::SendError(r)) = requeue.send(r) {
-                            (r.done)(Err(StorageError::Remote {
-                                url: r.source.dataset.url.to_string(),
-                                code: "unavailable",
-                                message: "the fetch stage is shut down".into(),
-                            }));
+                            (r.done)(
+                                Err(StorageError::Remote {
+                                    url: r.source.dataset.url.to_string(),
+                                    code: "unavailable",
+                                    message: "the fetch stage is shut down".into(),
+                                }),
+                                0,
+                            );
                         }
                     }
                 }
@@ -171,7 +174,7 @@ fn groups(requests: Vec<Request>) -> Vec<Group> {
                 members: vec![(r, None)],
             }),
             Ok(Due::Member { shard, range }) => members.push((shard, range, r)),
-            Err(e) => (r.done)(Err(e)),
+            Err(e) => (r.done)(Err(e), 0),
         }
     }
     members.sort_by_key(|(shard, range, r)| (Arc::as_ptr(&r.source) as usize, *shard, range.start));
@@ -265,7 +268,8 @@ async fn run(remote: &Remote, group: Group) -> Outcome {
                 {
                     tier.offer(key, piece.clone(), Some(source.owner(r.element)));
                 }
-                (r.done)(Ok(piece.to_vec()));
+                let len = piece.len() as u64;
+                (r.done)(Ok(piece.to_vec()), len);
             }
             Outcome::Served
         }
@@ -279,7 +283,7 @@ async fn run(remote: &Remote, group: Group) -> Outcome {
 /// Tells each element of a failed group why.
 fn fail_all(members: Vec<(Request, Option<Range<usize>>)>, e: &StorageError) {
     for (r, _) in members {
-        (r.done)(Err(clone_error(e)));
+        (r.done)(Err(clone_error(e)), 0);
     }
 }
 

@@ -54,8 +54,9 @@ impl Default for FetchConfig {
 }
 
 /// Called once with an element's bytes or why it could not be fetched, on a thread of the
-/// fetch stage.
-pub type Done = Box<dyn FnOnce(Result<Vec<u8>, StorageError>) + Send>;
+/// fetch stage, and the bytes the store sent for it (0 when they came from the disk tier or
+/// the fetch failed; a coalesced request's bytes between members count for none).
+pub type Done = Box<dyn FnOnce(Result<Vec<u8>, StorageError>, u64) + Send>;
 
 /// One queued element fetch.
 pub(super) struct Request {
@@ -329,7 +330,7 @@ impl S3Source {
             tier_checked: false,
         };
         if let Err(mpsc::error::SendError(r)) = self.queue.send(request) {
-            (r.done)(Err(self.shut_down()));
+            (r.done)(Err(self.shut_down()), 0);
         }
     }
 
@@ -338,7 +339,7 @@ impl S3Source {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.fetch(
             element,
-            Box::new(move |r| {
+            Box::new(move |r, _| {
                 let _ = tx.send(r);
             }),
         );
