@@ -51,6 +51,12 @@ function fmtBytes(b) {
   while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
   return (i === 0 ? b.toFixed(0) : b.toFixed(b >= 100 ? 0 : 1)) + " " + u[i];
 }
+// A job's bytes from object stores: this epoch's, the last epoch's beside it ("–": none, as
+// for local datasets).
+function fmtStore(job) {
+  if (!job.store_read_bytes) return "–";
+  return fmtBytes(job.store_read_bytes_epoch) + ' <span class="unit">(last ' + fmtBytes(job.store_read_bytes_last_epoch) + ")</span>";
+}
 function fmtNum(v) { return v >= 1e4 ? fmtCount(v) : String(+v.toFixed(2)); }
 function fmtPct(x) { return x == null || !isFinite(x) ? "–" : (100 * x).toFixed(1) + " %"; }
 function fmtRate(r) { return r == null ? "–" : r >= 100 ? r.toFixed(0) : r.toFixed(1); }
@@ -239,7 +245,7 @@ function renderJobs(jobs) {
   $("jobs-count").textContent = jobs.length ? "(" + jobs.length + ")" : "";
   const body = $("jobs");
   if (!jobs.length) {
-    body.innerHTML = '<tr><td colspan="10" class="empty">no jobs yet</td></tr>';
+    body.innerHTML = '<tr><td colspan="11" class="empty">no jobs yet</td></tr>';
     return;
   }
   const ts = times();
@@ -260,6 +266,7 @@ function renderJobs(jobs) {
         '<td class="num rate">' + fmtRate(job.samples_per_s) + "</td>" +
         "<td>" + spark(ts, jobRateSeries(job.name), colorOf(job.name)) + "</td>" +
         '<td class="num">' + fmtPct(job.hits + job.misses ? job.hit_ratio : null) + "</td>" +
+        '<td class="num">' + fmtStore(job) + "</td>" +
         '<td class="num">' + job.stall_s.toFixed(1) + " s <span class=\"unit\">(" + fmtPct(stallPct) + ")</span></td>" +
         '<td class="num">' + fmtCount(job.errors) + "</td></tr>"
       );
