@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 
 use crate::common::{TempDir, TestServer, consumer, finish, unique_instance, wait_for};
 use crate::s3::{
-    Joader, Payloads, S3Server, assert_permutation, create, credentials, joader, metric, s3s_fs,
-    settled, write_layouts,
+    Joader, Payloads, S3Server, assert_permutation, create, credentials, joader, metric, no_errors,
+    s3s_fs, settled, write_layouts,
 };
 use crate::server::epoch_ids;
 
@@ -59,19 +59,6 @@ fn read(j: &Joader, job: &str, dataset: &str) -> (Value, Payloads) {
         out.insert(element, (label, std::fs::read(&path).unwrap()));
     }
     (s, out)
-}
-
-/// Asserts that a summary has no error record.
-fn no_errors(s: &Value, what: &str) {
-    assert!(
-        s["errors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|e| e.as_array().unwrap().is_empty()),
-        "{what} got error records: {}",
-        s["errors"]
-    );
 }
 
 /// Waits until the tier's writer has taken everything offered to it (every fetch of a

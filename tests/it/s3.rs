@@ -194,15 +194,7 @@ pub(crate) fn read_raw(j: &Joader, job: &str, dataset: &str) -> (Payloads, Vec<u
                 "pipeline": {"kind": "raw"}}),
         &["--dump", dump.0.to_str().unwrap()],
     ));
-    assert!(
-        s["errors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|e| e.as_array().unwrap().is_empty()),
-        "job {job} got error records: {}",
-        s["errors"]
-    );
+    no_errors(&s, &format!("job {job}"));
     let labels: BTreeMap<u32, i64> = s["epochs"][0]
         .as_array()
         .unwrap()
@@ -229,6 +221,19 @@ pub(crate) fn assert_permutation(ids: &[u32], n: usize, what: &str) {
         ids.len()
     );
     assert_eq!(set, (0..n as u32).collect(), "{what} is not a permutation");
+}
+
+/// Asserts that a consumer's summary has no error record.
+pub(crate) fn no_errors(s: &Value, what: &str) {
+    assert!(
+        s["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e.as_array().unwrap().is_empty()),
+        "{what} got error records: {}",
+        s["errors"]
+    );
 }
 
 /// A metric's value as `/metrics` renders it (`name{labels}` exactly).
