@@ -81,6 +81,9 @@ pub mod server {
     pub static HTTP: Stage = Stage::new("http");
     /// Rendering `/metrics` and sampling the dashboard's history.
     pub static METRICS: Stage = Stage::new("metrics");
+    /// Object-store requests: the fetch stage's runtime threads (requests, bodies, the disk
+    /// tier's reads, fetch-ahead's bookkeeping).
+    pub static FETCH: Stage = Stage::new("fetch");
 }
 
 /// The client prefetch's stages.
@@ -104,7 +107,7 @@ pub mod client {
 }
 
 /// The daemon's stages, in the order the metrics list them.
-pub static SERVER: [&Stage; 10] = [
+pub static SERVER: [&Stage; 11] = [
     &server::READ,
     &server::DECODE,
     &server::RESIZE,
@@ -114,6 +117,7 @@ pub static SERVER: [&Stage; 10] = [
     &server::SAMPLER,
     &server::HTTP,
     &server::METRICS,
+    &server::FETCH,
     &RUNTIME,
 ];
 

@@ -43,6 +43,10 @@ pub struct Config {
     /// Object-store requests in flight at once, for the whole server, at most: the limit
     /// starts at 16 and grows while fetches wait, halving when the store throttles.
     pub s3_max_in_flight: usize,
+    /// The fetch-ahead buffer's size (bytes of encoded elements fetched from object stores
+    /// before their load; 0: no fetch-ahead).
+    #[serde(deserialize_with = "de_bytes")]
+    pub s3_fetch_ahead_bytes: u64,
     /// Seconds one element (or listing page) may spend retrying transient failures.
     pub s3_retry_budget_s: f64,
     /// Seconds one object-store request may take.
@@ -121,10 +125,11 @@ impl Default for Config {
             allowed_roots: vec![std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))],
             allowed_s3: Vec::new(),
             allowed_s3_endpoints: Vec::new(),
-            s3_max_in_flight: 64,
+            s3_max_in_flight: 256,
             s3_retry_budget_s: 15.0,
             s3_request_timeout_s: 10.0,
             s3_list_page: 1000,
+            s3_fetch_ahead_bytes: joader_storage::s3::DEFAULT_FETCH_AHEAD_BYTES,
             disk_cache: None,
             disk_cache_bytes: 0,
             token: None,
@@ -198,6 +203,7 @@ impl Config {
             budget: std::time::Duration::from_secs_f64(self.s3_retry_budget_s),
             request_timeout: std::time::Duration::from_secs_f64(self.s3_request_timeout_s),
             list_page: self.s3_list_page,
+            ahead_bytes: self.s3_fetch_ahead_bytes,
         }
     }
 
@@ -297,6 +303,18 @@ mod tests {
         let c: Config = toml::from_str("cache_bytes = 1048576").unwrap();
         assert_eq!(c.cache_bytes, 1 << 20);
         assert!(toml::from_str::<Config>("cache_bytes = \"many\"").is_err());
+    }
+
+    #[test]
+    fn the_fetch_ahead_buffer_is_a_size_and_0_turns_it_off() {
+        let c: Config = toml::from_str("s3_fetch_ahead_bytes = \"128MiB\"").unwrap();
+        assert_eq!(c.fetch_config().ahead_bytes, 128 << 20);
+        let c: Config = toml::from_str("s3_fetch_ahead_bytes = 0").unwrap();
+        assert_eq!(c.fetch_config().ahead_bytes, 0);
+        assert_eq!(
+            Config::default().fetch_config().ahead_bytes,
+            joader_storage::s3::DEFAULT_FETCH_AHEAD_BYTES
+        );
     }
 
     #[test]

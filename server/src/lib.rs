@@ -31,6 +31,10 @@ pub use config::Config;
 use registry::Registry;
 use state::AppState;
 
+/// Loads under way at most on a server that reads object stores, where some loads wait for a
+/// GET (those whose bytes were not fetched ahead), when `s3_max_in_flight` is above it.
+const S3_LOADS: usize = 64;
+
 /// Runs the server on `listener` until `shutdown` completes (or SIGINT/SIGTERM), then removes
 /// its shared-memory segments. Must be called inside an actix system
 /// (`actix_web::rt::System::new().block_on(run(...))`).
@@ -80,8 +84,10 @@ pub async fn run(
             None => None,
         };
         Some(Arc::new(
-            joader_storage::s3::ObjectStores::new(config.fetch_config(), allow, tier)
-                .context("cannot start the object-store stage")?,
+            joader_storage::s3::ObjectStores::new(config.fetch_config(), allow, tier, || {
+                dataplane::stages::set_base(&dataplane::stages::server::FETCH)
+            })
+            .context("cannot start the object-store stage")?,
         ))
     };
     if objects.is_none()
@@ -91,7 +97,10 @@ pub async fn run(
     }
     let mut max_loading = CacheConfig::max_loading_for(config.loader_workers);
     if objects.is_some() {
-        max_loading = max_loading.max(config.s3_max_in_flight);
+        // Loads whose bytes were not fetched ahead wait a GET each: enough of them to keep
+        // the decode threads busy, without letting decoded payloads outside shared memory
+        // grow with the request limit.
+        max_loading = max_loading.max(config.s3_max_in_flight.min(S3_LOADS));
     }
     let cache_cfg = CacheConfig {
         policy: config.cache_policy,

@@ -60,6 +60,14 @@ impl ElementSource for S3ElementSource {
         );
     }
 
+    fn fetch_time(&self) -> Option<std::time::Duration> {
+        self.0.fetch_time()
+    }
+
+    fn fetch_ahead(&self, element: u32) {
+        self.0.fetch_ahead(element);
+    }
+
     // What the jobs still need this epoch, for the disk tier's admission.
     fn epoch_started(&self, job: u64, remaining: &roaring::RoaringBitmap) {
         self.0.epoch_started(job, remaining);

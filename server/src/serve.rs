@@ -82,10 +82,15 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allowed_s3_endpoints: Vec<String>,
-    /// Object-store requests in flight at once, at most (default 64; the limit starts at 16
+    /// Object-store requests in flight at once, at most (default 256; the limit starts at 16
     /// and adapts below this to what the store sustains).
     #[arg(long, env = "JOADER_S3_MAX_IN_FLIGHT")]
     pub s3_max_in_flight: Option<usize>,
+    /// The fetch-ahead buffer: bytes or a size such as 64MiB (default 64MiB; 0 turns
+    /// fetch-ahead off). It holds the encoded bytes of elements the Sampler picked beyond
+    /// what the Cache loads now, fetched from the object store before their load.
+    #[arg(long, env = "JOADER_S3_FETCH_AHEAD_BYTES", value_parser = crate::config::parse_bytes)]
+    pub s3_fetch_ahead_bytes: Option<u64>,
     /// A folder on local disk for the tier of encoded bytes fetched from object stores (the
     /// second tier, below the decoded cache in shared memory; one server per folder).
     #[arg(long, env = "JOADER_DISK_CACHE")]
@@ -200,6 +205,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.s3_max_in_flight {
             c.s3_max_in_flight = v;
+        }
+        if let Some(v) = self.s3_fetch_ahead_bytes {
+            c.s3_fetch_ahead_bytes = v;
         }
         if let Some(v) = self.disk_cache {
             c.disk_cache = Some(v);

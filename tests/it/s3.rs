@@ -991,8 +991,11 @@ fn bench_e2e_with_source_s3_prints_the_s3_rows_beside_the_disk_rows() {
     {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
         // | scenario | latency | disk | s3 | s3/disk | disk CPU | s3 CPU | CPU ratio | read
-        // from the store | union | read/union | GET ms | queued ms | limit |
+        // from the store | union | read/union | GET ms | queued ms | limit | ready | on its
+        // way |
         assert_eq!(cells[9], cells[10], "bytes read from the store: {line}");
+        let ahead: f64 = cells[15].parse::<f64>().unwrap() + cells[16].parse::<f64>().unwrap();
+        assert!((0.0..=1.0).contains(&ahead), "{line}");
         assert!(cells[10].parse::<u64>().unwrap() > 0, "{line}");
         scenarios += 1;
     }
@@ -1004,7 +1007,8 @@ fn bench_e2e_with_source_s3_prints_the_s3_rows_beside_the_disk_rows() {
 /// 300 objects is still exactly the objects' bytes, each once, and every element was asked
 /// for once. Two datasets over the same objects: the second's job is registered after the
 /// first's measured the store's latency, so its fetches run deeper ahead; the figures of speed
-/// are the bench's business.
+/// are the bench's business. Loads find their bytes fetched ahead (waiting in the buffer or on
+/// their way), each element fetched ahead is taken by its load, and none is fetched twice.
 #[test]
 fn an_epoch_through_a_store_30_ms_away_is_exact() {
     let Some(bin) = s3s_fs("an_epoch_through_a_store_30_ms_away_is_exact") else {
@@ -1045,8 +1049,18 @@ fn an_epoch_through_a_store_30_ms_away_is_exact() {
     }
     assert_eq!(settled(&j, "local")["state"], "ready");
     let (want, _) = read_raw(&j, "local-epoch", "local");
+    assert_eq!(
+        metric(&j, "joader_s3_fetch_ahead_capacity_bytes"),
+        (64u64 << 20) as f64,
+        "the default buffer"
+    );
+    let ahead = |j: &Joader| {
+        metric(j, "joader_s3_fetch_ahead_hits_total")
+            + metric(j, "joader_s3_fetch_ahead_joined_total")
+    };
     for (job, dataset) in [("first", "far"), ("second", "far-again")] {
         let gets = metric(&j, "joader_s3_requests_total{op=\"get\"}");
+        let served = ahead(&j);
         let (got, ids) = read_raw(&j, job, dataset);
         assert_permutation(&ids, n as usize, &format!("job {job}'s epoch"));
         assert_eq!(got.len(), want.len());
@@ -1060,7 +1074,24 @@ fn an_epoch_through_a_store_30_ms_away_is_exact() {
             n as f64,
             "{job}: one GET per element (no retries: the proxy only delays)"
         );
+        // The first picks go to the Cache at once (its rings and lookahead), the later ones
+        // are held by the Sampler and fetched ahead.
+        let served = ahead(&j) - served;
+        assert!(served > 0.0, "{job}: no load found its bytes fetched ahead");
     }
+    // Every element fetched ahead was taken by its load: no request was wasted, and nothing
+    // is left in the buffer.
+    assert_eq!(
+        metric(&j, "joader_s3_fetch_ahead_requests_total"),
+        ahead(&j),
+        "fetched ahead, taken"
+    );
+    assert_eq!(metric(&j, "joader_s3_fetch_ahead_bytes"), 0.0);
+    assert_eq!(metric(&j, "joader_s3_fetch_ahead_stale_total"), 0.0);
+    let stats = j.server.client().ok("GET", "/v1/stats", None).unwrap();
+    let a = &stats["fetch_ahead"];
+    assert_eq!(a["capacity_bytes"], 64u64 << 20, "{stats}");
+    assert!(a["requests"].as_u64().unwrap() > 0, "{stats}");
     assert!(metric(&j, "joader_s3_in_flight_limit") >= 1.0);
     // The last request's place is given back just after its element was handed over.
     wait_for("no object-store request in flight", || {

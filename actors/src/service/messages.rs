@@ -83,6 +83,22 @@ pub trait ElementSource: Send + Sync {
         done(self.read(element), 0);
     }
 
+    /// How long fetching an element takes now, for a source that fetches ahead (a remote
+    /// source with a fetch-ahead buffer): the Sampler then samples its jobs that much further
+    /// ahead and holds those picks back a while, and the Cache asks the source for their bytes
+    /// meanwhile ([`ElementSource::fetch_ahead`]; see `sampler::ahead`). `None`: no
+    /// fetch-ahead.
+    fn fetch_time(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Starts fetching `element`'s bytes for a load to come (only called when
+    /// [`ElementSource::fetch_time`] is `Some`, by the Cache, for an element it neither holds
+    /// nor loads).
+    fn fetch_ahead(&self, element: u32) {
+        let _ = element;
+    }
+
     /// The Cache's news of a job, for a source that keeps what jobs still need (a remote
     /// source's disk tier): `job` starts an epoch needing `remaining` (its subset, or a
     /// resumed epoch's rest).
@@ -139,6 +155,10 @@ pub struct Deliver {
     pub groups: Vec<DeliverGroup>,
     /// Epochs and jobs that ended during the pass, each placed after the group that ended it.
     pub ends: Vec<EndAt>,
+    /// Picks `(element, job)` the Sampler holds back for a while (a dataset read from an
+    /// object store): the Cache asks the source for their bytes ahead
+    /// ([`ElementSource::fetch_ahead`]) unless the element is cached, loading or pending.
+    pub ahead: Vec<(u32, JobId)>,
 }
 
 /// An end of epoch (or of a job) that happens after `groups[..after]` of a [`Deliver`].

@@ -92,6 +92,8 @@ enum News {
     EpochStarted(JobId, u64),
     Delivered(JobId, u32),
     Closed(JobId),
+    /// The Cache asked for an element's bytes ahead of its load.
+    FetchAhead(u32),
 }
 
 impl ElementSource for Source {
@@ -109,6 +111,9 @@ impl ElementSource for Source {
     }
     fn job_closed(&self, job: JobId) {
         self.news.lock().unwrap().push(News::Closed(job));
+    }
+    fn fetch_ahead(&self, element: u32) {
+        self.news.lock().unwrap().push(News::FetchAhead(element));
     }
     fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure> {
         self.reads.fetch_add(1, Relaxed);
@@ -430,6 +435,52 @@ async fn the_source_hears_each_epoch_start_delivery_and_close_of_a_job() {
     w.cache.send(Shutdown).await.unwrap();
 }
 
+/// Picks the Sampler holds back come with the deliveries: the Cache asks the source for the
+/// bytes of those whose element it neither holds nor loads, and of no other.
+#[actix::test]
+async fn the_cache_fetches_ahead_only_what_it_neither_holds_nor_loads() {
+    let w = world("ahead", 64, 1 << 20);
+    let subset: RoaringBitmap = (0..20).collect();
+    open(&w, 1, Arc::new(subset), 8).await;
+    let deliver = |elements: std::ops::Range<u32>, ahead: Vec<u32>| Deliver {
+        dataset: 1,
+        groups: elements
+            .map(|element| DeliverGroup {
+                element,
+                need: 1,
+                items: vec![DeliverItem {
+                    job: 1,
+                    epoch: 0,
+                    position: element,
+                }],
+            })
+            .collect(),
+        ends: Vec::new(),
+        ahead: ahead.into_iter().map(|e| (e, 1)).collect(),
+    };
+    let asked = || -> Vec<u32> {
+        let news = w.source.news.lock().unwrap();
+        news.iter()
+            .filter_map(|n| match n {
+                News::FetchAhead(e) => Some(*e),
+                _ => None,
+            })
+            .collect()
+    };
+    // Element 2 is pending or loading when its hint is read; 10 and 11 are unknown; a job
+    // that is not open has no pipeline to key them by.
+    let mut d = deliver(0..4, vec![2, 10, 11]);
+    d.ahead.push((12, 99));
+    w.cache.send(d).await.unwrap();
+    assert_eq!(asked(), vec![10, 11]);
+    wait_until("elements 0..4 loaded", || w.stats.loads.load(Relaxed) >= 4).await;
+    // Now cached: element 0 is not fetched again; 12 is.
+    w.cache.send(deliver(4..4, vec![0, 12])).await.unwrap();
+    assert_eq!(asked(), vec![10, 11, 12]);
+    assert_invariants(&w).await;
+    w.cache.send(Shutdown).await.unwrap();
+}
+
 #[actix::test]
 async fn a_small_cache_applies_back_pressure_and_evicts() {
     let w = world("small", 12, 64 * 1024);
@@ -655,6 +706,7 @@ fn epoch_of(job: JobId, elements: std::ops::Range<u32>) -> Deliver {
             epoch: 0,
             finished: true,
         }],
+        ahead: Vec::new(),
     }
 }
 
@@ -747,6 +799,7 @@ async fn units_competing_for_too_little_room_complete_one_after_the_other() {
                     ..b.ends[0]
                 },
             ],
+            ahead: Vec::new(),
         });
         check_epochs(&join(h1).await, &(20..28).collect(), 1);
         check_epochs(&join(h2).await, &(30..38).collect(), 1);

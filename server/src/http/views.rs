@@ -309,6 +309,40 @@ pub struct Stats {
     pub state: StateSizes,
     /// The disk tier of encoded bytes from object stores (null: none, `--disk-cache`).
     pub disk_cache: Option<DiskCache>,
+    /// The buffer of encoded bytes fetched ahead from object stores, memory beside the
+    /// cache's (null: the server reads no object store).
+    pub fetch_ahead: Option<FetchAhead>,
+}
+
+/// The fetch-ahead buffer in `GET /v1/stats` (the metrics `joader_s3_fetch_ahead_*`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FetchAhead {
+    /// `--s3-fetch-ahead-bytes` (0: no fetch-ahead).
+    pub capacity_bytes: u64,
+    /// Bytes held now (those on their way at the mean element size).
+    pub bytes: u64,
+    pub requests: u64,
+    /// Loads whose bytes were waiting, and loads that waited for their bytes on their way.
+    pub hits: u64,
+    pub joined: u64,
+    /// Elements not fetched ahead because the buffer was full.
+    pub full: u64,
+    pub failed: u64,
+    pub stale: u64,
+}
+
+fn fetch_ahead_view(state: &AppState) -> Option<FetchAhead> {
+    let a = state.registry.objects.as_ref()?.stats().ahead();
+    Some(FetchAhead {
+        capacity_bytes: a.capacity,
+        bytes: a.bytes,
+        requests: a.requests,
+        hits: a.hits,
+        joined: a.joined,
+        full: a.full,
+        failed: a.failed,
+        stale: a.stale,
+    })
 }
 
 /// The disk tier in `GET /v1/stats` (the metrics `joader_disk_cache_*`).
@@ -409,6 +443,7 @@ pub fn stats_view(state: &AppState, sizes: StateSizes) -> Stats {
         process_threads: process.map(|p| p.threads),
         state: sizes,
         disk_cache: disk_cache_view(state),
+        fetch_ahead: fetch_ahead_view(state),
     }
 }
 

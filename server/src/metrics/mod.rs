@@ -248,7 +248,7 @@ impl Metrics {
             &mut extra,
             "joader_stage_cpu_seconds_total",
             "counter",
-            "thread CPU time of the joader process by stage (read, decode, resize, loader, slot_write, cache, sampler, http, metrics, runtime); the stages add up to about joader_process_cpu_seconds_total",
+            "thread CPU time of the joader process by stage (read, decode, resize, loader, slot_write, cache, sampler, http, metrics, fetch, runtime); the stages add up to about joader_process_cpu_seconds_total",
             &rows,
         );
         if let Some(p) = process_stats() {

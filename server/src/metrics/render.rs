@@ -206,6 +206,67 @@ pub(super) fn objects(out: &mut String, s: &ObjectStats) {
         "object-store requests in flight now",
         &[(vec![], s.in_flight() as f64)],
     );
+    let a = s.ahead();
+    let ahead: [(&str, &str, &str, u64); 8] = [
+        (
+            "joader_s3_fetch_ahead_requests_total",
+            "counter",
+            "elements whose bytes were fetched ahead of their load (picked by the Sampler beyond what the Cache loads now)",
+            a.requests,
+        ),
+        (
+            "joader_s3_fetch_ahead_hits_total",
+            "counter",
+            "loads whose bytes were waiting in the fetch-ahead buffer",
+            a.hits,
+        ),
+        (
+            "joader_s3_fetch_ahead_joined_total",
+            "counter",
+            "loads whose bytes were on their way (they waited for that request instead of sending another)",
+            a.joined,
+        ),
+        (
+            "joader_s3_fetch_ahead_full_total",
+            "counter",
+            "elements not fetched ahead because the buffer was full (their loads fetched on demand)",
+            a.full,
+        ),
+        (
+            "joader_s3_fetch_ahead_failed_total",
+            "counter",
+            "fetches ahead that failed with no load waiting (the load fetched again)",
+            a.failed,
+        ),
+        (
+            "joader_s3_fetch_ahead_stale_total",
+            "counter",
+            "elements whose fetched bytes were dropped untaken (their job ended or was removed)",
+            a.stale,
+        ),
+        (
+            "joader_s3_fetch_ahead_bytes",
+            "gauge",
+            "bytes in the fetch-ahead buffer now (those on their way counted at the mean element size)",
+            a.bytes,
+        ),
+        (
+            "joader_s3_fetch_ahead_capacity_bytes",
+            "gauge",
+            "the fetch-ahead buffer's size (0: no fetch-ahead)",
+            a.capacity,
+        ),
+    ];
+    for (name, kind, help, v) in ahead {
+        family(out, name, kind, help, &[(vec![], v as f64)]);
+    }
+    family(
+        out,
+        "joader_s3_get_seconds",
+        "gauge",
+        "a GET's time lately (smoothed over about 16): how far ahead the Sampler fetches",
+        &[(vec![], s.get_time().map_or(0.0, |t| t.as_secs_f64()))],
+    );
     let (buckets, count, sum) = s.latency();
     let name = "joader_s3_request_duration_seconds";
     let _ = writeln!(

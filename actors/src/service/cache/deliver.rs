@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use roaring::RoaringBitmap;
 
 use super::{CacheActor, Entry, Pending, split_key};
-use crate::service::messages::{DatasetId, Deliver, EndAt, PipelineId, cache_key};
+use crate::service::messages::{
+    DatasetId, Deliver, ElementSource, EndAt, JobId, PipelineId, cache_key,
+};
 
 impl CacheActor {
     /// Queues a Sampler's deliveries and ends of epochs in their rings, then loads and pushes
@@ -73,8 +75,30 @@ impl CacheActor {
         for end in ends {
             self.queue_end(end);
         }
+        if let Some(s) = &source {
+            self.fetch_ahead(s.as_ref(), msg.dataset, &msg.ahead);
+        }
         self.issue_loads();
         self.pump();
+    }
+
+    /// Asks the source for the bytes of the picks the Sampler holds back (see
+    /// `sampler::ahead`) whose key is neither cached, loading nor pending: an element picked
+    /// for one job and then for another, or again in a later epoch, while it is cached, is
+    /// not fetched again.
+    fn fetch_ahead(&self, source: &dyn ElementSource, dataset: DatasetId, ahead: &[(u32, JobId)]) {
+        for &(element, job) in ahead {
+            let Some(j) = self.jobs.get(&job) else {
+                continue;
+            };
+            let key = cache_key(dataset, j.pipeline, element);
+            if !(self.slots.contains_key(&key)
+                || self.loading.contains_key(&key)
+                || self.pending.contains_key(&key))
+            {
+                source.fetch_ahead(element);
+            }
+        }
     }
 
     /// A queued delivery of `key` takes a reference on it wherever it is; returns whether it

@@ -121,6 +121,13 @@ impl CacheActor {
     fn start_loading(&mut self, key: u64, p: Pending) {
         if p.reload {
             self.stats.reloads.fetch_add(1, Relaxed);
+            // A reload reads the element again for a queued delivery: that job pays for it,
+            // as for a miss (its first load's payer was charged already).
+            if !self.charged.contains_key(&key)
+                && let Some(payer) = self.queued_by(key)
+            {
+                self.charged.insert(key, payer);
+            }
         }
         self.loading.insert(
             key,
@@ -129,6 +136,20 @@ impl CacheActor {
                 need: p.need,
             },
         );
+    }
+
+    /// The job (and the epoch of its delivery) of the first queued delivery of `key`.
+    fn queued_by(&self, key: u64) -> Option<(Arc<crate::service::stats::JobStats>, u64)> {
+        self.jobs.values().find_map(|job| {
+            job.rings.iter().find_map(|rr| {
+                rr.queue.iter().find_map(|entry| match *entry {
+                    Entry::Item { key: k, epoch, .. } if k == key => {
+                        Some((job.stats.clone(), u64::from(epoch)))
+                    }
+                    _ => None,
+                })
+            })
+        })
     }
 
     pub(super) fn loaded(&mut self, msg: Loaded) {

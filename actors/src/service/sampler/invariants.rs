@@ -10,6 +10,8 @@
 //!   falls below minus its lookahead);
 //! - the actor and its two samplers know the same jobs, each in the sampler of its kind;
 //! - only DSA jobs join passes or wait for a start window, and only once started;
+//! - fetch-ahead: no job's picks are handed to the Cache beyond its credit there plus its
+//!   lookahead, and the held picks counted per element are those of the queues (see `ahead`);
 //! - the tree equals its definition, and the independent sampler's jobs are consistent
 //!   ([`joader_core::sampling::Sampler::check_invariants`]).
 
@@ -69,6 +71,9 @@ impl SamplerActor {
             sampler
                 .check_invariants()
                 .map_err(|e| format!("{} sampler: {e}", kind.name()))?;
+        }
+        if let Some(a) = &self.ahead {
+            a.check()?;
         }
         if let Some((_, timer)) = self.scheduled
             && timer > self.timers

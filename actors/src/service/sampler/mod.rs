@@ -17,6 +17,10 @@
 //! that grid, which top it up to half its lookahead, so that jobs whose batches come back at
 //! different moments of one period (a shared GPU) are still sampled in one pass (see
 //! [`pace`]). With no job able to move, no pass is scheduled: an idle sampler costs nothing.
+//!
+//! The jobs of a dataset read from an object store are sampled further ahead still, by about
+//! what they read in a few fetch times; those picks wait here, their bytes fetched meanwhile,
+//! and reach the Cache as they would without it (see [`ahead`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,6 +30,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use dataplane::stages::{self, server::SAMPLER};
 
+mod ahead;
 mod invariants;
 mod pace;
 
@@ -33,7 +38,8 @@ mod pace;
 pub(crate) use invariants::probe;
 
 use crate::service::messages::{
-    AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, EndAt, JobId, JobSignal, Pass, RemoveJob,
+    AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, ElementSource, EndAt, JobId, JobSignal,
+    Pass, RemoveJob,
 };
 use crate::service::stats::{CacheStats, JobStats};
 use joader_core::invariants::Periodic;
@@ -93,6 +99,8 @@ pub struct SamplerActor {
     started: Instant,
     /// Messages (and timed passes) handled, and the full invariant checks run after them.
     checks: Periodic,
+    /// The held picks of a dataset read from an object store (see [`ahead`]).
+    ahead: Option<ahead::FetchAhead>,
 }
 
 impl SamplerActor {
@@ -117,7 +125,17 @@ impl SamplerActor {
             cohort_until: None,
             started: Instant::now(),
             checks: Periodic::default(),
+            ahead: None,
         }
+    }
+
+    /// Samples the jobs ahead and asks `source` for the bytes of their picks before the Cache
+    /// loads them, when the source fetches ahead (see [`ahead`]).
+    pub fn with_fetch_ahead(mut self, source: Arc<dyn ElementSource>) -> Self {
+        if source.fetch_time().is_some() {
+            self.ahead = Some(ahead::FetchAhead::new(source));
+        }
+        self
     }
 
     /// Opens a start window of `window` at each DSA job's first credit (see the module docs).
@@ -187,11 +205,13 @@ impl SamplerActor {
     /// [`Self::pass`] at `now`.
     fn pass_at(&mut self, now: Instant) {
         self.end_holds(now);
+        self.deepen_all(now);
         self.choose_roles(now);
         let mut out = Deliver {
             dataset: self.dataset,
             groups: Vec::new(),
             ends: Vec::new(),
+            ahead: Vec::new(),
         };
         let mut active: Vec<JobId> = Vec::new();
         for _ in 0..MAX_ROUNDS_PER_PASS {
@@ -210,10 +230,65 @@ impl SamplerActor {
                 break;
             }
         }
-        if !out.groups.is_empty() || !out.ends.is_empty() {
+        self.release(&mut out);
+        // A pass may only have picks to fetch ahead: the Cache asks for their bytes now.
+        if !out.groups.is_empty() || !out.ends.is_empty() || !out.ahead.is_empty() {
             self.downstream.do_send(out);
         }
         self.flush_records();
+    }
+
+    /// Hands the Cache the held picks its jobs' credit allows (see [`ahead`]).
+    fn release(&mut self, out: &mut Deliver) {
+        if let Some(a) = &mut self.ahead {
+            let (dsa, isa) = (&self.dsa, &self.isa);
+            a.release(
+                |element, kind| match kind {
+                    SamplerKind::Dsa => dsa.need_count(element),
+                    SamplerKind::Isa => isa.need_count(element),
+                },
+                out,
+            );
+        }
+    }
+
+    /// Sets a started job's fetch-ahead depth to what its rate and the store's fetch time ask
+    /// (see [`ahead`]): its credit here grows by as much; a smaller depth takes back only the
+    /// credit the job has left (never below minus its lookahead).
+    fn deepen(&mut self, job: JobId, now: Instant) {
+        let Some(a) = &mut self.ahead else {
+            return;
+        };
+        let Some(fetch) = a.fetch_time() else {
+            return;
+        };
+        let (Some(j), Some(q)) = (self.jobs.get_mut(&job), a.queue_mut(job)) else {
+            return;
+        };
+        if !j.started {
+            return;
+        }
+        let target = ahead::target_depth(j.pace.rate(now), fetch, j.lookahead, q.places);
+        let change = if target >= q.depth {
+            i64::from(target - q.depth)
+        } else {
+            let spare = (j.credit + i64::from(j.lookahead)).max(0);
+            -(i64::from(q.depth - target).min(spare))
+        };
+        j.credit += change;
+        j.capacity = j.capacity.max(j.credit);
+        q.depth = (i64::from(q.depth) + change) as u32;
+    }
+
+    /// [`Self::deepen`] for every job (at each pass).
+    fn deepen_all(&mut self, now: Instant) {
+        if self.ahead.is_none() {
+            return;
+        }
+        let jobs: Vec<JobId> = self.jobs.keys().copied().collect();
+        for job in jobs {
+            self.deepen(job, now);
+        }
     }
 
     /// Ends the start windows that are over.
@@ -386,22 +461,40 @@ impl SamplerActor {
     }
 
     /// Appends the round's picks to `out`: each element with its need count and the
-    /// deliveries that share it.
-    fn add_picks(&self, kind: SamplerKind, out: &mut Deliver) {
-        let sampler = self.sampler(kind);
+    /// deliveries that share it. The picks of jobs that fetch ahead are held instead, and
+    /// their bytes asked for (see [`ahead`]).
+    fn add_picks(&mut self, kind: SamplerKind, out: &mut Deliver) {
+        let sampler: &dyn Sampler = match kind {
+            SamplerKind::Dsa => &self.dsa,
+            SamplerKind::Isa => &self.isa,
+        };
         for (element, ds) in self.round.picks() {
-            let need = sampler.need_count(element);
-            let items = ds
-                .iter()
-                .map(|d| DeliverItem {
-                    job: d.job,
-                    epoch: d.epoch,
-                    position: d.position,
-                })
-                .collect();
+            let items = ds.iter().map(|d| DeliverItem {
+                job: d.job,
+                epoch: d.epoch,
+                position: d.position,
+            });
+            let items: Vec<DeliverItem> = match &mut self.ahead {
+                None => items.collect(),
+                Some(a) => items
+                    .filter(|&i| match a.hold(element, i) {
+                        None => true,
+                        Some(hint) => {
+                            if hint {
+                                out.ahead.push((element, i.job));
+                            }
+                            false
+                        }
+                    })
+                    .collect(),
+            };
+            if items.is_empty() {
+                continue;
+            }
+            let held = self.ahead.as_ref().map_or(0, |a| a.held(element, None));
             out.groups.push(DeliverGroup {
                 element,
-                need,
+                need: sampler.need_count(element) + held,
                 items,
             });
         }
@@ -438,6 +531,9 @@ impl SamplerActor {
         for ev in &self.round.events {
             match *ev {
                 JobEvent::EpochEnded { job, epoch } => {
+                    if self.ahead.as_mut().is_some_and(|a| a.hold_end(job, epoch)) {
+                        continue;
+                    }
                     out.ends.push(EndAt {
                         after,
                         job,
@@ -448,6 +544,9 @@ impl SamplerActor {
                 JobEvent::Finished { job } => {
                     if let Some(mut j) = self.jobs.remove(&job) {
                         flush_record(&mut j);
+                    }
+                    if self.ahead.as_mut().is_some_and(|a| a.finish(job)) {
+                        continue;
                     }
                     if let Some(last) = out.ends.last_mut().filter(|e| e.job == job) {
                         last.finished = true;
@@ -535,14 +634,21 @@ impl SamplerActor {
                 held_until: None,
             },
         );
+        if let Some(a) = &mut self.ahead {
+            a.add(msg.job, kind, i64::from(msg.credit), msg.lookahead);
+        }
         if msg.credit > 0 {
             self.credited(msg.job, now);
+            self.deepen(msg.job, now);
         }
         Ok(())
     }
 
     /// Removes a job (gone, or removed by the registry) from its sampler.
     fn remove_job(&mut self, job: JobId) {
+        if let Some(a) = &mut self.ahead {
+            a.remove(job);
+        }
         if let Some(j) = self.jobs.remove(&job) {
             let _ = match j.kind {
                 SamplerKind::Dsa => self.dsa.remove_job(job),
@@ -561,9 +667,24 @@ impl SamplerActor {
         self.wake(ctx);
     }
 
-    /// [`Self::credit`] at `now`, without scheduling a pass.
+    /// [`Self::credit`] at `now`, without scheduling a pass: held picks the credit allows go
+    /// to the Cache at once.
     fn credit_at(&mut self, job: JobId, n: u32, now: Instant) {
+        if let Some(a) = &mut self.ahead {
+            a.credit(job, n);
+            let mut out = Deliver {
+                dataset: self.dataset,
+                groups: Vec::new(),
+                ends: Vec::new(),
+                ahead: Vec::new(),
+            };
+            self.release(&mut out);
+            if !out.groups.is_empty() || !out.ends.is_empty() {
+                self.downstream.do_send(out);
+            }
+        }
         self.credited(job, now);
+        self.deepen(job, now);
         if let Some(j) = self.jobs.get_mut(&job) {
             j.pace.returned(now, n, j.lookahead / 2);
             j.credit += i64::from(n);

@@ -4,7 +4,7 @@
 
 use super::*;
 use roaring::RoaringBitmap;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 /// Records what the sampler sends; `Sync` answers once every earlier message is handled.
@@ -345,4 +345,258 @@ async fn jobs_of_one_pace_returning_credit_in_turn_are_sampled_together() {
         "passes (ms, jobs sampled) after 3 s: {late_passes:?}"
     );
     assert!(late_passes.len() >= 60, "{late_passes:?}");
+}
+
+/// A remote source for fetch-ahead (the Cache, not the Sampler, asks it for bytes).
+struct Remote;
+
+impl ElementSource for Remote {
+    fn read(&self, _: u32) -> Result<Vec<u8>, crate::service::LoadFailure> {
+        unreachable!("the sampler reads nothing")
+    }
+    fn label(&self, _: u32) -> i64 {
+        0
+    }
+    // Instant fetches: the depth is the lookahead once the rate is known, two lookaheads
+    // before, whatever the rate the test's clock makes of its credit.
+    fn fetch_time(&self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+/// A sampler of a remote dataset (fetch-ahead), what it sends captured.
+fn fetching_ahead() -> (Arc<Mutex<Vec<Deliver>>>, Addr<Capture>, Addr<SamplerActor>) {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let cap = Capture(got.clone()).start();
+    let s = SamplerActor::new(
+        1,
+        cap.clone().recipient(),
+        NEVER,
+        Arc::new(CacheStats::default()),
+    )
+    .with_fetch_ahead(Arc::new(Remote))
+    .start();
+    (got, cap, s)
+}
+
+/// Every (job, element) delivery in the order the Cache received them, with the need count
+/// its group carried, and each job's ends `(epoch, finished, deliveries before it)`.
+type Received = (Vec<(JobId, u32, u32)>, Vec<(JobId, u32, bool, usize)>);
+
+fn received(got: &[Deliver]) -> Received {
+    let (mut items, mut ends) = (Vec::new(), Vec::new());
+    for d in got {
+        let mut e = d.ends.iter().peekable();
+        for (gi, g) in d.groups.iter().enumerate() {
+            while let Some(end) = e.next_if(|x| x.after <= gi) {
+                let before = items.iter().filter(|i: &&(u64, u32, u32)| i.0 == end.job);
+                ends.push((end.job, end.epoch, end.finished, before.count()));
+            }
+            items.extend(g.items.iter().map(|i| (i.job, g.element, g.need)));
+        }
+        for end in e {
+            let before = items.iter().filter(|i| i.0 == end.job).count();
+            ends.push((end.job, end.epoch, end.finished, before));
+        }
+    }
+    (items, ends)
+}
+
+#[actix::test]
+async fn a_remote_datasets_picks_are_fetched_ahead_and_reach_the_cache_within_its_credit() {
+    let (got, cap, s) = fetching_ahead();
+    // Two jobs on overlapping subsets, rings of 8, lookahead 4: sampled 12 deeper (their rate
+    // is not known yet: their rings' places and their lookahead), so 20 picks each, of which
+    // the Cache gets 8 + 4; later 4 deeper.
+    for (job, ids) in [(1, 0..100), (2, 50..150)] {
+        let mut a = add(job, ids, SamplerKind::Dsa, 8, Some(2));
+        a.lookahead = 4;
+        s.send(a).await.unwrap().unwrap();
+    }
+    pass(&s, &cap).await;
+    {
+        let g = got.lock().unwrap();
+        assert_eq!((count(1, &g), count(2, &g)), (12, 12), "credit + lookahead");
+        // Every held pick goes to the Cache as a pick to fetch ahead, with its job.
+        let asked: BTreeSet<(u32, JobId)> =
+            g.iter().flat_map(|d| d.ahead.iter().copied()).collect();
+        let handed: BTreeSet<(u32, JobId)> = g
+            .iter()
+            .flat_map(|d| &d.groups)
+            .flat_map(|grp| grp.items.iter().map(|i| (grp.element, i.job)))
+            .collect();
+        assert_eq!(asked.len(), 40, "20 picks of each job");
+        assert!(
+            handed.is_subset(&asked),
+            "every pick handed over was held first"
+        );
+    }
+    // A job's credit that comes back hands over its held picks at once, before any pass.
+    s.send(JobSignal::Credit { job: 1, n: 4 }).await.unwrap();
+    cap.send(Sync).await.unwrap();
+    assert_eq!(count(1, &got.lock().unwrap()), 16);
+    let mut returned: HashMap<JobId, usize> = HashMap::from([(1, 8 + 4), (2, 8)]);
+    // Read everything: each job returns what it was handed, batch by batch.
+    for _ in 0..200 {
+        for job in [1, 2] {
+            let handed = count(job, &got.lock().unwrap());
+            assert!(
+                handed <= returned[&job] + 4,
+                "job {job}: {handed} handed over with {} credit and lookahead 4",
+                returned[&job]
+            );
+            // The reader reads what reached its rings (8 places) and gives the places back.
+            let read = returned[&job] - 8;
+            let n = (handed - read).min(8);
+            if n > 0 {
+                s.send(JobSignal::Credit { job, n: n as u32 })
+                    .await
+                    .unwrap();
+                *returned.get_mut(&job).unwrap() += n;
+            }
+        }
+        pass(&s, &cap).await;
+    }
+    // Every pick reached the Cache first as one to fetch ahead (in this pass or an earlier
+    // one), whether or not the pass handed anything over; but a job's next epoch is announced
+    // only once its first pick is handed over (what the Cache knows of a job's epoch is what
+    // it was handed), so the picks of that epoch handed over in the same message go
+    // unannounced.
+    {
+        let g = got.lock().unwrap();
+        let mut hinted: HashMap<(u32, JobId), usize> = HashMap::new();
+        let mut epoch_of: HashMap<JobId, (u32, usize)> = HashMap::new();
+        let mut unannounced = 0;
+        for (m, d) in g.iter().enumerate() {
+            for &(element, job) in &d.ahead {
+                *hinted.entry((element, job)).or_default() += 1;
+            }
+            for grp in &d.groups {
+                for i in &grp.items {
+                    let (epoch, since) = *epoch_of.entry(i.job).or_insert((i.epoch, m));
+                    let since = if epoch == i.epoch { since } else { m };
+                    epoch_of.insert(i.job, (i.epoch, since));
+                    let n = hinted.entry((grp.element, i.job)).or_default();
+                    if *n > 0 {
+                        *n -= 1;
+                    } else {
+                        assert!(
+                            i.epoch > 0 && since == m,
+                            "job {}: element {} (epoch {}) handed over unannounced",
+                            i.job,
+                            grp.element,
+                            i.epoch
+                        );
+                        unannounced += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            unannounced >= 2,
+            "each job's second epoch starts unannounced"
+        );
+        assert!(
+            hinted.values().all(|&n| n == 0),
+            "every announced pick was handed over once"
+        );
+    }
+    let (items, ends) = received(&got.lock().unwrap());
+    for (job, ids) in [(1u64, 0..100u32), (2, 50..150)] {
+        let mine: Vec<u32> = items.iter().filter(|i| i.0 == job).map(|i| i.1).collect();
+        assert_eq!(mine.len(), 200, "job {job}: two epochs");
+        for epoch in mine.chunks(100) {
+            let set: BTreeSet<u32> = epoch.iter().copied().collect();
+            assert_eq!(
+                set,
+                ids.clone().collect(),
+                "job {job}: each epoch a permutation"
+            );
+        }
+        let its: Vec<(u32, bool, usize)> = ends
+            .iter()
+            .filter(|e| e.0 == job)
+            .map(|e| (e.1, e.2, e.3))
+            .collect();
+        assert_eq!(
+            its,
+            vec![(0, false, 100), (1, true, 200)],
+            "job {job}: ends in order"
+        );
+    }
+    // Within an epoch, the need each delivery carried is what is still to come: the jobs that
+    // will pick the element, and the picks of it still held.
+    let first: Vec<(JobId, u32, u32)> = {
+        let mut seen: HashMap<JobId, usize> = HashMap::new();
+        items
+            .iter()
+            .filter(|i| {
+                let n = seen.entry(i.0).or_default();
+                *n += 1;
+                *n <= 100
+            })
+            .copied()
+            .collect()
+    };
+    let shared = first.iter().filter(|i| (50..100).contains(&i.1)).count();
+    assert_eq!(shared, 100, "both jobs' first epochs hold 50..100");
+    for (k, &(job, element, need)) in first.iter().enumerate() {
+        let later = first[k + 1..].iter().filter(|i| i.1 == element).count() as u32;
+        // A job that is already in its second epoch counts the element once more in the
+        // sampler: never less than what is still to come.
+        assert!(
+            need >= later,
+            "job {job}, element {element}: need {need}, {later} deliveries to come"
+        );
+    }
+    assert_invariants(&s).await;
+}
+
+#[actix::test]
+async fn a_removed_jobs_held_picks_are_dropped_and_the_others_go_on() {
+    let (got, cap, s) = fetching_ahead();
+    for job in [1, 2] {
+        let mut a = add(job, 0..50, SamplerKind::Dsa, 4, Some(1));
+        a.lookahead = 4;
+        s.send(a).await.unwrap().unwrap();
+    }
+    pass(&s, &cap).await;
+    s.send(RemoveJob { job: 2 }).await.unwrap();
+    for _ in 0..40 {
+        s.send(JobSignal::Credit { job: 1, n: 4 }).await.unwrap();
+        pass(&s, &cap).await;
+    }
+    let (items, ends) = received(&got.lock().unwrap());
+    let mine: BTreeSet<u32> = items.iter().filter(|i| i.0 == 1).map(|i| i.1).collect();
+    assert_eq!(mine, (0..50).collect(), "job 1 gets its whole epoch");
+    assert_eq!(items.iter().filter(|i| i.0 == 1).count(), 50);
+    assert_eq!(
+        ends.iter().filter(|e| e.0 == 1 && e.2).count(),
+        1,
+        "and its end of stream"
+    );
+    assert_invariants(&s).await;
+}
+
+#[actix::test]
+async fn a_pass_that_hands_nothing_over_still_announces_its_picks() {
+    let (got, cap, s) = fetching_ahead();
+    // Rings of 8, lookahead 8: 16 deeper before the rate is known (places and lookahead), so
+    // 24 picks, 16 handed over and 8 held.
+    let mut a = add(1, 0..100, SamplerKind::Dsa, 8, Some(1));
+    a.lookahead = 8;
+    s.send(a).await.unwrap().unwrap();
+    pass(&s, &cap).await;
+    assert_eq!(count(1, &got.lock().unwrap()), 16);
+    // Two places come back: two held picks go over at once; the pass then picks two more,
+    // which stay held: it hands nothing over, and still announces them.
+    s.send(JobSignal::Credit { job: 1, n: 2 }).await.unwrap();
+    pass(&s, &cap).await;
+    let g = got.lock().unwrap();
+    assert_eq!(count(1, &g), 18);
+    let last = g.last().unwrap();
+    assert!(last.groups.is_empty(), "{last:?}");
+    assert_eq!(last.ahead.len(), 2, "{last:?}");
+    let hinted: usize = g.iter().map(|d| d.ahead.len()).sum();
+    assert_eq!(hinted, 26);
 }

@@ -256,8 +256,10 @@ async fn run(remote: &Remote, group: Group) -> Outcome {
     }
     // A fill of the tier asks for the ETag its key names.
     let if_match = remote.tier.as_ref().and_then(|_| source.etag(&key));
+    let asked = std::time::Instant::now();
     match remote.get(&source.dataset, &key, range, if_match).await {
         Ok(bytes) => {
+            let took = asked.elapsed();
             for (r, part) in members {
                 let piece = match part {
                     Some(p) => bytes.slice(p),
@@ -271,7 +273,7 @@ async fn run(remote: &Remote, group: Group) -> Outcome {
                 let len = piece.len() as u64;
                 (r.done)(Ok(piece.to_vec()), len);
             }
-            Outcome::Served
+            Outcome::Served(took)
         }
         Err(e) => {
             fail_all(members, &e);

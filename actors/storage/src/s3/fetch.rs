@@ -11,16 +11,21 @@
 //! With a disk tier (`crate::tier`), an element stored there is read from it instead (on the
 //! runtime's blocking threads), and what a request fetched is offered to it; each source
 //! keeps its jobs' [`Demand`], which the tier's admission asks.
+//!
+//! The Sampler asks for the bytes of what it picked beyond what the Cache loads now
+//! ([`S3Source::fetch_ahead`]); they wait in one bounded buffer for their load (`ahead`).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use object_store::ObjectStoreExt as _;
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
 
+use super::ahead::{Ahead, Reserve};
 use super::coalesce::dispatch;
 use super::limit::InFlight;
 use super::remote::Remote;
@@ -40,6 +45,8 @@ pub struct FetchConfig {
     pub request_timeout: Duration,
     /// Keys asked for per listing page (S3 returns at most 1000).
     pub list_page: usize,
+    /// The fetch-ahead buffer's size in bytes (0: no fetch-ahead; see `ahead`).
+    pub ahead_bytes: u64,
 }
 
 impl Default for FetchConfig {
@@ -49,6 +56,7 @@ impl Default for FetchConfig {
             budget: Duration::from_secs(15),
             request_timeout: Duration::from_secs(10),
             list_page: 1000,
+            ahead_bytes: super::ahead::DEFAULT_BYTES,
         }
     }
 }
@@ -76,23 +84,28 @@ pub struct ObjectStores {
     remote: Arc<Remote>,
     allow: S3Allow,
     queue: mpsc::UnboundedSender<Request>,
+    ahead: Arc<Ahead>,
 }
 
 impl ObjectStores {
     /// Starts the stage's runtime (two threads: requests wait on the network, they do not
-    /// compute), with the disk tier of encoded bytes when the server has one.
+    /// compute), with the disk tier of encoded bytes when the server has one; each of its
+    /// threads runs `on_thread_start` first (the server names their CPU accounting stage).
     pub fn new(
         config: FetchConfig,
         allow: S3Allow,
         tier: Option<Arc<DiskTier>>,
+        on_thread_start: impl Fn() + Send + Sync + 'static,
     ) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("joader-fetch")
+            .on_thread_start(on_thread_start)
             .enable_all()
             .build()?;
         let limit = Arc::new(InFlight::new(config.max_in_flight));
         let stats = Arc::new(ObjectStats::default());
+        let ahead = Arc::new(Ahead::new(config.ahead_bytes, stats.clone()));
         stats
             .limit
             .store(limit.limit() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -110,6 +123,7 @@ impl ObjectStores {
             remote,
             allow,
             queue,
+            ahead,
         })
     }
 
@@ -232,7 +246,9 @@ impl ObjectStores {
             endpoint.map_or_else(|| "aws".to_owned(), |e| e.trim_end_matches('/').to_owned()),
             parsed.bucket
         );
+        static SOURCES: AtomicU64 = AtomicU64::new(0);
         let inner = Arc::new(SourceInner {
+            id: SOURCES.fetch_add(1, Relaxed),
             dataset,
             index,
             etags,
@@ -249,6 +265,8 @@ impl ObjectStores {
         Ok(S3Source {
             inner,
             queue: self.queue.clone(),
+            ahead: self.ahead.clone(),
+            stats: self.remote.stats.clone(),
         })
     }
 }
@@ -264,6 +282,8 @@ impl Drop for ObjectStores {
 
 /// What every fetch of one dataset shares.
 pub(super) struct SourceInner {
+    /// Unique in the process: its elements' keys in the fetch-ahead buffer.
+    id: u64,
     pub(super) dataset: S3Dataset,
     pub(super) index: Arc<DatasetIndex>,
     /// Each indexed object's ETag, by key.
@@ -317,11 +337,41 @@ impl SourceInner {
 pub struct S3Source {
     inner: Arc<SourceInner>,
     queue: mpsc::UnboundedSender<Request>,
+    ahead: Arc<Ahead>,
+    stats: Arc<ObjectStats>,
 }
 
+/// How long a fetch is assumed to take before any GET has been timed.
+const FIRST_GET_TIME: Duration = Duration::from_millis(50);
+
 impl S3Source {
-    /// Queues the fetch of `element`; `done` is called from the stage.
+    /// Fetches `element`; `done` is called from the stage. Bytes fetched ahead are handed
+    /// over at once, or when their request ends.
     pub fn fetch(&self, element: u32, done: Done) {
+        if let Some(done) = self.ahead.take((self.inner.id, element), done) {
+            self.queue(element, done);
+        }
+    }
+
+    /// Starts fetching `element`'s bytes for a load to come, into the fetch-ahead buffer
+    /// (nothing when they are there or on their way already, or the buffer is full).
+    pub fn fetch_ahead(&self, element: u32) {
+        let key = (self.inner.id, element);
+        if self.ahead.reserve(key) == Reserve::Fetch {
+            let ahead = self.ahead.clone();
+            self.queue(element, Box::new(move |r, n| ahead.fetched(key, r, n)));
+        }
+    }
+
+    /// How long fetching an element takes lately (a GET's smoothed time), when the server
+    /// fetches ahead; `None` when it does not.
+    pub fn fetch_time(&self) -> Option<Duration> {
+        self.ahead
+            .enabled()
+            .then(|| self.stats.get_time().unwrap_or(FIRST_GET_TIME))
+    }
+
+    fn queue(&self, element: u32, done: Done) {
         let request = Request {
             source: self.inner.clone(),
             element,

@@ -26,6 +26,7 @@
 //! flight) with its counters (`stats`). This file holds the
 //! public surface and what the indexers share.
 
+mod ahead;
 mod allow;
 mod coalesce;
 mod dataset;
@@ -46,10 +47,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{DatasetIndex, Progress, StorageError};
 
+pub use ahead::{DEFAULT_BYTES as DEFAULT_FETCH_AHEAD_BYTES, STALE as FETCH_AHEAD_STALE};
 pub use allow::S3Allow;
 pub use dataset::S3Dataset;
 pub use fetch::{Done, FetchConfig, ObjectStores, S3Source};
-pub use stats::{ERROR_KINDS, LATENCY_BUCKETS, ObjectStats, Op};
+pub use stats::{AheadCounts, ERROR_KINDS, LATENCY_BUCKETS, ObjectStats, Op};
 pub use url::{S3Url, normalize_endpoint, validate};
 pub use version::{CHANGES_LISTED, ObjectChanges, ObjectVersion};
 

@@ -61,11 +61,53 @@ pub struct ObjectStats {
     pub(super) limit: AtomicU64,
     /// Requests in flight now.
     pub(super) in_flight: AtomicU64,
+    /// A GET's time, smoothed (µs; 0 before the first): how far ahead to fetch.
+    get_smoothed_us: AtomicU64,
+    /// Fetch-ahead (`ahead`): elements asked for, skipped for want of room, loads that found
+    /// their bytes there or on their way, fetches that failed with no load waiting, bytes
+    /// dropped untaken, and the buffer's bytes and size.
+    pub(super) ahead_requests: AtomicU64,
+    pub(super) ahead_full: AtomicU64,
+    pub(super) ahead_hits: AtomicU64,
+    pub(super) ahead_joined: AtomicU64,
+    pub(super) ahead_failed: AtomicU64,
+    pub(super) ahead_stale: AtomicU64,
+    pub(super) ahead_bytes: AtomicU64,
+    pub(super) ahead_capacity: AtomicU64,
+}
+
+/// Fetch-ahead's counters (see [`ObjectStats::ahead`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AheadCounts {
+    /// Elements fetched ahead of their load.
+    pub requests: u64,
+    /// Elements not fetched ahead: the buffer was full.
+    pub full: u64,
+    /// Loads whose bytes were waiting in the buffer.
+    pub hits: u64,
+    /// Loads whose bytes were on their way (they waited for that request).
+    pub joined: u64,
+    /// Fetches ahead that failed with no load waiting (the load fetched again).
+    pub failed: u64,
+    /// Elements whose bytes were dropped untaken (see `ahead::STALE`).
+    pub stale: u64,
+    /// Bytes in the buffer now (those on their way counted at the mean element size).
+    pub bytes: u64,
+    /// The buffer's size (0: no fetch-ahead).
+    pub capacity: u64,
 }
 
 impl ObjectStats {
     pub(super) fn request(&self, op: Op, took: Duration) {
         self.requests[op as usize].fetch_add(1, Relaxed);
+        if op == Op::Get {
+            // Smoothed over about the last 16 GETs; a lost update between racing requests
+            // only delays the estimate.
+            let us = took.as_micros().max(1) as u64;
+            let old = self.get_smoothed_us.load(Relaxed);
+            let new = if old == 0 { us } else { (old * 15 + us) / 16 };
+            self.get_smoothed_us.store(new, Relaxed);
+        }
         let s = took.as_secs_f64();
         let bucket = LATENCY_BUCKETS
             .iter()
@@ -88,6 +130,28 @@ impl ObjectStats {
     /// The server-wide limit on requests in flight now.
     pub fn in_flight_limit(&self) -> u64 {
         self.limit.load(Relaxed)
+    }
+
+    /// A GET's time lately (smoothed), once one has been made.
+    pub fn get_time(&self) -> Option<Duration> {
+        match self.get_smoothed_us.load(Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
+    }
+
+    /// Fetch-ahead's counters.
+    pub fn ahead(&self) -> AheadCounts {
+        AheadCounts {
+            requests: self.ahead_requests.load(Relaxed),
+            full: self.ahead_full.load(Relaxed),
+            hits: self.ahead_hits.load(Relaxed),
+            joined: self.ahead_joined.load(Relaxed),
+            failed: self.ahead_failed.load(Relaxed),
+            stale: self.ahead_stale.load(Relaxed),
+            bytes: self.ahead_bytes.load(Relaxed),
+            capacity: self.ahead_capacity.load(Relaxed),
+        }
     }
 
     /// Requests in flight now.

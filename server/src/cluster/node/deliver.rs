@@ -134,6 +134,7 @@ fn empty(dataset: DatasetId) -> Deliver {
         dataset,
         groups: Vec::new(),
         ends: Vec::new(),
+        ahead: Vec::new(),
     }
 }
 

@@ -183,8 +183,12 @@ fn resolve_dataset(registry: &Registry, name: &str, pipeline: &Pipeline) -> Resu
             let (id, cache, stats) = (d.id, registry.cache.clone(), registry.stats.clone());
             let tick = Duration::from_millis(registry.config.sampler_tick_ms);
             let window = Duration::from_millis(registry.config.start_window_ms);
+            // A dataset read from an object store has its picks' bytes fetched ahead.
+            let source = source.clone();
             SamplerActor::start_in_arbiter(&registry.samplers, move |_| {
-                SamplerActor::new(id, cache.recipient(), tick, stats).with_start_window(window)
+                SamplerActor::new(id, cache.recipient(), tick, stats)
+                    .with_start_window(window)
+                    .with_fetch_ahead(source)
             })
         })
         .clone();

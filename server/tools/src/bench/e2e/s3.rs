@@ -71,6 +71,12 @@ pub(super) struct Fetched {
     pub(super) queued_s: f64,
     /// The server-wide limit on requests in flight at the end of the scenario.
     pub(super) limit: f64,
+    /// Loads whose bytes were fetched ahead and waiting, and those whose bytes were on their
+    /// way, per GET.
+    pub(super) ready: f64,
+    pub(super) on_way: f64,
+    /// CPU of the store on this machine (`s3s-fs` and the delay proxy) per sample, ms.
+    pub(super) store_cpu_ms_per_sample: f64,
 }
 
 /// A local `s3s-fs` over a copy of the bench's dataset, with keys made up for this run.
@@ -271,10 +277,13 @@ impl Store {
         );
         let (server, client) = self.server(ctx, &name, source, route, &[])?;
         let before = Scrape::of(&server.url)?;
+        let store0 = self.store_cpu();
         let cpu0 = server_cpu(&client)? + process_cpu();
         let runs = run_jobs(&client, sc)?;
         let stats = client.ok("GET", "/v1/stats", None)?;
-        let cpu = server_cpu(&client)? + process_cpu() - cpu0;
+        // The delay proxy's threads run in this process: their CPU is the store's.
+        let store = self.store_cpu() - store0;
+        let cpu = server_cpu(&client)? + process_cpu() - cpu0 - store.proxy;
         let after = Scrape::of(&server.url)?;
         let system = match source {
             Where::Disk => "joader serve, disk",
@@ -307,8 +316,51 @@ impl Store {
             get_s: (after.get_s - before.get_s) / gets.max(1.0),
             queued_s: (after.queued_s - before.queued_s) / gets.max(1.0),
             limit: after.limit,
+            ready: (after.ahead_hits - before.ahead_hits) / gets.max(1.0),
+            on_way: (after.ahead_joined - before.ahead_joined) / gets.max(1.0),
+            store_cpu_ms_per_sample: outcome.cpu_ms_per_sample * (store.s3s_fs + store.proxy)
+                / cpu.max(1e-9),
         });
         Ok((outcome, fetched))
+    }
+
+    /// CPU seconds so far of the store: `s3s-fs`, and the delay proxies' threads (in this
+    /// process).
+    fn store_cpu(&self) -> StoreCpu {
+        let ticks = |s: &procfs::process::Stat| {
+            (s.utime + s.stime) as f64 / procfs::ticks_per_second().max(1) as f64
+        };
+        let s3s_fs = procfs::process::Process::new(self.child.id() as i32)
+            .and_then(|p| p.stat())
+            .map_or(0.0, |s| ticks(&s));
+        let proxy = procfs::process::Process::myself()
+            .and_then(|p| p.tasks())
+            .map_or(0.0, |tasks| {
+                tasks
+                    .flatten()
+                    .filter_map(|t| t.stat().ok())
+                    .filter(|s| s.comm.starts_with("bench-delay"))
+                    .map(|s| ticks(&s))
+                    .sum()
+            });
+        StoreCpu { s3s_fs, proxy }
+    }
+}
+
+/// CPU seconds of the local store's parts (see [`Store::store_cpu`]).
+#[derive(Clone, Copy, Debug)]
+struct StoreCpu {
+    s3s_fs: f64,
+    proxy: f64,
+}
+
+impl std::ops::Sub for StoreCpu {
+    type Output = StoreCpu;
+    fn sub(self, o: StoreCpu) -> StoreCpu {
+        StoreCpu {
+            s3s_fs: self.s3s_fs - o.s3s_fs,
+            proxy: self.proxy - o.proxy,
+        }
     }
 }
 
@@ -340,6 +392,8 @@ struct Scrape {
     get_s: f64,
     queued_s: f64,
     limit: f64,
+    ahead_hits: f64,
+    ahead_joined: f64,
 }
 
 impl Scrape {
@@ -361,6 +415,8 @@ impl Scrape {
             get_s: value("joader_s3_request_duration_seconds_sum"),
             queued_s: value("joader_s3_queued_seconds_total"),
             limit: value("joader_s3_in_flight_limit"),
+            ahead_hits: value("joader_s3_fetch_ahead_hits_total"),
+            ahead_joined: value("joader_s3_fetch_ahead_joined_total"),
         })
     }
 }
@@ -377,13 +433,17 @@ fn report(rows: &[(String, Outcome, Outcome, Fetched)], endpoint_note: &str) -> 
     let mut s = format!(
         "\nS3 beside local disk ({endpoint_note}); both served by a `joader serve` child, read by the same consumers. \
          added latency: what the proxy adds to each request (-: the store directly); GET ms: a GET's mean time from its first attempt to its last byte; \
-         queued ms: the mean time a fetch waited for a place among the requests in flight; limit: that limit at the end (it adapts)\n\n\
-         | scenario | added latency | disk samples/s | s3 samples/s | s3 / disk | disk CPU ms/sample | s3 CPU ms/sample | s3 CPU / disk | bytes read from the store | union of the jobs' subsets | read / union | GET ms | queued ms | limit |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+         queued ms: the mean time a fetch waited for a place among the requests in flight; limit: that limit at the end (it adapts); \
+         ready, on its way: loads whose bytes were fetched ahead and waiting, or on their way, per GET (the rest fetched on demand); \
+         store CPU: `s3s-fs` and the delay proxy, on the same cores (not in the s3 CPU column), per sample; \
+         busy / disk: the CPU the s3 row kept busy (its samples/s times its and the store's CPU per sample) over the disk row's (about 1: no time lost waiting on the store, \
+         the gap in samples/s is the store's own CPU on these cores)\n\n\
+         | scenario | added latency | disk samples/s | s3 samples/s | s3 / disk | disk CPU ms/sample | s3 CPU ms/sample | s3 CPU / disk | bytes read from the store | union of the jobs' subsets | read / union | GET ms | queued ms | limit | ready | on its way | store CPU ms/sample | busy / disk |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for (name, disk, s3, f) in rows {
         s.push_str(&format!(
-            "| {name} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {:.2} | {:.1} | {:.1} | {:.0} |\n",
+            "| {name} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {:.2} | {:.1} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
             f.latency_ms.map_or("-".to_owned(), |ms| format!("{ms} ms")),
             disk.aggregate,
             s3.aggregate,
@@ -397,6 +457,11 @@ fn report(rows: &[(String, Outcome, Outcome, Fetched)], endpoint_note: &str) -> 
             f.get_s * 1e3,
             f.queued_s * 1e3,
             f.limit,
+            f.ready,
+            f.on_way,
+            f.store_cpu_ms_per_sample,
+            s3.aggregate * (s3.cpu_ms_per_sample + f.store_cpu_ms_per_sample)
+                / (disk.aggregate * disk.cpu_ms_per_sample).max(1e-9),
         ));
     }
     s
