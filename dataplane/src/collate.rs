@@ -476,6 +476,7 @@ mod tests {
             },
             offset: 0,
             len: (h * w * 3) as u64,
+            fields_len: 0,
         }
     }
 

@@ -1,5 +1,6 @@
 //! Fuzz targets of the header validation a client does on attach
-//! (`DataLayout::validate`, `RingLayout::validate`): the headers come from
+//! (`DataLayout::validate`, `RingLayout::validate`), and of a slot's field block
+//! (`fields::parse`): the headers come from
 //! another process, so any bytes must give a layout or an error, never a
 //! panic, and an accepted layout must keep every offset and length the client
 //! later uses inside the object it maps. Under `cargo test` each target runs a
@@ -245,4 +246,57 @@ fn unmutated_seeds_are_accepted() {
         assert_eq!(got, r);
         check_ring(&got, r.total_size, page);
     }
+}
+
+/// A slot's field block comes from the server's memory, which a client does not trust: any
+/// bytes give fields or `segment_corrupt`, never a panic, and fields that parse are the
+/// block's exact bytes (encoding them again gives the block back, an empty block aside).
+#[test]
+fn field_blocks_parse_or_fail_cleanly() {
+    use crate::fields::{Field, FieldKind, encode, parse};
+    let mut seed = Vec::new();
+    encode(
+        &[
+            Field {
+                name: "caption",
+                kind: FieldKind::Text,
+                flags: 0,
+                value: b"a cat",
+            },
+            Field {
+                name: "emb",
+                kind: FieldKind::Npy,
+                flags: 1,
+                value: &[0x93, b'N', b'U'],
+            },
+        ],
+        &mut seed,
+    );
+    check!()
+        .with_type::<(Vec<(u8, u8)>, u8, bool)>()
+        .with_iterations(ITERATIONS)
+        .for_each(|(edits, cut, random)| {
+            let mut block = if *random {
+                edits.iter().map(|(a, _)| *a).collect()
+            } else {
+                seed.clone()
+            };
+            if !*random {
+                for &(at, v) in edits {
+                    let n = block.len();
+                    block[usize::from(at) % n] = v;
+                }
+                block.truncate(block.len() - usize::from(*cut) % 4);
+            }
+            match parse(&block) {
+                // An empty block is "no field" (what a slot without fields has).
+                Ok(fields) if block.is_empty() => assert!(fields.is_empty()),
+                Ok(fields) => {
+                    let mut again = Vec::new();
+                    encode(&fields, &mut again);
+                    assert_eq!(again, block);
+                }
+                Err(e) => assert_eq!(e.code(), "segment_corrupt"),
+            }
+        });
 }

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::shm::Mapping;
 
 /// Layout version implemented by this library (see "Version history" in `DESIGN.md`).
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Magic of a data segment: `b"JOADERDS"` as a little-endian `u64`.
 pub const DATA_MAGIC: u64 = u64::from_le_bytes(*b"JOADERDS");
 /// Magic of a delivery-ring segment: `b"JOADERRG"` as a little-endian `u64`.
@@ -103,6 +103,7 @@ pub(crate) mod slot {
     pub const WIDTH: usize = 36; // u32
     pub const CHANNELS: usize = 40; // u32
     pub const LABEL: usize = 48; // i64
+    pub const FIELDS_LEN: usize = 56; // u32, the field block after the payload (0: none)
     pub const READ_BITS: usize = 64; // [AtomicU64; read_words]
     pub const FIXED: usize = 64;
 }
@@ -533,6 +534,9 @@ pub mod element_error {
     pub const NOT_FOUND: u32 = 3;
     /// The element is larger than the cache can hold.
     pub const TOO_LARGE: u32 = 4;
+    /// A declared field is missing from the element or is not what its kind says (text
+    /// that is not UTF-8, JSON that does not parse, a bad `.npy` header).
+    pub const BAD_FIELD: u32 = 5;
     /// Any other server-side failure.
     pub const INTERNAL: u32 = 255;
 
@@ -543,6 +547,7 @@ pub mod element_error {
             DECODE => "decode",
             NOT_FOUND => "not_found",
             TOO_LARGE => "too_large",
+            BAD_FIELD => "bad_field",
             INTERNAL => "internal",
             _ => "unknown",
         }

@@ -25,6 +25,7 @@ pub mod augment;
 pub mod collate;
 mod copy;
 mod error;
+pub mod fields;
 mod futex;
 #[cfg(test)]
 mod fuzz;

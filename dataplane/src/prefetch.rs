@@ -93,6 +93,9 @@ pub struct Ready {
     pub padded: usize,
     /// With [`Output::U8Padded`]: each image's size, crop window and flip, in order.
     pub crops: Vec<Crop>,
+    /// Each image's small fields' block, copied out of shared memory (empty when the dataset
+    /// declares none): parse it with [`crate::fields::parse`].
+    pub fields: Vec<Vec<u8>>,
 }
 
 /// The handle of a prefetch thread; dropping it stops the thread and detaches from the ring.
@@ -251,6 +254,8 @@ struct First {
     element_id: u32,
     epoch: u64,
     position: u64,
+    /// Its small fields' block.
+    fields: Vec<u8>,
 }
 
 struct Worker {
@@ -324,6 +329,7 @@ impl Worker {
             end_of_stream: false,
             padded: 0,
             crops: Vec::new(),
+            fields: Vec::with_capacity(bs),
         };
         let mut item_shape = [0usize; 3];
         if let Some(end) = self.pending_pad.take() {
@@ -412,9 +418,11 @@ impl Worker {
                 }
                 if self.pad_to().is_some() && self.epoch.first.is_none() {
                     let crop = out.crops.get(out.len).copied();
-                    self.keep_first(&buf, out.len, shape, &b.items[0], crop);
+                    let fields = self.reader.field_block(&b.items[0]).to_vec();
+                    self.keep_first(&buf, out.len, shape, &b.items[0], crop, fields);
                 }
                 for m in &b.items {
+                    out.fields.push(self.reader.field_block(m).to_vec());
                     out.element_ids.push(m.element_id);
                     out.epochs.push(m.epoch);
                     out.positions.push(m.position);
@@ -456,6 +464,7 @@ impl Worker {
         mut shape: [usize; 3],
         m: &crate::ItemMeta,
         crop: Option<Crop>,
+        fields: Vec<u8>,
     ) {
         let per: usize = shape.iter().product();
         let range = at * per..(at + 1) * per;
@@ -484,6 +493,7 @@ impl Worker {
             element_id: m.element_id,
             epoch: m.epoch,
             position: m.position,
+            fields,
         });
     }
 
@@ -516,6 +526,7 @@ impl Worker {
             }
         }
         buf.labels[out.len] = first.label;
+        out.fields.push(first.fields);
         out.element_ids.push(first.element_id);
         out.epochs.push(first.epoch);
         out.positions.push(first.position);

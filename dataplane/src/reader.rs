@@ -53,6 +53,9 @@ pub struct ItemMeta {
     pub offset: u64,
     /// Payload length.
     pub len: u64,
+    /// Length of the small fields' block right after the payload (0: none; see
+    /// [`crate::fields`]).
+    pub fields_len: u64,
 }
 
 /// An element the server failed to load.
@@ -455,9 +458,14 @@ impl RawReader {
         }
         let offset = d.read_u64(base + slot::OFFSET);
         let len = d.read_u64(base + slot::LENGTH);
-        if offset.checked_add(len).is_none_or(|e| e > l.arena_size) {
+        let fields_len = u64::from(d.read_u32(base + slot::FIELDS_LEN));
+        if offset
+            .checked_add(len)
+            .and_then(|e| e.checked_add(fields_len))
+            .is_none_or(|e| e > l.arena_size)
+        {
             return Err(bad(format!(
-                "slot {s} payload {offset}+{len} outside the arena"
+                "slot {s} payload {offset}+{len}+{fields_len} outside the arena"
             )));
         }
         let format = Format::decode(
@@ -482,6 +490,7 @@ impl RawReader {
             format,
             offset: l.arena_offset + offset,
             len,
+            fields_len,
         })
     }
 
@@ -644,6 +653,14 @@ impl RawReader {
             .bytes(item.offset as usize, item.len as usize)
     }
 
+    /// The small fields' block of `item` (zero-copy; empty when it has none): parse it
+    /// with [`crate::fields::parse`]. Valid as long as [`RawReader::bytes`].
+    pub fn field_block(&self, item: &ItemMeta) -> &[u8] {
+        self.maps
+            .data
+            .bytes((item.offset + item.len) as usize, item.fields_len as usize)
+    }
+
     /// A handle that keeps the data mapping alive (not the ring) after this
     /// reader is dropped, so that foreign views never point to unmapped memory.
     pub fn keep_alive(&self) -> DataKeepAlive {
@@ -734,6 +751,11 @@ impl Reader {
     fn bytes(&self, item: &ItemMeta) -> &[u8] {
         self.data.bytes(item.offset as usize, item.len as usize)
     }
+
+    fn field_block(&self, item: &ItemMeta) -> &[u8] {
+        self.data
+            .bytes((item.offset + item.len) as usize, item.fields_len as usize)
+    }
 }
 
 /// A batch borrowed from a [`Reader`]; dropping it acknowledges it.
@@ -750,6 +772,15 @@ pub struct Item<'b> {
     pub meta: ItemMeta,
     /// The payload, zero-copy.
     pub data: &'b [u8],
+    /// The small fields' block, zero-copy (empty when none): see [`Item::fields`].
+    pub field_block: &'b [u8],
+}
+
+impl<'b> Item<'b> {
+    /// The item's small fields (text, JSON, `.npy`, bytes), in name order.
+    pub fn fields(&self) -> Result<Vec<crate::fields::Field<'b>>> {
+        crate::fields::parse(self.field_block)
+    }
 }
 
 impl<'r> Batch<'r> {
@@ -773,6 +804,7 @@ impl<'r> Batch<'r> {
         self.raw.items.iter().map(|m| Item {
             meta: *m,
             data: self.reader.bytes(m),
+            field_block: self.reader.field_block(m),
         })
     }
 

@@ -68,6 +68,9 @@ pub struct SlotMeta {
     pub label: i64,
     /// Payload format.
     pub format: Format,
+    /// Bytes of the small fields' block stored right after the payload (0: none; see
+    /// [`crate::fields`]). The payload given to [`Writer::write_slot_with`] ends with them.
+    pub fields_len: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -341,17 +344,24 @@ impl Writer {
 
     /// Allocates a slot of `len` bytes, lets `fill` write the payload in place
     /// (e.g. a decoder writing straight into shared memory), then publishes it.
+    /// `len` counts the field block of `meta.fields_len` bytes that ends the payload.
     pub fn write_slot_with(
         &self,
         meta: SlotMeta,
         len: u64,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<SlotRef> {
+        let fields_len = u64::from(meta.fields_len);
+        let Some(image_len) = len.checked_sub(fields_len) else {
+            return Err(Error::InvalidConfig(format!(
+                "payload of {len} bytes is shorter than its field block ({fields_len} bytes)"
+            )));
+        };
         if let Some(expected) = meta.format.expected_len()
-            && expected != len
+            && expected != image_len
         {
             return Err(Error::InvalidConfig(format!(
-                "payload of {len} bytes does not match format {:?} ({expected} bytes)",
+                "payload of {image_len} bytes does not match format {:?} ({expected} bytes)",
                 meta.format
             )));
         }
@@ -408,7 +418,8 @@ impl Writer {
         };
         let m = &sh.map;
         m.write_u64(base + slot::OFFSET, offset);
-        m.write_u64(base + slot::LENGTH, len);
+        m.write_u64(base + slot::LENGTH, image_len);
+        m.write_u32(base + slot::FIELDS_LEN, meta.fields_len);
         m.write_u32(base + slot::ELEMENT_ID, meta.element_id);
         m.write_u32(base + slot::FORMAT, meta.format.code());
         m.write_u32(base + slot::HEIGHT, h);

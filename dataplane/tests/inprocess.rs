@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use common::*;
-use dataplane::{Error, Reader, ReaderStatus, SegmentConfig, Writer};
+use dataplane::{Error, Reader, ReaderStatus, SegmentConfig, SlotMeta, Writer};
 
 /// Timeouts for data that is already there or about to be: generous, because reaching one is a
 /// failure of the code, never something a test waits out (tests wait for states, not times).
@@ -497,6 +497,7 @@ fn allocation_failures_are_errors() {
 
 fn raw(id: u32) -> dataplane::SlotMeta {
     dataplane::SlotMeta {
+        fields_len: 0,
         element_id: id,
         label: 0,
         format: dataplane::Format::Raw,
@@ -544,4 +545,57 @@ fn handles_can_move_between_threads() {
     send::<Reader>();
     send::<dataplane::RawReader>();
     sync::<dataplane::RawReader>();
+}
+
+/// An image followed by its small fields' block, as the server's Loader writes it.
+fn write_with_fields(w: &Writer, id: u32, caption: &str) -> dataplane::SlotRef {
+    let fields = [dataplane::fields::Field {
+        name: "caption",
+        kind: dataplane::fields::FieldKind::Text,
+        flags: 0,
+        value: caption.as_bytes(),
+    }];
+    let mut payload = pattern(id, 4 * 5 * 3);
+    dataplane::fields::encode(&fields, &mut payload);
+    let meta = SlotMeta {
+        fields_len: dataplane::fields::encoded_len(&fields) as u32,
+        ..image_meta(id, 4, 5)
+    };
+    w.write_slot(meta, &payload).unwrap()
+}
+
+#[test]
+fn small_fields_travel_after_the_image() {
+    let w = writer("fields", 8, 1 << 20);
+    let mut ring = w.create_ring("f-r0", 8).unwrap();
+    let with = write_with_fields(&w, 0, "un chat");
+    let without = write_image(&w, 1, 4, 5);
+    ring.push_data(with, 0, 0).unwrap();
+    ring.push_data(without, 0, 1).unwrap();
+    let reader = Reader::open(w.instance(), "f-r0").unwrap();
+    let batch = reader.next_batch(2, T).unwrap();
+    let items: Vec<_> = batch.items().collect();
+    // The image is the payload alone, whatever follows it; collation is unchanged.
+    assert_eq!(items[0].data, &pattern(0, 60)[..]);
+    assert_eq!(items[0].meta.len, 60);
+    let f = items[0].fields().unwrap();
+    assert_eq!(f.len(), 1);
+    assert_eq!((f[0].name, f[0].value), ("caption", "un chat".as_bytes()));
+    assert!(items[1].field_block.is_empty() && items[1].fields().unwrap().is_empty());
+    assert_eq!(batch.collate().unwrap().shape, [2, 4, 5, 3]);
+    reader.ack(batch);
+    assert_eq!(ring.poll_acks().unwrap(), vec![with, without]);
+    // Stored once, freed with the image: the arena holds nothing after.
+    w.free_slot(with).unwrap();
+    w.free_slot(without).unwrap();
+    assert_eq!(w.arena_stats().allocations, 0);
+    // A block longer than the payload is refused.
+    let meta = SlotMeta {
+        fields_len: 100,
+        ..image_meta(2, 4, 5)
+    };
+    assert_eq!(
+        w.write_slot(meta, &pattern(2, 60)).unwrap_err().code(),
+        "invalid_config"
+    );
 }

@@ -286,3 +286,50 @@ fn the_prefetch_threads_cpu_time_lands_in_named_stages() {
         assert!(worked("collate") && worked("wait"), "{tag}: {stages:?}");
     }
 }
+
+#[test]
+fn fields_are_copied_out_and_padding_repeats_them() {
+    let w = writer("pffields", 32, 1 << 20);
+    let mut ring = w.create_ring("job-r1", 32).unwrap();
+    let mut blocks = Vec::new();
+    for i in 0..3u32 {
+        let caption = format!("caption {i}");
+        let fields = [dataplane::fields::Field {
+            name: "caption",
+            kind: dataplane::fields::FieldKind::Text,
+            flags: 0,
+            value: caption.as_bytes(),
+        }];
+        let mut payload = pattern(i, 144);
+        let mut block = Vec::new();
+        dataplane::fields::encode(&fields, &mut block);
+        payload.extend_from_slice(&block);
+        let meta = dataplane::SlotMeta {
+            fields_len: block.len() as u32,
+            ..image_meta(i, 6, 8)
+        };
+        let s = w.write_slot(meta, &payload).unwrap();
+        ring.push_data(s, 0, u64::from(i)).unwrap();
+        blocks.push(block);
+    }
+    ring.push_end_of_epoch(0, 3).unwrap();
+    ring.push_end_of_stream().unwrap();
+    let reader = RawReader::open(w.instance(), "job-r1", LONG).unwrap();
+    let cfg = PrefetchConfig {
+        pad_to: Some(4),
+        ..config(2)
+    };
+    let mut p = Prefetcher::start(reader, cfg).unwrap();
+    let mut got = Vec::new();
+    while let Some(b) = p.next(Some(LONG)).unwrap() {
+        assert_eq!(b.fields.len(), b.len);
+        for (k, block) in b.fields.iter().enumerate() {
+            got.push((b.element_ids[k], block.clone()));
+        }
+    }
+    let want: Vec<_> = [0u32, 1, 2, 0]
+        .iter()
+        .map(|&i| (i, blocks[i as usize].clone()))
+        .collect();
+    assert_eq!(got, want);
+}

@@ -21,15 +21,69 @@ impl ElementSource for IndexSource {
     fn label(&self, element: u32) -> i64 {
         self.0.label(element).unwrap_or(-1)
     }
+
+    fn split(&self, element: u32, stored: Vec<u8>) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
+        split(&self.0, element, stored)
+    }
+}
+
+/// An element's stored bytes as its image and its small fields' block (`dataplane::fields`).
+fn split(
+    index: &DatasetIndex,
+    element: u32,
+    stored: Vec<u8>,
+) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
+    if !index.has_small_fields() {
+        return Ok((stored, Vec::new()));
+    }
+    let sample = index.split(element, stored).map_err(|e| failure(&e))?;
+    // The block stores each value's length in 32 bits (names are short by declaration).
+    if let Some(f) = sample
+        .fields
+        .iter()
+        .find(|f| u32::try_from(f.value.len()).is_err())
+    {
+        return Err(LoadFailure {
+            code: element_error::TOO_LARGE,
+            kind: "too_large".into(),
+            message: format!(
+                "field `{}` holds {} bytes: at most 4 GiB",
+                f.name,
+                f.value.len()
+            ),
+        });
+    }
+    let fields: Vec<dataplane::fields::Field<'_>> = sample
+        .fields
+        .iter()
+        .map(|f| dataplane::fields::Field {
+            name: &f.name,
+            kind: match f.kind {
+                storage::fields::FieldKind::Text => dataplane::fields::FieldKind::Text,
+                storage::fields::FieldKind::Json => dataplane::fields::FieldKind::Json,
+                storage::fields::FieldKind::Npy => dataplane::fields::FieldKind::Npy,
+                _ => dataplane::fields::FieldKind::Bytes,
+            },
+            flags: if f.fixed_shape {
+                dataplane::fields::FIXED_SHAPE
+            } else {
+                0
+            },
+            value: &f.value,
+        })
+        .collect();
+    let mut block = Vec::with_capacity(dataplane::fields::encoded_len(&fields));
+    dataplane::fields::encode(&fields, &mut block);
+    Ok((sample.image, block))
 }
 
 /// An element's storage error as the element error clients receive in its place.
 fn failure(e: &StorageError) -> LoadFailure {
     LoadFailure {
-        code: if e.code() == "not_found" {
-            element_error::NOT_FOUND
-        } else {
-            element_error::IO
+        code: match e.code() {
+            "not_found" => element_error::NOT_FOUND,
+            "bad_field" => element_error::BAD_FIELD,
+            _ => element_error::IO,
         },
         kind: e.code().to_string(),
         message: e.to_string(),
@@ -117,7 +171,10 @@ pub fn check_source(
                 None => Err(no_object_store(url)),
             }
         }
-        _ => spec.check_roots(roots),
+        _ => {
+            spec.check_fields()?;
+            spec.check_roots(roots)
+        }
     }
 }
 
@@ -215,6 +272,7 @@ impl Prepare for PipelinePrepare {
                 bytes: Vec::new(),
                 format,
                 placed: Some(placed?),
+                fields_len: 0,
             }),
             None => decoded.finish().map(prepared).map_err(pipeline_failure),
         }

@@ -8,6 +8,7 @@ mod common;
 mod decode;
 mod deploy;
 mod disk_tier;
+mod fields;
 mod flow;
 mod layers;
 mod observability;

@@ -253,7 +253,20 @@ fn damaged_parquet_files_and_rows_are_errors_and_the_server_lives_on() {
     let state = TempDir::new("parquet_bad_state");
     let server = TestServer::start(&unique_instance("parquet_bad"), &state.0, &root.0, &[]);
 
-    // A field kind not supported yet is refused with the error model, naming the field.
+    // A declaration that cannot be followed is refused with the error model, naming the
+    // field; a field whose column the files lack fails the indexing, naming both.
+    let (status, body) = create(
+        &server,
+        "shaped",
+        json!({"kind": "parquet", "paths": [root.0.join("pq")], "fields": {
+            "image": {"kind": "image"}, "caption": {"kind": "text", "shape": [2]}}}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    assert!(
+        body.to_string().contains("field `caption`"),
+        "the error names the field: {body}"
+    );
     let (status, body) = create(
         &server,
         "captions",
@@ -261,11 +274,15 @@ fn damaged_parquet_files_and_rows_are_errors_and_the_server_lives_on() {
             "image": {"kind": "image"}, "label": {"kind": "class"},
             "caption": {"kind": "text", "from": "text"}}}),
     );
-    assert_eq!(status, 400, "{body}");
-    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    assert_eq!(status, 202, "{body}");
+    let captions = settled(&server, "captions");
+    assert_eq!(captions["state"], "failed", "{captions}");
     assert!(
-        body.to_string().contains("field `caption`"),
-        "the error names the field: {body}"
+        captions["error"]
+            .as_str()
+            .unwrap()
+            .contains("field `caption`: no column `text`"),
+        "{captions}"
     );
     // Paths outside the allowed roots are refused before indexing.
     let (status, body) = create(

@@ -17,7 +17,7 @@ use crossbeam_channel::{Sender, unbounded};
 use dataplane::stages::{self, server::LOADER, server::READ};
 use dataplane::{SlotMeta, SlotRef, Writer};
 
-use super::messages::{Load, LoadFailure, Loaded, Place};
+use super::messages::{Load, LoadFailure, Loaded, Place, Prepared};
 use super::stats::CacheStats;
 
 /// How much nicer (lower priority) than the process the decode workers run, on Linux (one
@@ -107,44 +107,42 @@ fn run_load(
     let label = load.source.label(load.element);
     let (read, store_bytes) = fetched.unwrap_or_else(|| (load.source.read(load.element), 0));
     drop(read_stage);
-    let (results, bytes_read) = match read {
-        Ok(bytes) => {
-            let results = load
-                .pipelines
-                .iter()
-                .map(|(id, p)| {
-                    // The pipeline charges its decode and resize itself; a raw pipeline's
-                    // copy of the bytes counts as reading them.
-                    let _raw = if p.decodes() {
-                        stats.decodes.fetch_add(1, Relaxed);
-                        None
-                    } else {
-                        Some(stages::enter(&READ))
-                    };
-                    let prepared = match writer.upgrade() {
-                        Some(writer) => {
-                            let mut place = SlotPlace {
-                                writer: &writer,
-                                element: load.element,
-                                label,
-                                stats,
-                            };
-                            p.prepare_placed(&bytes, &mut place)
-                        }
-                        None => p.prepare(&bytes),
-                    };
-                    (*id, prepared)
-                })
-                .collect();
-            (results, bytes.len() as u64)
-        }
-        Err(e) => (
-            load.pipelines
-                .iter()
-                .map(|(id, _)| (*id, Err(e.clone())))
-                .collect(),
-            0,
-        ),
+    let bytes_read = read.as_ref().map_or(0, |b| b.len() as u64);
+    let split = read.and_then(|stored| load.source.split(load.element, stored));
+    let results = match split {
+        Ok((bytes, fields)) => load
+            .pipelines
+            .iter()
+            .map(|(id, p)| {
+                // The pipeline charges its decode and resize itself; a raw pipeline's
+                // copy of the bytes counts as reading them.
+                let _raw = if p.decodes() {
+                    stats.decodes.fetch_add(1, Relaxed);
+                    None
+                } else {
+                    Some(stages::enter(&READ))
+                };
+                let prepared = match writer.upgrade() {
+                    Some(writer) => {
+                        let mut place = SlotPlace {
+                            writer: &writer,
+                            element: load.element,
+                            label,
+                            fields: &fields,
+                            stats,
+                        };
+                        p.prepare_placed(&bytes, &mut place)
+                    }
+                    None => p.prepare(&bytes),
+                };
+                (*id, prepared.and_then(|p| with_fields(p, &fields)))
+            })
+            .collect(),
+        Err(e) => load
+            .pipelines
+            .iter()
+            .map(|(id, _)| (*id, Err(e.clone())))
+            .collect(),
     };
     stats.loads.fetch_add(1, Relaxed);
     stats.bytes_read.fetch_add(bytes_read, Relaxed);
@@ -163,6 +161,20 @@ fn run_load(
     }
 }
 
+/// A prepared element with its small fields: a placed one has them already (its
+/// [`SlotPlace`] wrote them), bytes for the Cache get them appended.
+fn with_fields(mut p: Prepared, fields: &[u8]) -> Result<Prepared, LoadFailure> {
+    if p.placed.is_none() && !fields.is_empty() {
+        p.fields_len = u32::try_from(fields.len()).map_err(|_| LoadFailure {
+            code: dataplane::element_error::TOO_LARGE,
+            kind: "too_large".into(),
+            message: format!("the element's fields take {} bytes", fields.len()),
+        })?;
+        p.bytes.extend_from_slice(fields);
+    }
+    Ok(p)
+}
+
 /// A loader thread's place for one element: a new slot of the segment, taken only while the
 /// Cache has no payload waiting for room (when memory is short the Cache decides what is
 /// evicted for what; the Cache keeps some room free for these writes otherwise).
@@ -170,6 +182,8 @@ struct SlotPlace<'a> {
     writer: &'a Writer,
     element: u32,
     label: i64,
+    /// The element's small fields' block, written after the payload.
+    fields: &'a [u8],
     stats: &'a CacheStats,
 }
 
@@ -183,16 +197,20 @@ impl Place for SlotPlace<'_> {
         if self.stats.waiting_for_space.load(Relaxed) > 0 {
             return None;
         }
+        let fields_len = u32::try_from(self.fields.len()).ok()?;
         let meta = SlotMeta {
             element_id: self.element,
             label: self.label,
             format,
+            fields_len,
         };
         let mut filled = Ok(());
-        match self
-            .writer
-            .write_slot_with(meta, len, |buf| filled = fill(buf))
-        {
+        let (fields, total) = (self.fields, len + u64::from(fields_len));
+        match self.writer.write_slot_with(meta, total, |buf| {
+            let (payload, block) = buf.split_at_mut(buf.len() - fields.len());
+            block.copy_from_slice(fields);
+            filled = fill(payload);
+        }) {
             Ok(slot) => match filled {
                 Ok(()) => Some(Ok(slot)),
                 Err(e) => {
@@ -401,5 +419,119 @@ mod tests {
             4,
             "two pipelines for each element that was read"
         );
+    }
+
+    /// A source whose elements carry a small fields' block (`element` 5's is malformed).
+    struct WithFields;
+    impl ElementSource for WithFields {
+        fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure> {
+            Ok([element.to_le_bytes().to_vec(), b"|fields".to_vec()].concat())
+        }
+        fn label(&self, _: u32) -> i64 {
+            0
+        }
+        fn split(&self, element: u32, stored: Vec<u8>) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
+            if element == 5 {
+                return Err(LoadFailure {
+                    code: dataplane::element_error::BAD_FIELD,
+                    kind: "bad_field".into(),
+                    message: "field `caption` is not UTF-8 text".into(),
+                });
+            }
+            Ok((stored[..4].to_vec(), stored[4..].to_vec()))
+        }
+    }
+
+    /// Writes the stored bytes into a slot the place gives (or as bytes without one).
+    struct Placing;
+    impl Prepare for Placing {
+        fn prepare(&self, bytes: &[u8]) -> Result<Prepared, LoadFailure> {
+            Ok(Prepared::bytes(bytes.to_vec(), dataplane::Format::Raw))
+        }
+        fn prepare_placed(
+            &self,
+            bytes: &[u8],
+            place: &mut dyn Place,
+        ) -> Result<Prepared, LoadFailure> {
+            let mut fill = |dst: &mut [u8]| {
+                dst.copy_from_slice(bytes);
+                Ok(())
+            };
+            match place.place(dataplane::Format::Raw, bytes.len() as u64, &mut fill) {
+                Some(slot) => Ok(Prepared {
+                    bytes: Vec::new(),
+                    format: dataplane::Format::Raw,
+                    placed: Some(slot?),
+                    fields_len: 0,
+                }),
+                None => self.prepare(bytes),
+            }
+        }
+        fn decodes(&self) -> bool {
+            true
+        }
+    }
+
+    #[actix::test]
+    async fn fields_follow_the_image_placed_or_as_bytes() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let capture = Capture(got.clone()).start();
+        let stats = Arc::new(CacheStats::default());
+        let mut cfg =
+            dataplane::SegmentConfig::new(format!("ldfields_{}", std::process::id()), 8, 1 << 20);
+        cfg.reserve = false;
+        let writer = Arc::new(Writer::create(&cfg).unwrap());
+        let loader =
+            Loader::placing(1, capture.recipient(), stats, Arc::downgrade(&writer)).start();
+        let source: Arc<dyn ElementSource> = Arc::new(WithFields);
+        for element in [2u32, 5] {
+            loader
+                .send(Load {
+                    dataset: 0,
+                    element,
+                    source: source.clone(),
+                    pipelines: vec![
+                        (0, Arc::new(Placing) as Arc<dyn Prepare>),
+                        (1, Arc::new(Twice)),
+                    ],
+                })
+                .await
+                .unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while got.lock().unwrap().len() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the loader did not answer"
+            );
+            actix::clock::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let mut got = got.lock().unwrap().clone();
+        got.sort_by_key(|l| l.element);
+        // Placed: the slot holds the image, its meta the block's length after it.
+        let placed = got[0].results[0].1.as_ref().unwrap();
+        let slot = placed.placed.expect("placed");
+        assert_eq!(writer.slot_meta(slot).unwrap().fields_len, 7);
+        let arena = writer.arena_stats();
+        assert_eq!(
+            (arena.allocations, arena.size - arena.free),
+            (1, 64),
+            "4 + 7 bytes, one block"
+        );
+        // As bytes for the Cache: the prepared image, then the block.
+        let bytes = got[0].results[1].1.as_ref().unwrap();
+        assert_eq!(
+            bytes.bytes,
+            [
+                2, 0, 0, 0, 2, 0, 0, 0, b'|', b'f', b'i', b'e', b'l', b'd', b's'
+            ]
+        );
+        assert_eq!(bytes.fields_len, 7);
+        assert_eq!(got[0].bytes_read, 11);
+        // A malformed field fails the element for every pipeline.
+        for (_, r) in &got[1].results {
+            assert_eq!(r.as_ref().unwrap_err().kind, "bad_field");
+        }
+        writer.free_slot(slot).unwrap();
     }
 }

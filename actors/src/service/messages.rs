@@ -32,9 +32,13 @@ pub struct LoadFailure {
 /// thread already wrote it into (then `bytes` is empty).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prepared {
+    /// The payload, ending with the element's field block of `fields_len` bytes.
     pub bytes: Vec<u8>,
     pub format: dataplane::Format,
     pub placed: Option<dataplane::SlotRef>,
+    /// The small fields' block that ends `bytes` (or the placed slot), 0 when none
+    /// (`dataplane::fields`).
+    pub fields_len: u32,
 }
 
 impl Prepared {
@@ -44,6 +48,7 @@ impl Prepared {
             bytes,
             format,
             placed: None,
+            fields_len: 0,
         }
     }
 }
@@ -69,6 +74,15 @@ pub type Fetched = Box<dyn FnOnce(Result<Vec<u8>, LoadFailure>, u64) + Send>;
 pub trait ElementSource: Send + Sync {
     fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure>;
     fn label(&self, element: u32) -> i64;
+
+    /// Splits what [`ElementSource::read`] (or `fetch`) gave into the image's stored bytes
+    /// and the block of the element's small fields (`dataplane::fields`; empty when the
+    /// dataset declares none), checking each field: a missing or malformed one is the
+    /// element's failure. By default, the bytes are the image and there is no field.
+    fn split(&self, element: u32, stored: Vec<u8>) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
+        let _ = element;
+        Ok((stored, Vec::new()))
+    }
 
     /// True for a source whose reads wait on the network (an object store): the Loader
     /// then asks [`ElementSource::fetch`] instead of reading on a decode thread, so that a

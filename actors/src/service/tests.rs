@@ -158,6 +158,7 @@ impl Prepare for Identity {
                 bytes: Vec::new(),
                 format: dataplane::Format::Raw,
                 placed: Some(slot?),
+                fields_len: 0,
             }),
             None => self.prepare(bytes),
         }

@@ -1,9 +1,14 @@
-//! The fields of a sample, as a source declares them: `"fields": {"image": {"kind":
-//! "image", "from": "img"}, "label": {"kind": "class", "from": "label"}}`, where `from` names
-//! a column (`parquet`). The shape is the one every source kind will share; what a sample
-//! delivers today is one image and one class, so a declaration naming another kind (`text`,
-//! `json`, `npy`, `bytes`) is refused when the request is read (a 400 naming the field),
-//! never ignored.
+//! The fields of a sample, as a source declares them, the same for every source kind:
+//! `"fields": {"image": {"kind": "image", "from": "jpg;jpeg;png;webp"}, "caption": {"kind":
+//! "text", "from": "txt"}, "label": {"kind": "class", "from": "cls"}}`, where `from` names
+//! member extensions (`tar_shards`, `;`-separated), a column (`manifest` CSV, `parquet`) or a
+//! key (`manifest` JSON lines).
+//!
+//! A sample is one `image` field, at most one `class` field (its integer label; without one
+//! every label is 0), and any number of small fields (`text`, `json`, `npy`, `bytes`) that
+//! travel with the decoded image in its slot (`dataplane/DESIGN.md`, "Fields"). Their values
+//! are checked when the element is loaded ([`check_value`]): a value that is not what its
+//! kind says is the element's error, never a panic.
 
 use std::collections::BTreeMap;
 
@@ -18,18 +23,18 @@ pub enum FieldKind {
     Image,
     /// An integer class.
     Class,
-    /// UTF-8 text (not supported yet).
+    /// UTF-8 text.
     Text,
-    /// A JSON document (not supported yet).
+    /// A JSON document.
     Json,
-    /// A NumPy array stored as `.npy` (not supported yet).
+    /// A NumPy array stored as `.npy` (format 1.0, 2.0 or 3.0).
     Npy,
-    /// Bytes passed through (not supported yet).
+    /// Bytes passed through.
     Bytes,
 }
 
 impl FieldKind {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             FieldKind::Image => "image",
             FieldKind::Class => "class",
@@ -39,6 +44,11 @@ impl FieldKind {
             FieldKind::Bytes => "bytes",
         }
     }
+
+    /// True for the kinds stored beside the image (not `image`, not `class`).
+    pub fn is_small(self) -> bool {
+        !matches!(self, FieldKind::Image | FieldKind::Class)
+    }
 }
 
 /// One declared field.
@@ -47,10 +57,16 @@ impl FieldKind {
 #[serde(deny_unknown_fields)]
 pub struct FieldSpec {
     pub kind: FieldKind,
-    /// Where the field comes from: a column name (`parquet`). Default: chosen by the source
-    /// (see the source kind).
+    /// Where the field comes from: member extensions separated by `;` (`tar_shards`), a
+    /// column or key (`manifest`, `parquet`). Default: `jpg;jpeg;png;webp` (tar) or `path`
+    /// (manifest) for the image, `cls` (tar) or `label` for the class, else the field's
+    /// name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
+    /// `npy` only: the shape every value has. Values of another shape are element errors,
+    /// and clients stack the field's values of a batch into one array.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<u64>>,
 }
 
 /// A sample's declared fields, by name: one `image` field and at most one `class` field
@@ -61,6 +77,11 @@ pub struct FieldSpec {
     into = "BTreeMap<String, FieldSpec>"
 )]
 pub struct Fields(BTreeMap<String, FieldSpec>);
+
+/// Longest field name (the slot's field directory stores it in one byte).
+pub const MAX_NAME_LEN: usize = 255;
+/// Most fields a sample declares (the slot's field directory counts them in 16 bits).
+pub const MAX_FIELDS: usize = 1024;
 
 impl Fields {
     /// The `from` of the field of `kind`, if one is declared: `Some(None)` when the field is
@@ -76,22 +97,51 @@ impl Fields {
     pub fn has(&self, kind: FieldKind) -> bool {
         self.0.values().any(|f| f.kind == kind)
     }
+
+    /// Every declared field, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &FieldSpec)> {
+        self.0.iter().map(|(n, f)| (n.as_str(), f))
+    }
+
+    /// The small fields (stored beside the image), in name order: the order of their
+    /// values in [`crate::Sample::fields`].
+    pub fn small(&self) -> impl Iterator<Item = (&str, &FieldSpec)> {
+        self.iter().filter(|(_, f)| f.kind.is_small())
+    }
+
+    /// The first small field of a kind outside `supported`, for a source kind that cannot
+    /// hold it.
+    pub fn unsupported(&self, supported: &[FieldKind]) -> Option<(&str, FieldKind)> {
+        self.small()
+            .find(|(_, f)| !supported.contains(&f.kind))
+            .map(|(n, f)| (n, f.kind))
+    }
 }
 
 impl TryFrom<BTreeMap<String, FieldSpec>> for Fields {
     type Error = String;
 
     fn try_from(fields: BTreeMap<String, FieldSpec>) -> Result<Self, String> {
+        if fields.len() > MAX_FIELDS {
+            return Err(format!(
+                "{} fields: declare at most {MAX_FIELDS}",
+                fields.len()
+            ));
+        }
         for (name, f) in &fields {
-            if !matches!(f.kind, FieldKind::Image | FieldKind::Class) {
+            if name.is_empty() || name.len() > MAX_NAME_LEN {
                 return Err(format!(
-                    "field `{name}`: fields of kind `{}` are not supported yet; a sample is \
-                     one `image` field and one `class` field for now",
-                    f.kind.name()
+                    "field name `{name}`: a name is 1 to {MAX_NAME_LEN} bytes"
                 ));
             }
-            if f.from.as_deref().is_some_and(str::is_empty) {
+            if f.from.as_deref().is_some_and(|s| s.trim().is_empty()) {
                 return Err(format!("field `{name}`: `from` is empty"));
+            }
+            if f.shape.is_some() && f.kind != FieldKind::Npy {
+                return Err(format!(
+                    "field `{name}`: `shape` is for fields of kind `npy`, not `{}`",
+                    f.kind.name()
+                ));
             }
         }
         for kind in [FieldKind::Image, FieldKind::Class] {
@@ -106,11 +156,6 @@ impl TryFrom<BTreeMap<String, FieldSpec>> for Fields {
         if !fields.values().any(|f| f.kind == FieldKind::Image) {
             return Err("no field of kind `image`: a sample needs one".into());
         }
-        if !fields.values().any(|f| f.kind == FieldKind::Class) {
-            return Err(
-                "no field of kind `class`: a sample is one image and one class for now".into(),
-            );
-        }
         Ok(Fields(fields))
     }
 }
@@ -118,5 +163,208 @@ impl TryFrom<BTreeMap<String, FieldSpec>> for Fields {
 impl From<Fields> for BTreeMap<String, FieldSpec> {
     fn from(f: Fields) -> Self {
         f.0
+    }
+}
+
+/// Checks that `value` is what a field of `spec` holds: UTF-8 (`text`), a JSON document
+/// (`json`), an `.npy` with a valid header (`npy`, of the declared shape if any). The error
+/// says what is wrong, for the element's error record.
+pub fn check_value(spec: &FieldSpec, value: &[u8]) -> Result<(), String> {
+    match spec.kind {
+        FieldKind::Text => std::str::from_utf8(value)
+            .map(drop)
+            .map_err(|e| format!("not UTF-8 text ({e})")),
+        FieldKind::Json => serde_json::from_slice::<serde::de::IgnoredAny>(value)
+            .map(drop)
+            .map_err(|e| format!("not a JSON document ({e})")),
+        FieldKind::Npy => {
+            let shape = npy_shape(value)?;
+            match &spec.shape {
+                Some(want) if *want != shape => Err(format!(
+                    "an array of shape {shape:?}, but the field declares {want:?}"
+                )),
+                _ => Ok(()),
+            }
+        }
+        FieldKind::Bytes | FieldKind::Image | FieldKind::Class => Ok(()),
+    }
+}
+
+/// The shape of an `.npy` (format 1.0 to 3.0), once its header is checked: the magic, a
+/// header dict with `descr`, `fortran_order` and `shape`, and data of the size they give.
+pub fn npy_shape(b: &[u8]) -> Result<Vec<u64>, String> {
+    let bad = |why: &str| Err(format!("a bad .npy header: {why}"));
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return bad("no \\x93NUMPY magic");
+    }
+    let (hlen, start): (usize, usize) = match b[6] {
+        1 => (usize::from(u16::from_le_bytes([b[8], b[9]])), 10),
+        2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+        v => return bad(&format!("unknown format version {v}")),
+    };
+    let Some(header) = b.get(start..start.saturating_add(hlen)) else {
+        return bad("the header runs past the end");
+    };
+    let Ok(header) = std::str::from_utf8(header) else {
+        return bad("the header is not text");
+    };
+    let value = |key: &str| -> Option<&str> {
+        let at = header.find(&format!("'{key}'"))? + key.len() + 2;
+        let rest = header[at..].trim_start().strip_prefix(':')?.trim_start();
+        Some(rest)
+    };
+    let Some(descr) = value("descr").and_then(|r| {
+        let r = r.strip_prefix('\'')?;
+        Some(&r[..r.find('\'')?])
+    }) else {
+        return bad("no 'descr'");
+    };
+    let item = match descr.get(1..).and_then(|s| {
+        let (kind, size) = s.split_at(s.find(|c: char| c.is_ascii_digit())?);
+        Some((kind, size.parse::<u64>().ok()?))
+    }) {
+        Some((k, size)) if ["b", "i", "u", "f", "c", "?"].contains(&k) && size > 0 => size,
+        _ => return bad(&format!("unsupported dtype {descr:?}")),
+    };
+    if value("fortran_order").is_none() {
+        return bad("no 'fortran_order'");
+    }
+    let Some(shape) = value("shape").and_then(|r| {
+        let r = r.strip_prefix('(')?;
+        Some(&r[..r.find(')')?])
+    }) else {
+        return bad("no 'shape'");
+    };
+    let dims: Result<Vec<u64>, _> = shape
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::parse::<u64>)
+        .collect();
+    let Ok(dims) = dims else {
+        return bad(&format!("shape ({shape}) is not a tuple of integers"));
+    };
+    let data = dims
+        .iter()
+        .try_fold(item, |n, &d| n.checked_mul(d))
+        .and_then(|n| n.checked_add((start + hlen) as u64));
+    if data != Some(b.len() as u64) {
+        return bad(&format!(
+            "shape {dims:?} of {descr} needs {} bytes of data, the file has {}",
+            data.map_or_else(
+                || "too many".into(),
+                |d| (d - (start + hlen) as u64).to_string()
+            ),
+            b.len().saturating_sub(start + hlen)
+        ));
+    }
+    Ok(dims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn npy(header: &str, data: usize) -> Vec<u8> {
+        let mut h = header.to_owned();
+        while !(10 + h.len() + 1).is_multiple_of(64) {
+            h.push(' ');
+        }
+        h.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        b.extend_from_slice(h.as_bytes());
+        b.extend(std::iter::repeat_n(0u8, data));
+        b
+    }
+
+    #[test]
+    fn npy_headers() {
+        let ok = npy(
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+            24,
+        );
+        assert_eq!(npy_shape(&ok).unwrap(), [2, 3]);
+        let scalar = npy("{'descr': '|u1', 'fortran_order': False, 'shape': (), }", 1);
+        assert_eq!(npy_shape(&scalar).unwrap(), Vec::<u64>::new());
+        let one = npy(
+            "{'descr': '<i8', 'fortran_order': False, 'shape': (4,), }",
+            32,
+        );
+        assert_eq!(npy_shape(&one).unwrap(), [4]);
+        for (bad, says) in [
+            (b"not an npy at all".to_vec(), "magic"),
+            (
+                npy(
+                    "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                    20,
+                ),
+                "needs 24 bytes of data, the file has 20",
+            ),
+            (
+                npy(
+                    "{'descr': 'O', 'fortran_order': False, 'shape': (2,), }",
+                    16,
+                ),
+                "unsupported dtype",
+            ),
+            (npy("{'descr': '<f4', 'shape': (2,), }", 8), "fortran_order"),
+            (ok[..12].to_vec(), "past the end"),
+        ] {
+            let e = npy_shape(&bad).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        }
+        let spec = |shape: Option<Vec<u64>>| FieldSpec {
+            kind: FieldKind::Npy,
+            from: None,
+            shape,
+        };
+        assert!(check_value(&spec(Some(vec![2, 3])), &ok).is_ok());
+        assert!(
+            check_value(&spec(Some(vec![3, 2])), &ok)
+                .unwrap_err()
+                .contains("declares [3, 2]")
+        );
+    }
+
+    #[test]
+    fn text_and_json_values() {
+        let text = FieldSpec {
+            kind: FieldKind::Text,
+            from: None,
+            shape: None,
+        };
+        assert!(check_value(&text, "un chat".as_bytes()).is_ok());
+        assert!(
+            check_value(&text, b"\xff\xfe")
+                .unwrap_err()
+                .contains("UTF-8")
+        );
+        let json = FieldSpec {
+            kind: FieldKind::Json,
+            ..text
+        };
+        assert!(check_value(&json, br#"{"a": [1, 2]}"#).is_ok());
+        assert!(check_value(&json, b"{nope").unwrap_err().contains("JSON"));
+    }
+
+    #[test]
+    fn declarations() {
+        let parse = |v: serde_json::Value| serde_json::from_value::<Fields>(v).map(drop);
+        assert!(parse(serde_json::json!({"img": {"kind": "image"}})).is_ok());
+        let e = parse(serde_json::json!({"c": {"kind": "text"}})).unwrap_err();
+        assert!(e.to_string().contains("no field of kind `image`"), "{e}");
+        let e =
+            parse(serde_json::json!({"i": {"kind": "image"}, "t": {"kind": "text", "shape": [2]}}))
+                .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`shape` is for fields of kind `npy`"),
+            "{e}"
+        );
+        let e =
+            parse(serde_json::json!({"i": {"kind": "image"}, "t": {"kind": "text", "from": " "}}))
+                .unwrap_err();
+        assert!(e.to_string().contains("`from` is empty"), "{e}");
     }
 }

@@ -72,6 +72,7 @@ fn manifests_never_panic() {
                 &text,
                 SourceSpec::Manifest {
                     path: dir.0.join("m.csv"),
+                    fields: None,
                 },
             );
             index_as(
@@ -80,6 +81,7 @@ fn manifests_never_panic() {
                 &text,
                 SourceSpec::Manifest {
                     path: dir.0.join("m.jsonl"),
+                    fields: None,
                 },
             );
         });
@@ -123,7 +125,33 @@ fn tar_shards_never_panic() {
                 &bytes,
                 SourceSpec::TarShards {
                     paths: vec![dir.0.join("shard.tar")],
+                    fields: None,
                 },
             );
+        });
+}
+
+/// `.npy` headers come from the dataset's files: any bytes give a shape or an error, never a
+/// panic, and a shape accepted is one whose data the bytes hold exactly.
+#[test]
+fn npy_headers_never_panic() {
+    let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+    let mut seed = b"\x93NUMPY\x01\x00".to_vec();
+    seed.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    seed.extend_from_slice(header.as_bytes());
+    seed.extend(std::iter::repeat_n(0u8, 24));
+    check!()
+        .with_type::<(Vec<(u8, u8)>, u8)>()
+        .with_iterations(ITERATIONS)
+        .for_each(|(edits, cut)| {
+            let mut bytes = seed.clone();
+            for &(at, v) in edits {
+                let n = bytes.len();
+                bytes[usize::from(at) % n] = v;
+            }
+            bytes.truncate(bytes.len() - usize::from(*cut) % 8);
+            if let Ok(shape) = crate::fields::npy_shape(&bytes) {
+                assert!(shape.iter().product::<u64>() <= bytes.len() as u64);
+            }
         });
 }

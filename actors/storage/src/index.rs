@@ -12,8 +12,12 @@
 //!   the dataset's read state (`parquet/reader.rs`: kept with the index that the Loader reads
 //!   through, never persisted nor compared).
 //!
+//! - small fields (a source with `fields`): their declaration, and a manifest's values in one
+//!   arena with an end offset per item and field ([`SampleFields`]).
+//!
 //! Persisted with [`DatasetIndex::to_bytes`]: a magic tag naming the format's version, then
-//! the columns in postcard (varints; the arena as one byte string).
+//! the columns in postcard (varints; the arena as one byte string). Version 3 added the
+//! small fields; a version-2 index reads back without them.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -21,10 +25,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::fields::Fields;
 use super::parquet::RowsInfo;
 
-/// The first bytes of a persisted index; the last one is the format's version.
-const MAGIC: &[u8; 8] = b"JOADIDX\x02";
+/// The first bytes of a persisted index; the last one is the format's version (3: with
+/// [`SampleFields`]; version 2, the same without them, still reads back).
+const MAGIC: &[u8; 8] = b"JOADIDX\x03";
+const MAGIC_V2: &[u8; 8] = b"JOADIDX\x02";
 
 /// The result of indexing a source: items in a deterministic order (item id = position).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -36,6 +43,99 @@ pub struct DatasetIndex {
     /// The shard files of `Location::TarMember::shard`, or the Parquet files of
     /// `Location::ParquetRow::file` (empty for other sources).
     shards: Vec<PathBuf>,
+    /// The declared small fields of a source with `fields` (`None`: image and class only).
+    sample: Option<SampleFields>,
+}
+
+/// The index of version 2, without fields.
+#[derive(Deserialize)]
+struct DatasetIndexV2 {
+    labels: Vec<u32>,
+    locations: Locations,
+    classes: Vec<String>,
+    shards: Vec<PathBuf>,
+}
+
+/// What reading a sample's small fields needs: the declaration, and where the values are.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct SampleFields {
+    /// The declaration as JSON (postcard cannot hold its optional members).
+    declared: String,
+    #[serde(skip)]
+    fields: Option<Fields>,
+    /// `Members` locations are whole WebDataset keys (every member of the key, headers
+    /// included), whose members are found at read time.
+    pub(crate) keys: bool,
+    /// The values are read from the item's row (`parquet` columns).
+    pub(crate) columns: bool,
+    /// Values stored in the index (a manifest's columns): item `i`'s value of small field
+    /// `f` (of `n` small fields) is `arena[ends[i·n + f − 1]..ends[i·n + f]]`.
+    #[serde(with = "serde_bytes")]
+    arena: Vec<u8>,
+    ends: Vec<u64>,
+}
+
+impl SampleFields {
+    pub(crate) fn new(fields: &Fields, keys: bool) -> Self {
+        Self {
+            declared: serde_json::to_string(fields).expect("fields serialize"),
+            fields: Some(fields.clone()),
+            keys,
+            columns: false,
+            arena: Vec::new(),
+            ends: Vec::new(),
+        }
+    }
+
+    /// The same, its values read from each item's row.
+    pub(crate) fn with_columns(mut self) -> Self {
+        self.columns = true;
+        self
+    }
+
+    /// The declaration.
+    pub(crate) fn fields(&self) -> &Fields {
+        self.fields
+            .as_ref()
+            .expect("fields parsed when the index was made or read")
+    }
+
+    /// Stores one value of the item being added (values are pushed item by item, field by
+    /// field in name order).
+    pub(crate) fn push_value(&mut self, value: &[u8]) {
+        self.arena.extend_from_slice(value);
+        self.ends.push(self.arena.len() as u64);
+    }
+
+    /// Item `id`'s stored value of its `f`th small field (`n` of them), if values are stored.
+    pub(crate) fn value(&self, id: u32, f: usize, n: usize) -> Option<&[u8]> {
+        let i = (id as usize).checked_mul(n)?.checked_add(f)?;
+        let end = *self.ends.get(i)? as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        self.arena.get(start..end)
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.arena.capacity() + self.ends.capacity() * 8
+    }
+
+    /// Parses the declaration back, and checks the values' offsets against the items.
+    fn check(&mut self, items: usize) -> Result<(), String> {
+        let fields: Fields = serde_json::from_str(&self.declared)
+            .map_err(|e| format!("its fields do not parse: {e}"))?;
+        let n = fields.small().count();
+        let ok = (self.ends.is_empty() || self.ends.len() == items * n)
+            && self.ends.windows(2).all(|w| w[0] <= w[1])
+            && self
+                .ends
+                .last()
+                .is_none_or(|&e| e == self.arena.len() as u64);
+        if !ok {
+            return Err("its field values disagree with its items".into());
+        }
+        self.fields = Some(fields);
+        Ok(())
+    }
 }
 
 /// Every item's location, by column. One dataset comes from one source kind.
@@ -162,7 +262,13 @@ impl DatasetIndex {
                 file, group, row, ..
             } => (file.capacity() + group.capacity() + row.capacity()) * 4,
         };
-        (cols + self.labels.capacity() * 4) as u64
+        let fields = self.sample.as_ref().map_or(0, SampleFields::heap_bytes);
+        (cols + fields + self.labels.capacity() * 4) as u64
+    }
+
+    /// The small fields' declaration and values (`None` without `fields`).
+    pub(crate) fn sample_fields(&self) -> Option<&SampleFields> {
+        self.sample.as_ref()
     }
 
     /// The persisted form: a versioned tag, then the columns.
@@ -175,7 +281,19 @@ impl DatasetIndex {
 
     /// Reads back what [`DatasetIndex::to_bytes`] wrote, checking that the columns agree.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, IndexFormatError> {
-        let Some(body) = bytes.strip_prefix(MAGIC.as_slice()) else {
+        let damaged = |e: postcard::Error| IndexFormatError::Damaged(e.to_string());
+        let mut ix: DatasetIndex = if let Some(body) = bytes.strip_prefix(MAGIC.as_slice()) {
+            postcard::from_bytes(body).map_err(damaged)?
+        } else if let Some(body) = bytes.strip_prefix(MAGIC_V2.as_slice()) {
+            let v2: DatasetIndexV2 = postcard::from_bytes(body).map_err(damaged)?;
+            DatasetIndex {
+                labels: v2.labels,
+                locations: v2.locations,
+                classes: v2.classes,
+                shards: v2.shards,
+                sample: None,
+            }
+        } else {
             return Err(
                 if bytes.starts_with(&MAGIC[..7]) || bytes.first() == Some(&b'{') {
                     IndexFormatError::OtherVersion
@@ -184,15 +302,16 @@ impl DatasetIndex {
                 },
             );
         };
-        let ix: DatasetIndex =
-            postcard::from_bytes(body).map_err(|e| IndexFormatError::Damaged(e.to_string()))?;
         ix.check().map_err(IndexFormatError::Damaged)?;
         Ok(ix)
     }
 
     /// Columns of one length, path offsets within the arena and increasing, labels named.
-    fn check(&self) -> Result<(), String> {
+    fn check(&mut self) -> Result<(), String> {
         let n = self.labels.len();
+        if let Some(sample) = &mut self.sample {
+            sample.check(n)?;
+        }
         let ok = match &self.locations {
             Locations::Files { arena, ends } => {
                 ends.len() == n
@@ -232,6 +351,8 @@ impl DatasetIndex {
 pub(super) struct IndexBuilder {
     labels: Vec<u32>,
     locations: Locations,
+    /// The small fields, when the source declares some.
+    pub(super) sample: Option<SampleFields>,
 }
 
 impl IndexBuilder {
@@ -242,6 +363,7 @@ impl IndexBuilder {
                 arena: Vec::new(),
                 ends: Vec::new(),
             },
+            sample: None,
         }
     }
 
@@ -253,6 +375,7 @@ impl IndexBuilder {
                 offset: Vec::new(),
                 len: Vec::new(),
             },
+            sample: None,
         }
     }
 
@@ -266,6 +389,7 @@ impl IndexBuilder {
                 row: Vec::with_capacity(rows),
                 info: RowsInfo::default(),
             },
+            sample: None,
         }
     }
 
@@ -343,11 +467,16 @@ impl IndexBuilder {
                 row.shrink_to_fit();
             }
         }
+        if let Some(sample) = &mut self.sample {
+            sample.arena.shrink_to_fit();
+            sample.ends.shrink_to_fit();
+        }
         DatasetIndex {
             labels: self.labels,
             locations: self.locations,
             classes,
             shards,
+            sample: self.sample,
         }
     }
 }

@@ -17,15 +17,21 @@
 //!   forming one sample; a sample is its first `.jpg`/`.jpeg`/`.png` member plus a `.cls`
 //!   member holding a decimal label. Samples without an image are skipped; an image without
 //!   a label is an error. Byte offsets are recorded once, so reads are random access.
+//!   With `fields` (see [`fields`]), every key is a sample whose members are matched to
+//!   the declared fields by extension, an item is the key's whole byte range (members and
+//!   headers: one read), and a key missing a declared field fails the indexing.
 //! - `manifest`: a CSV (`path,label`, optional `path,label` header, RFC 4180 quoting) or
 //!   JSON lines (`{"path": ..., "label": ...}`, extra fields ignored; a `.json` file may also
 //!   be one JSON array of such objects). Relative paths resolve against the manifest's
-//!   folder. Items keep the manifest's order.
+//!   folder. Items keep the manifest's order. With `fields`, columns (a CSV then has a
+//!   header) or keys name the image, the class and `text`/`json` fields, whose values are
+//!   kept in the index.
 //! - `parquet`: Parquet files (or folders of them, not recursive) as the Hugging Face Hub
 //!   stores image datasets: an image column (Hugging Face's `{bytes, path}` struct, or
 //!   binary) and an integer class column (`label` unless a `class` field names another),
 //!   with the class names of the files' `huggingface` metadata (`ClassLabel`) when present.
-//!   Items are rows, in file, row group and row order (see `parquet/`).
+//!   Items are rows, in file, row group and row order (see `parquet/`). With `fields`, other
+//!   columns are small fields, read from the item's row (`parquet/small.rs`).
 //!
 //! Labels and classes: **`classes[label]` is always the name of `label`.** Folder classes
 //! are folder names; Parquet classes are the `ClassLabel` names when the files carry them.
@@ -62,6 +68,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use fields::FieldKind;
 use roots::Roots;
 
 pub use index::{DatasetIndex, IndexFormatError, Location};
@@ -90,11 +97,34 @@ pub enum SourceSpec {
     TarShards {
         #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
         paths: Vec<PathBuf>,
+        /// The sample's fields, each `from` member extensions separated by `;` (WebDataset
+        /// names a key's members `0001.jpg`, `0001.txt`): one of kind `image` (default
+        /// `jpg;jpeg;png;webp`), at most one `class` (default `cls`; without one every
+        /// label is 0), and `text`, `json`, `npy`, `bytes` fields (default: the field's
+        /// name). Every key is then a sample and a key missing a declared field fails the
+        /// indexing, naming it. Default: the image and the `.cls` label.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(value_type = Option<std::collections::BTreeMap<String, fields::FieldSpec>>)
+        )]
+        fields: Option<fields::Fields>,
     },
     /// A CSV or JSON-lines list of `path, label`.
     Manifest {
         #[cfg_attr(feature = "openapi", schema(value_type = String))]
         path: PathBuf,
+        /// The sample's fields, each `from` a CSV column (the CSV then needs a header) or a
+        /// JSON key: one of kind `image` (default `path`), at most one `class` (default
+        /// `label`; without one every label is 0), and `text` or `json` fields (default:
+        /// the field's name). An entry missing a declared field fails the indexing, naming
+        /// its line. Default: `path` and `label`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(value_type = Option<std::collections::BTreeMap<String, fields::FieldSpec>>)
+        )]
+        fields: Option<fields::Fields>,
     },
     /// An S3-compatible object store: `url` is `s3://bucket/prefix` (for `manifest`, the
     /// manifest object). Credentials come from the server's environment, never from here.
@@ -114,10 +144,12 @@ pub enum SourceSpec {
     Parquet {
         #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
         paths: Vec<PathBuf>,
-        /// The sample's fields: one of kind `image` and one of kind `class`, each `from` a
-        /// column. Default: the column Hugging Face's metadata types as `Image`, else the
-        /// first one holding Hugging Face's image struct `{bytes, path}` or binary; and the
-        /// `label` column. Other kinds are refused (not supported yet).
+        /// The sample's fields, each `from` a top-level column: one of kind `image`, at most
+        /// one `class`, and `text`, `json`, `npy`, `bytes` fields (binary or string columns
+        /// give their bytes; a struct or list column a `json` document, a list of numbers an
+        /// `npy` array). Default: the column Hugging Face's metadata types as `Image`, else
+        /// the first one holding Hugging Face's image struct `{bytes, path}` or binary; and
+        /// the `label` column.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         #[cfg_attr(
             feature = "openapi",
@@ -150,6 +182,19 @@ pub enum StorageError {
     BadParquet { path: PathBuf, reason: String },
     #[error("bad label for {what}: {reason}")]
     BadLabel { what: String, reason: String },
+    /// A declaration of fields the source kind cannot follow.
+    #[error("bad fields: {reason}")]
+    BadFields { reason: String },
+    /// A sample lacks a declared field (indexing).
+    #[error("{key}: no member or value for the declared field `{field}`")]
+    MissingField { key: String, field: String },
+    /// An element's field is not what its kind says (reading).
+    #[error("{what}: field `{field}` is {reason}")]
+    BadField {
+        what: String,
+        field: String,
+        reason: String,
+    },
     #[error("too many items: a dataset holds at most {} items", u32::MAX)]
     TooManyItems,
     #[error("no item {id}: the dataset has {len} items")]
@@ -197,6 +242,9 @@ impl StorageError {
             StorageError::BadShard { .. } => "bad_shard",
             StorageError::BadParquet { .. } => "bad_parquet",
             StorageError::BadLabel { .. } => "bad_label",
+            StorageError::BadFields { .. } => "bad_fields",
+            StorageError::MissingField { .. } => "missing_field",
+            StorageError::BadField { .. } => "bad_field",
             StorageError::TooManyItems => "too_many_items",
             StorageError::NoSuchItem { .. } => "no_such_item",
             StorageError::ReadFailed { .. } => "read_failed",
@@ -252,6 +300,7 @@ pub fn index(
     allowed_roots: &[PathBuf],
     progress: &mut dyn FnMut(u64),
 ) -> Result<DatasetIndex, StorageError> {
+    spec.check_fields()?;
     let roots = Roots::new(allowed_roots);
     let mut counter = Progress {
         count: 0,
@@ -259,8 +308,12 @@ pub fn index(
     };
     let index = match spec {
         SourceSpec::ImageFolder { path } => folder::index(path, &roots, &mut counter)?,
-        SourceSpec::TarShards { paths } => tar_shards::index(paths, &roots, &mut counter)?,
-        SourceSpec::Manifest { path } => manifest::index(path, &roots, &mut counter)?,
+        SourceSpec::TarShards { paths, fields } => {
+            tar_shards::index(paths, fields.as_ref(), &roots, &mut counter)?
+        }
+        SourceSpec::Manifest { path, fields } => {
+            manifest::index(path, fields.as_ref(), &roots, &mut counter)?
+        }
         SourceSpec::Parquet { paths, fields } => {
             parquet::index(paths, fields.as_ref(), &roots, &mut counter)?
         }
@@ -428,6 +481,106 @@ impl DatasetIndex {
     }
 }
 
+/// An element's stored bytes split into its image and its small fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// The image's stored (encoded) bytes.
+    pub image: Vec<u8>,
+    /// The small fields, in name order, each value checked against its kind.
+    pub fields: Vec<SampleField>,
+}
+
+/// One small field of an element.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleField {
+    pub name: String,
+    pub kind: FieldKind,
+    /// The field declares a fixed shape (`npy`).
+    pub fixed_shape: bool,
+    pub value: Vec<u8>,
+}
+
+impl DatasetIndex {
+    /// True if the source declares small fields (text, JSON, `.npy`, bytes).
+    pub fn has_small_fields(&self) -> bool {
+        self.sample_fields()
+            .is_some_and(|s| s.fields().small().next().is_some())
+    }
+
+    /// Splits what [`DatasetIndex::read`] gave for item `id` into its image and small
+    /// fields, checking each value against its kind (`BadField` when it is not what the kind
+    /// says, or missing). Without `fields`, the bytes are the image.
+    pub fn split(&self, id: u32, stored: Vec<u8>) -> Result<Sample, StorageError> {
+        let Some(sample) = self.sample_fields() else {
+            return Ok(Sample {
+                image: stored,
+                fields: Vec::new(),
+            });
+        };
+        let what = || self.describe(id).unwrap_or_else(|| format!("item {id}"));
+        let declared = sample.fields();
+        let small: Vec<_> = declared.small().collect();
+        let (image, values) = if sample.columns {
+            let Some(Location::ParquetRow {
+                file,
+                row_group,
+                row,
+            }) = self.location(id)
+            else {
+                return Err(StorageError::NoSuchItem {
+                    id,
+                    len: self.len(),
+                });
+            };
+            let info = self.rows_info().ok_or(StorageError::NoSuchItem {
+                id,
+                len: self.len(),
+            })?;
+            let path = self
+                .shards()
+                .get(file as usize)
+                .ok_or(StorageError::NoSuchItem {
+                    id,
+                    len: self.len(),
+                })?;
+            let values = parquet::read_fields(path, file, info, row_group, row, declared)?;
+            (stored, values)
+        } else if sample.keys {
+            tar_shards::key_members(&stored, declared).map_err(|reason| StorageError::BadField {
+                what: what(),
+                field: declared
+                    .iter()
+                    .find(|(_, f)| f.kind == FieldKind::Image)
+                    .map_or("image", |(n, _)| n)
+                    .to_owned(),
+                reason,
+            })?
+        } else {
+            let values = (0..small.len())
+                .map(|f| sample.value(id, f, small.len()).map(<[u8]>::to_vec))
+                .collect();
+            (stored, values)
+        };
+        let mut fields = Vec::with_capacity(small.len());
+        for ((name, spec), value) in small.into_iter().zip(values) {
+            let bad = |reason: String| StorageError::BadField {
+                what: what(),
+                field: name.to_owned(),
+                reason,
+            };
+            let value = value.ok_or_else(|| bad("missing (null)".into()))?;
+            fields::check_value(spec, &value).map_err(bad)?;
+            fields.push(SampleField {
+                name: name.to_owned(),
+                kind: spec.kind,
+                fixed_shape: spec.shape.is_some(),
+                value,
+            });
+        }
+        Ok(Sample { image, fields })
+    }
+}
+
 /// True if the file name starts with a dot.
 fn is_hidden(name: &std::ffi::OsStr) -> bool {
     name.as_encoded_bytes().first() == Some(&b'.')
@@ -447,16 +600,62 @@ fn is_image_extension(ext: &str) -> bool {
 }
 
 impl SourceSpec {
+    /// Checks that the source kind can follow its `fields` declaration: `manifest` values
+    /// are text (`text`, `json`); `tar_shards` and `parquet` take every kind.
+    pub fn check_fields(&self) -> Result<(), StorageError> {
+        let (fields, supported, kind): (_, &[FieldKind], _) = match self {
+            SourceSpec::TarShards { fields, .. } => (
+                fields,
+                &[
+                    FieldKind::Text,
+                    FieldKind::Json,
+                    FieldKind::Npy,
+                    FieldKind::Bytes,
+                ],
+                "tar_shards",
+            ),
+            SourceSpec::Manifest { fields, .. } => {
+                (fields, &[FieldKind::Text, FieldKind::Json], "manifest")
+            }
+            SourceSpec::Parquet { fields, .. } => (
+                fields,
+                &[
+                    FieldKind::Text,
+                    FieldKind::Json,
+                    FieldKind::Npy,
+                    FieldKind::Bytes,
+                ],
+                "parquet",
+            ),
+            SourceSpec::ImageFolder { .. } | SourceSpec::S3 { .. } => return Ok(()),
+        };
+        match fields.as_ref().and_then(|f| f.unsupported(supported)) {
+            Some((name, k)) => Err(StorageError::BadFields {
+                reason: format!(
+                    "field `{name}`: a `{kind}` source cannot hold fields of kind `{}` (it \
+                     holds {})",
+                    k.name(),
+                    supported
+                        .iter()
+                        .map(|k| format!("`{}`", k.name()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Checks, before any indexing, that the source's top-level paths lie under the allowed
     /// roots (what lies below them is checked again while indexing). Only `OutsideRoots` is
     /// reported here; missing paths fail the indexing with their own error.
     pub fn check_roots(&self, allowed: &[PathBuf]) -> Result<(), StorageError> {
         let roots = roots::Roots::new(allowed);
         let paths: Vec<&Path> = match self {
-            SourceSpec::ImageFolder { path } | SourceSpec::Manifest { path } => {
+            SourceSpec::ImageFolder { path } | SourceSpec::Manifest { path, .. } => {
                 vec![path.as_path()]
             }
-            SourceSpec::TarShards { paths } | SourceSpec::Parquet { paths, .. } => {
+            SourceSpec::TarShards { paths, .. } | SourceSpec::Parquet { paths, .. } => {
                 paths.iter().map(PathBuf::as_path).collect()
             }
             // Checked against `--allowed-s3` by the object-store stage.

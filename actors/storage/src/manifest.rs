@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 
-use super::index::IndexBuilder;
+use super::fields::{FieldKind, Fields};
+use super::index::{IndexBuilder, SampleFields};
 use super::roots::Roots;
 use super::{DatasetIndex, Progress, StorageError, numeric_classes, numeric_label};
 
@@ -23,6 +24,8 @@ const MAX_CACHED_DIRS: usize = 4096;
 enum RawLabel<'a> {
     Number(i64),
     Name(&'a str),
+    /// A name read from a manifest with declared fields.
+    Owned(String),
 }
 
 #[derive(Deserialize)]
@@ -36,6 +39,7 @@ type Bad<'a> = &'a dyn Fn(u64, String) -> StorageError;
 
 pub(super) fn index(
     path: &Path,
+    fields: Option<&Fields>,
     roots: &Roots,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
@@ -51,6 +55,7 @@ pub(super) fn index(
     parse(
         path,
         format,
+        fields,
         reader,
         &mut |file| resolver.resolve(file),
         progress,
@@ -66,7 +71,7 @@ pub(super) fn index_reader(
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
     let format = Format::of(path, path, "the object's name")?;
-    parse(path, format, reader, resolve, progress)
+    parse(path, format, None, reader, resolve, progress)
 }
 
 /// A manifest's format, which the extension of its name gives.
@@ -103,6 +108,7 @@ impl Format {
 fn parse(
     path: &Path,
     format: Format,
+    fields: Option<&Fields>,
     mut reader: impl BufRead,
     resolve: &mut dyn FnMut(&str) -> Result<PathBuf, StorageError>,
     progress: &mut Progress<'_>,
@@ -112,14 +118,20 @@ fn parse(
         line,
         reason,
     };
+    let mut items = IndexBuilder::files();
+    items.sample = fields.map(|f| SampleFields::new(f, false));
     let mut entries = Entries {
-        items: IndexBuilder::files(),
+        items,
         names: HashMap::new(),
         kinds: (false, false),
+        columns: fields.map(Columns::of),
         resolve,
         progress,
     };
     match format {
+        Format::Csv if entries.columns.is_some() => {
+            parse_csv_columns(&mut reader, &bad, &mut entries)?;
+        }
         Format::Csv => parse_csv(&mut reader, &bad, &mut entries)?,
         Format::Json => {
             let starts_array = loop {
@@ -133,10 +145,10 @@ fn parse(
                     }
                 }
             };
-            if starts_array {
-                parse_json_array(reader, &bad, &mut entries)?;
-            } else {
-                parse_json_lines(&mut reader, &bad, &mut entries)?;
+            match (starts_array, entries.columns.is_some()) {
+                (true, false) => parse_json_array::<JsonEntry>(reader, &bad, &mut entries)?,
+                (true, true) => parse_json_array::<JsonObject>(reader, &bad, &mut entries)?,
+                (false, _) => parse_json_lines(&mut reader, &bad, &mut entries)?,
             }
         }
     }
@@ -151,27 +163,61 @@ struct Entries<'a, 'p> {
     names: HashMap<Box<str>, u32>,
     /// (numbers, names) met in a JSON manifest.
     kinds: (bool, bool),
+    /// The columns or keys of a declaration of fields.
+    columns: Option<Columns>,
     /// An entry's path to what the index records.
     resolve: &'a mut dyn FnMut(&str) -> Result<PathBuf, StorageError>,
     progress: &'a mut Progress<'p>,
 }
+
+/// Where a declaration of fields takes a manifest entry's values from: columns (CSV) or keys
+/// (JSON).
+struct Columns {
+    image: String,
+    class: Option<String>,
+    /// The small fields in name order: (name, kind, column).
+    small: Vec<(String, FieldKind, String)>,
+}
+
+impl Columns {
+    fn of(fields: &Fields) -> Self {
+        let from = |name: &str, from: Option<&str>| from.unwrap_or(name).trim().to_owned();
+        Columns {
+            image: from("path", fields.from_of(FieldKind::Image).flatten()),
+            class: fields.from_of(FieldKind::Class).map(|f| from("label", f)),
+            small: fields
+                .small()
+                .map(|(name, f)| (name.to_owned(), f.kind, from(name, f.from.as_deref())))
+                .collect(),
+        }
+    }
+}
+
+/// A JSON entry read whole (with declared fields).
+type JsonObject = serde_json::Map<String, serde_json::Value>;
 
 impl Entries<'_, '_> {
     fn add(&mut self, file: &str, label: RawLabel<'_>) -> Result<(), StorageError> {
         let canonical = (self.resolve)(file)?;
         let label = match label {
             RawLabel::Number(n) => numeric_label(n, &|| format!("manifest entry {file}"))?,
-            RawLabel::Name(name) => match self.names.get(name) {
-                Some(&id) => id,
-                None => {
-                    let id = self.names.len() as u32;
-                    self.names.insert(name.into(), id);
-                    id
-                }
-            },
+            RawLabel::Owned(ref name) => self.name_id(name),
+            RawLabel::Name(name) => self.name_id(name),
         };
         self.items.push_file(&canonical, label);
         self.progress.tick()
+    }
+
+    /// The provisional number of a label text.
+    fn name_id(&mut self, name: &str) -> u32 {
+        match self.names.get(name) {
+            Some(&id) => id,
+            None => {
+                let id = self.names.len() as u32;
+                self.names.insert(name.into(), id);
+                id
+            }
+        }
     }
 
     /// Turns the provisional labels into the final ones. CSV labels are numbers if every
@@ -366,22 +412,174 @@ fn parse_json_lines(
         if line.trim().is_empty() {
             return Ok(());
         }
+        if out.columns.is_some() {
+            let e = serde_json::from_str(line).map_err(|e| bad(n, json_reason(&e)))?;
+            return json_object(n, e, bad, out);
+        }
         let e = serde_json::from_str(line).map_err(|e| bad(n, json_reason(&e)))?;
         json_entry(n, e, bad, out)
     })
 }
 
+/// An entry of a manifest with declared fields: its path, label and values by column.
+fn columns_entry(
+    n: u64,
+    out: &mut Entries<'_, '_>,
+    get: &dyn Fn(&str) -> Option<Result<String, String>>,
+    label_of: &dyn Fn(&str) -> Option<RawLabel<'static>>,
+    json: bool,
+    bad: Bad<'_>,
+) -> Result<(), StorageError> {
+    let columns = out.columns.as_ref().expect("a manifest with fields");
+    let missing = |field: &str| StorageError::MissingField {
+        key: format!("line {n}"),
+        field: field.to_owned(),
+    };
+    let path = match get(&columns.image) {
+        Some(Ok(p)) if !p.trim().is_empty() => p,
+        Some(Err(reason)) => return Err(bad(n, reason)),
+        _ => return Err(missing(&columns.image)),
+    };
+    let mut values = Vec::with_capacity(columns.small.len());
+    for (name, _, column) in &columns.small {
+        match get(column) {
+            Some(Ok(v)) => values.push(v),
+            Some(Err(reason)) => return Err(bad(n, format!("field `{name}`: {reason}"))),
+            None => return Err(missing(name)),
+        }
+    }
+    let label = match &columns.class {
+        None if json => RawLabel::Number(0),
+        None => RawLabel::Owned("0".into()),
+        Some(c) => label_of(c).ok_or_else(|| missing(c))?,
+    };
+    // JSON labels are numbers or names, as written; CSV labels are texts that may all be
+    // numbers (see `Entries::finish`).
+    match (&label, json) {
+        (RawLabel::Number(_), true) => out.kinds.0 = true,
+        (_, true) => out.kinds.1 = true,
+        (_, false) => {}
+    }
+    if out.kinds.0 && out.kinds.1 {
+        return Err(bad(n, "the manifest mixes numeric and text labels".into()));
+    }
+    if let Some(sample) = out.items.sample.as_mut() {
+        for v in &values {
+            sample.push_value(v.as_bytes());
+        }
+    }
+    out.add(path.trim(), label)
+}
+
+/// One JSON object of a manifest with declared fields: `text` fields are strings, `json`
+/// fields any value (stored as its JSON text).
+fn json_object(
+    n: u64,
+    e: JsonObject,
+    bad: Bad<'_>,
+    out: &mut Entries<'_, '_>,
+) -> Result<(), StorageError> {
+    let kinds: HashMap<String, FieldKind> = out
+        .columns
+        .as_ref()
+        .map(|c| {
+            c.small
+                .iter()
+                .map(|(_, k, col)| (col.clone(), *k))
+                .collect()
+        })
+        .unwrap_or_default();
+    let image = out.columns.as_ref().map(|c| c.image.clone());
+    let get = |key: &str| -> Option<Result<String, String>> {
+        let v = e.get(key)?;
+        let is_path = image.as_deref() == Some(key);
+        Some(match (kinds.get(key), v) {
+            (Some(FieldKind::Json), v) if !is_path => Ok(v.to_string()),
+            (_, serde_json::Value::String(s)) => Ok(s.clone()),
+            (_, other) => Err(format!("`{key}` is {other}, not a string")),
+        })
+    };
+    let label_of = |key: &str| -> Option<RawLabel<'static>> {
+        match e.get(key)? {
+            serde_json::Value::Number(v) => v.as_i64().map(RawLabel::Number),
+            serde_json::Value::String(s) if !s.trim().is_empty() => {
+                Some(RawLabel::Owned(s.trim().to_owned()))
+            }
+            _ => None,
+        }
+    };
+    columns_entry(n, out, &get, &label_of, true, bad)
+}
+
+/// CSV with declared fields: a header line naming the columns, then one entry per line.
+fn parse_csv_columns(
+    reader: &mut impl BufRead,
+    bad: Bad<'_>,
+    out: &mut Entries<'_, '_>,
+) -> Result<(), StorageError> {
+    let mut header: Option<HashMap<String, usize>> = None;
+    for_each_line(reader, bad, |n, line| {
+        if line.trim().is_empty() {
+            return Ok(());
+        }
+        let cells = split_csv_line(line).map_err(|r| bad(n, r))?;
+        let Some(columns) = &header else {
+            header = Some(
+                cells
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.trim().to_owned(), i))
+                    .collect(),
+            );
+            return Ok(());
+        };
+        if cells.len() != columns.len() {
+            return Err(bad(
+                n,
+                format!(
+                    "expected {} fields (as the header), found {}",
+                    columns.len(),
+                    cells.len()
+                ),
+            ));
+        }
+        let get = |c: &str| columns.get(c).map(|&i| Ok(cells[i].clone()));
+        let label_of = |c: &str| {
+            let v = cells[*columns.get(c)?].trim();
+            (!v.is_empty()).then(|| RawLabel::Owned(v.to_owned()))
+        };
+        columns_entry(n, out, &get, &label_of, false, bad)
+    })
+}
+
+/// A JSON manifest entry, as its parser adds it.
+trait JsonItem: serde::de::DeserializeOwned {
+    fn add(n: u64, e: Self, bad: Bad<'_>, out: &mut Entries<'_, '_>) -> Result<(), StorageError>;
+}
+
+impl JsonItem for JsonEntry {
+    fn add(n: u64, e: Self, bad: Bad<'_>, out: &mut Entries<'_, '_>) -> Result<(), StorageError> {
+        json_entry(n, e, bad, out)
+    }
+}
+
+impl JsonItem for JsonObject {
+    fn add(n: u64, e: Self, bad: Bad<'_>, out: &mut Entries<'_, '_>) -> Result<(), StorageError> {
+        json_object(n, e, bad, out)
+    }
+}
+
 /// One JSON array of `{"path", "label"}` objects, read element by element (an element's
 /// number stands for its line).
-fn parse_json_array(
+fn parse_json_array<T: JsonItem>(
     reader: impl Read,
     bad: Bad<'_>,
     out: &mut Entries<'_, '_>,
 ) -> Result<(), StorageError> {
     let mut failed = None;
     let mut de = serde_json::Deserializer::from_reader(reader);
-    let seed = EachEntry {
-        on: &mut |n, e| json_entry(n, e, bad, out),
+    let seed = EachEntry::<T> {
+        on: &mut |n, e| T::add(n, e, bad, out),
         failed: &mut failed,
     };
     let parsed = seed.deserialize(&mut de).and_then(|()| de.end());
@@ -393,12 +591,12 @@ fn parse_json_array(
 }
 
 /// Visits the elements of a JSON array one at a time.
-struct EachEntry<'a> {
-    on: &'a mut dyn FnMut(u64, JsonEntry) -> Result<(), StorageError>,
+struct EachEntry<'a, T> {
+    on: &'a mut dyn FnMut(u64, T) -> Result<(), StorageError>,
     failed: &'a mut Option<StorageError>,
 }
 
-impl<'de> DeserializeSeed<'de> for EachEntry<'_> {
+impl<'de, T: JsonItem> DeserializeSeed<'de> for EachEntry<'_, T> {
     type Value = ();
 
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
@@ -406,7 +604,7 @@ impl<'de> DeserializeSeed<'de> for EachEntry<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for EachEntry<'_> {
+impl<'de, T: JsonItem> Visitor<'de> for EachEntry<'_, T> {
     type Value = ();
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -415,7 +613,7 @@ impl<'de> Visitor<'de> for EachEntry<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut n = 0;
-        while let Some(e) = seq.next_element::<JsonEntry>()? {
+        while let Some(e) = seq.next_element::<T>()? {
             n += 1;
             if let Err(err) = (self.on)(n, e) {
                 *self.failed = Some(err);

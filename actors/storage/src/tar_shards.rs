@@ -4,12 +4,11 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
+use super::fields::{FieldKind, Fields};
 use super::index::IndexBuilder;
+use super::index::SampleFields;
 use super::roots::Roots;
-use super::{
-    DatasetIndex, Progress, StorageError, is_hidden, is_image_extension, numeric_classes,
-    numeric_label,
-};
+use super::{DatasetIndex, Progress, StorageError, is_hidden, numeric_classes, numeric_label};
 
 /// A `.cls` member longer than this is not a label.
 const MAX_LABEL_LEN: u64 = 64;
@@ -58,14 +57,16 @@ pub(super) fn bad_shard(path: &Path) -> impl Fn(String) -> StorageError + '_ {
 
 pub(super) fn index(
     paths: &[PathBuf],
+    fields: Option<&Fields>,
     roots: &Roots,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
     let shards = shard_files(paths, roots)?;
     let mut items = IndexBuilder::members();
+    items.sample = fields.map(|f| SampleFields::new(f, true));
     for (n, shard) in shards.iter().enumerate() {
         let n = u32::try_from(n).map_err(|_| StorageError::TooManyItems)?;
-        index_shard(n, shard, &mut items, progress)?;
+        index_shard(n, shard, fields, &mut items, progress)?;
     }
     let classes = numeric_classes(items.labels_mut());
     Ok(items.finish(classes, shards))
@@ -75,14 +76,69 @@ pub(super) fn index(
 #[derive(Default)]
 struct Sample {
     key: String,
+    /// Where the key's first member starts (its headers included) in the shard.
+    start: u64,
+    /// Where its last member's data ends, padded to the tar block.
+    end: u64,
     image: Option<(u64, u64)>,
     label: Option<i64>,
+    /// With declared fields: which small fields have a member (name order).
+    found: Vec<bool>,
+}
+
+/// What a declaration asks of a key's members: the image's and the class's extensions,
+/// and each small field's (name order).
+struct Wanted<'f> {
+    image: Vec<&'f str>,
+    class: Option<Vec<&'f str>>,
+    small: Vec<(&'f str, Vec<&'f str>)>,
+}
+
+impl<'f> Wanted<'f> {
+    fn of(fields: Option<&'f Fields>) -> Self {
+        let split = |from: Option<&'f str>, default: &'f str| -> Vec<&'f str> {
+            from.unwrap_or(default)
+                .split(';')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .collect()
+        };
+        let Some(fields) = fields else {
+            return Wanted {
+                image: IMAGE_EXTENSIONS.to_vec(),
+                class: Some(vec!["cls"]),
+                small: Vec::new(),
+            };
+        };
+        Wanted {
+            image: split(
+                fields.from_of(FieldKind::Image).flatten(),
+                DEFAULT_IMAGE_FROM,
+            ),
+            class: fields
+                .from_of(FieldKind::Class)
+                .map(|from| split(from, "cls")),
+            small: fields
+                .small()
+                .map(|(name, f)| (name, split(f.from.as_deref(), name)))
+                .collect(),
+        }
+    }
+}
+
+/// The image extensions of the default declaration.
+const IMAGE_EXTENSIONS: [&str; 4] = ["jpg", "jpeg", "png", "webp"];
+const DEFAULT_IMAGE_FROM: &str = "jpg;jpeg;png;webp";
+
+/// True if `ext` is one of `list` (any case).
+fn listed(list: &[&str], ext: &str) -> bool {
+    list.iter().any(|e| e.eq_ignore_ascii_case(ext))
 }
 
 /// Splits a member path into WebDataset's key and extension: the key is the path up to the
 /// first dot of the file name, the extension what follows it. Names without a dot, or whose
 /// file name starts with a dot, belong to no sample.
-fn key_and_extension(path: &str) -> Option<(&str, &str)> {
+pub(super) fn key_and_extension(path: &str) -> Option<(&str, &str)> {
     let base_start = path.rfind('/').map_or(0, |i| i + 1);
     let dot = path[base_start..].find('.')?;
     if dot == 0 {
@@ -95,6 +151,7 @@ fn key_and_extension(path: &str) -> Option<(&str, &str)> {
 fn index_shard(
     n: u32,
     path: &Path,
+    fields: Option<&Fields>,
     items: &mut IndexBuilder,
     progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
@@ -108,45 +165,92 @@ fn index_shard(
     let entries = archive
         .entries_with_seek()
         .map_err(|e| bad(e.to_string().to_lowercase()))?;
-    index_entries(n, path, file_len, entries, items, progress)
+    index_entries(n, path, file_len, fields, entries, items, progress)
+}
+
+/// Rounds a tar member's end up to the 512-byte block.
+fn block_end(end: u64) -> u64 {
+    end.div_ceil(512).saturating_mul(512)
 }
 
 /// Indexes the members of shard number `n` (named `path` in errors, `file_len` bytes long)
 /// as `entries` yields them: from a local file (seeking past member data) or an object
-/// store's stream.
+/// store's stream. Without `fields`, an item is the key's image member (keys with no image
+/// are skipped, an image with no `.cls` is an error); with `fields`, every key is an item
+/// covering all its members, headers included (one range), and a key missing a declared
+/// field is an error naming it.
 pub(super) fn index_entries<R: Read>(
     n: u32,
     path: &Path,
     file_len: u64,
+    fields: Option<&Fields>,
     entries: tar::Entries<'_, R>,
     items: &mut IndexBuilder,
     progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
     let bad = bad_shard(path);
+    let wanted = Wanted::of(fields);
     let mut current: Option<Sample> = None;
     let mut finish =
         |sample: Option<Sample>, items: &mut IndexBuilder| -> Result<(), StorageError> {
             let Some(s) = sample else { return Ok(()) };
-            let Some((offset, len)) = s.image else {
-                return Ok(());
+            let missing = |field: &str| StorageError::MissingField {
+                key: format!("{} in {}", s.key, path.display()),
+                field: field.to_owned(),
             };
-            let label = s.label.ok_or_else(|| StorageError::BadLabel {
-                what: format!("sample {} in {}", s.key, path.display()),
-                reason: "the sample has no .cls member".into(),
-            })?;
+            let label = match (&wanted.class, s.label) {
+                (_, Some(label)) => label,
+                (Some(_), None) if fields.is_none() && s.image.is_none() => return Ok(()),
+                (Some(_), None) if fields.is_none() => {
+                    return Err(StorageError::BadLabel {
+                        what: format!("sample {} in {}", s.key, path.display()),
+                        reason: "the sample has no .cls member".into(),
+                    });
+                }
+                (Some(_), None) => {
+                    let f = fields.and_then(|f| {
+                        f.iter()
+                            .find(|(_, s)| s.kind == FieldKind::Class)
+                            .map(|(n, _)| n)
+                    });
+                    return Err(missing(f.unwrap_or("class")));
+                }
+                (None, None) => 0,
+            };
             let label = numeric_label(label, &|| "tar shards".to_owned())?;
-            items.push_member(n, offset, len, label);
+            match fields {
+                None => {
+                    let Some((offset, len)) = s.image else {
+                        return Ok(());
+                    };
+                    items.push_member(n, offset, len, label);
+                }
+                Some(f) => {
+                    if s.image.is_none() {
+                        let name = f.iter().find(|(_, s)| s.kind == FieldKind::Image);
+                        return Err(missing(name.map_or("image", |(n, _)| n)));
+                    }
+                    if let Some(i) = s.found.iter().position(|found| !found) {
+                        return Err(missing(wanted.small[i].0));
+                    }
+                    items.push_member(n, s.start, s.end - s.start, label);
+                }
+            }
             progress.tick()
         };
 
+    // Where the previous entry's data ended: the next key starts there (its members'
+    // extension headers, long names, included).
+    let mut previous_end = 0u64;
     for entry in entries {
         let mut entry = entry.map_err(|e| bad(e.to_string().to_lowercase()))?;
+        let (offset, len) = (entry.raw_file_position(), entry.size());
+        let start = std::mem::replace(&mut previous_end, block_end(offset.saturating_add(len)));
         let kind = entry.header().entry_type();
         if !(kind.is_file() || kind.is_contiguous()) {
             continue;
         }
         let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-        let (offset, len) = (entry.raw_file_position(), entry.size());
         if offset.checked_add(len).is_none_or(|end| end > file_len) {
             return Err(bad(format!(
                 "member {name} runs past the end of the file (truncated shard?)"
@@ -159,15 +263,18 @@ pub(super) fn index_entries<R: Read>(
             finish(current.take(), items)?;
             current = Some(Sample {
                 key: key.to_owned(),
+                start,
+                found: vec![false; wanted.small.len()],
                 ..Sample::default()
             });
         }
         let Some(sample) = current.as_mut() else {
             continue;
         };
-        if is_image_extension(ext) {
+        sample.end = block_end(offset + len).min(file_len);
+        if listed(&wanted.image, ext) {
             sample.image.get_or_insert((offset, len));
-        } else if ext == "cls" {
+        } else if wanted.class.as_ref().is_some_and(|c| listed(c, ext)) {
             let bad_label = |reason: String| StorageError::BadLabel {
                 what: format!("{name} in {}", path.display()),
                 reason,
@@ -184,9 +291,59 @@ pub(super) fn index_entries<R: Read>(
                 .parse::<i64>()
                 .map_err(|_| bad_label(format!("{:?} is not a decimal integer", text.trim())))?;
             sample.label = Some(label);
+        } else if let Some(i) = wanted.small.iter().position(|(_, exts)| listed(exts, ext)) {
+            sample.found[i] = true;
         }
     }
     finish(current.take(), items)
+}
+
+/// Each small field's value, in name order (`None`: absent or null).
+pub(super) type FieldValues = Vec<Option<Vec<u8>>>;
+
+/// The image and small fields of a key read whole (what an item of a tar dataset with
+/// `fields` locates): its members parsed from the bytes, each field the first member with
+/// one of its extensions, in the declaration's name order.
+pub(super) fn key_members(
+    stored: &[u8],
+    fields: &Fields,
+) -> Result<(Vec<u8>, FieldValues), String> {
+    let wanted = Wanted::of(Some(fields));
+    let mut image = None;
+    let mut small: FieldValues = vec![None; wanted.small.len()];
+    let mut archive = tar::Archive::new(stored);
+    let entries = archive
+        .entries()
+        .map_err(|e| format!("not readable from the key's members: {e}"))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| format!("not readable from the key's members: {e}"))?;
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind.is_contiguous()) {
+            continue;
+        }
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let Some((_, ext)) = key_and_extension(&name) else {
+            continue;
+        };
+        let slot = if listed(&wanted.image, ext) {
+            &mut image
+        } else if let Some(i) = wanted.small.iter().position(|(_, e)| listed(e, ext)) {
+            &mut small[i]
+        } else {
+            continue;
+        };
+        if slot.is_none() {
+            let mut bytes = Vec::with_capacity(entry.size() as usize);
+            entry
+                .read_to_end(&mut bytes)
+                .map_err(|e| format!("not readable from member {name}: {e}"))?;
+            *slot = Some(bytes);
+        }
+    }
+    let image = image.ok_or_else(|| {
+        "missing from the key's members (the shard changed since indexing?)".to_owned()
+    })?;
+    Ok((image, small))
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ fn folder(path: &Path) -> SourceSpec {
 fn manifest(path: &Path) -> SourceSpec {
     SourceSpec::Manifest {
         path: path.to_owned(),
+        fields: None,
     }
 }
 
@@ -226,12 +227,14 @@ fn paths_outside_the_roots_are_refused() {
     );
     let spec = SourceSpec::TarShards {
         paths: vec![outside.join("s.tar")],
+        fields: None,
     };
     assert_eq!(index_err(&spec, &roots).code(), "outside_roots");
     fs::create_dir_all(allowed.join("shards")).unwrap();
     symlink(outside.join("s.tar"), allowed.join("shards/s.tar")).unwrap();
     let spec = SourceSpec::TarShards {
         paths: vec![allowed.join("shards")],
+        fields: None,
     };
     assert_eq!(index_err(&spec, &roots).code(), "outside_roots");
 }
@@ -253,7 +256,10 @@ fn empty_datasets_are_errors() {
 
     let s = tmp.path().join("s.tar");
     write(&s, &shard(&[("a.json", b"{}")]));
-    let spec = SourceSpec::TarShards { paths: vec![s] };
+    let spec = SourceSpec::TarShards {
+        paths: vec![s],
+        fields: None,
+    };
     assert_eq!(index_err(&spec, &roots).code(), "empty_dataset");
 
     let file = root.join("b/readme.txt");
@@ -307,6 +313,7 @@ fn tar_shards_group_members_by_key_and_read_at_random() {
 
     let spec = SourceSpec::TarShards {
         paths: vec![dir.clone(), single.clone()],
+        fields: None,
     };
     let mut last = 0;
     let ix = index(&spec, &[tmp.path().to_owned()], &mut |n| last = n).unwrap();
@@ -348,7 +355,13 @@ fn tar_labels_must_be_present_and_decimal() {
     ] {
         let s = tmp.path().join("s.tar");
         write(&s, &shard(&members));
-        let err = index_err(&SourceSpec::TarShards { paths: vec![s] }, &roots);
+        let err = index_err(
+            &SourceSpec::TarShards {
+                paths: vec![s],
+                fields: None,
+            },
+            &roots,
+        );
         assert_eq!(err.code(), "bad_label", "{err}");
         assert!(err.to_string().contains(what), "{err}");
     }
@@ -368,6 +381,7 @@ fn truncated_shards_fail_clearly() {
     let s = tmp.path().join("s.tar");
     let spec = SourceSpec::TarShards {
         paths: vec![s.clone()],
+        fields: None,
     };
 
     // Cut where the second image's data begins: indexing refuses the shard.
@@ -520,7 +534,8 @@ fn specs_and_indexes_serialize() {
     assert_eq!(
         spec,
         SourceSpec::TarShards {
-            paths: vec!["/a".into(), "/b.tar".into()]
+            paths: vec!["/a".into(), "/b.tar".into()],
+            fields: None,
         }
     );
     let spec: SourceSpec =
@@ -539,7 +554,10 @@ fn specs_and_indexes_serialize() {
     write(&s, &shard(&[("a.jpg", b"x"), ("a.cls", b"1")]));
     write(&tmp.path().join("f/c/x.png"), b"y");
     for spec in [
-        SourceSpec::TarShards { paths: vec![s] },
+        SourceSpec::TarShards {
+            paths: vec![s],
+            fields: None,
+        },
         folder(&tmp.path().join("f")),
     ] {
         let ix = index_ok(&spec, &[tmp.path().to_owned()]);
@@ -650,7 +668,10 @@ fn indexes_are_compact_by_column() {
         .collect();
     write(&s, &shard(&refs));
     let ix = index_ok(
-        &SourceSpec::TarShards { paths: vec![s] },
+        &SourceSpec::TarShards {
+            paths: vec![s],
+            fields: None,
+        },
         &[tmp.path().to_owned()],
     );
     assert_eq!(ix.len(), 500);
@@ -677,6 +698,9 @@ fn persisted_indexes_round_trip_and_other_formats_are_recognised() {
     assert_eq!(back, ix);
     assert_eq!(back.classes(), ["ant", "cat"]);
     assert_eq!(back.read(1).unwrap(), content("b.jpg"));
+    // Version 2 (before fields): the same columns without the fields' trailing `None`.
+    let v2 = [b"JOADIDX\x02".as_slice(), &bytes[8..bytes.len() - 1]].concat();
+    assert_eq!(DatasetIndex::from_bytes(&v2).unwrap(), ix);
 
     // What joader wrote before the columnar index: JSON.
     let old =
@@ -698,4 +722,293 @@ fn persisted_indexes_round_trip_and_other_formats_are_recognised() {
             "{damaged:?}"
         );
     }
+}
+
+fn tar_spec(dir: &Path, fields: serde_json::Value) -> SourceSpec {
+    serde_json::from_value(serde_json::json!({
+        "kind": "tar_shards", "paths": [dir], "fields": fields
+    }))
+    .unwrap()
+}
+
+fn npy_f32(values: &[f32]) -> Vec<u8> {
+    let mut h = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        values.len()
+    );
+    while !(10 + h.len() + 1).is_multiple_of(64) {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    b.extend_from_slice(h.as_bytes());
+    for v in values {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+#[test]
+fn tar_fields_read_one_range_per_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("shards");
+    let long = format!("{}/x", "d".repeat(120)); // a GNU long name before its member
+    let emb = npy_f32(&[1.0, 2.0]);
+    let members: Vec<(String, Vec<u8>)> = vec![
+        ("a.jpg".into(), content("a")),
+        ("a.txt".into(), b"a cat".to_vec()),
+        ("a.json".into(), br#"{"k": 1}"#.to_vec()),
+        ("a.cls".into(), b"2".to_vec()),
+        ("a.npy".into(), emb.clone()),
+        (format!("{long}.png"), content("b")),
+        (format!("{long}.cls"), b"0".to_vec()),
+        (format!("{long}.txt"), "un chien".as_bytes().to_vec()),
+        (format!("{long}.json"), b"[1]".to_vec()),
+        (format!("{long}.npy"), npy_f32(&[3.0, 4.0])),
+    ];
+    let refs: Vec<(&str, &[u8])> = members
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.as_slice()))
+        .collect();
+    write(&dir.join("s.tar"), &shard(&refs));
+    let fields = serde_json::json!({
+        "img": {"kind": "image", "from": "jpg;png"},
+        "y": {"kind": "class"},
+        "caption": {"kind": "text", "from": "txt"},
+        "meta": {"kind": "json", "from": "json"},
+        "emb": {"kind": "npy", "from": "npy", "shape": [2]},
+    });
+    let roots = [tmp.path().to_owned()];
+    let ix = index_ok(&tar_spec(&dir, fields.clone()), &roots);
+    assert_eq!(ix.len(), 2);
+    assert_eq!(ix.label(0), Some(2));
+    assert_eq!(ix.label(1), Some(0));
+    assert!(ix.has_small_fields());
+    // One range per key, members and headers included: the second key starts where the
+    // first one's last member ends.
+    let (
+        Some(Location::TarMember {
+            offset: o0,
+            len: l0,
+            ..
+        }),
+        Some(Location::TarMember { offset: o1, .. }),
+    ) = (ix.location(0), ix.location(1))
+    else {
+        panic!("tar items")
+    };
+    assert_eq!((o0, o0 + l0), (0, o1));
+    let s = ix.split(1, ix.read(1).unwrap()).unwrap();
+    assert_eq!(s.image, content("b"));
+    let got: Vec<(&str, &[u8])> = s
+        .fields
+        .iter()
+        .map(|f| (f.name.as_str(), f.value.as_slice()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("caption", "un chien".as_bytes()),
+            ("emb", &npy_f32(&[3.0, 4.0])[..]),
+            ("meta", b"[1]".as_slice())
+        ]
+    );
+    assert!(s.fields[1].fixed_shape && !s.fields[0].fixed_shape);
+    let s = ix.split(0, ix.read(0).unwrap()).unwrap();
+    assert_eq!((s.image, &s.fields[1].value), (content("a"), &emb));
+    // The declaration persists with the index.
+    let back = DatasetIndex::from_bytes(&ix.to_bytes()).unwrap();
+    assert_eq!(back, ix);
+    assert_eq!(
+        back.split(0, back.read(0).unwrap()).unwrap().fields.len(),
+        3
+    );
+
+    // Without `fields`, the same shards are images and classes, as before.
+    let plain = index_ok(
+        &SourceSpec::TarShards {
+            paths: vec![dir.clone()],
+            fields: None,
+        },
+        &roots,
+    );
+    assert!(!plain.has_small_fields());
+    assert_eq!(plain.read(0).unwrap(), content("a"));
+    assert_eq!(plain.split(0, content("a")).unwrap().fields, []);
+}
+
+#[test]
+fn tar_fields_missing_or_malformed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let roots = [tmp.path().to_owned()];
+    let fields = serde_json::json!({
+        "image": {"kind": "image"},
+        "caption": {"kind": "text", "from": "txt"},
+        "meta": {"kind": "json"},
+        "emb": {"kind": "npy", "shape": [2]},
+    });
+    // A key missing a declared field fails the indexing, naming the key and the field.
+    let dir = tmp.path().join("missing");
+    write(
+        &dir.join("s.tar"),
+        &shard(&[
+            ("k1.jpg", b"x"),
+            ("k1.txt", b"t"),
+            ("k1.meta", b"{}"),
+            ("k1.emb", &npy_f32(&[1.0, 2.0])),
+            ("k2.jpg", b"y"),
+            ("k2.meta", b"{}"),
+            ("k2.emb", &npy_f32(&[1.0, 2.0])),
+        ]),
+    );
+    let e = index_err(&tar_spec(&dir, fields.clone()), &roots);
+    assert_eq!(e.code(), "missing_field");
+    let says = e.to_string();
+    assert!(
+        says.contains("k2 in") && says.contains("`caption`"),
+        "{says}"
+    );
+
+    // Malformed values are the element's error when it is read, never a panic.
+    let dir = tmp.path().join("bad");
+    let good_emb = npy_f32(&[1.0, 2.0]);
+    // (key, text, json, npy, what the error says)
+    type Case<'a> = (&'a str, &'a [u8], &'a [u8], &'a [u8], &'a str);
+    let cases: [Case<'_>; 4] = [
+        ("ok", b"fine", b"{}", &good_emb, ""),
+        (
+            "text",
+            b"\xff\xfe",
+            b"{}",
+            &good_emb,
+            "field `caption` is not UTF-8",
+        ),
+        (
+            "json",
+            b"t",
+            b"{nope",
+            &good_emb,
+            "field `meta` is not a JSON document",
+        ),
+        (
+            "npy",
+            b"t",
+            b"{}",
+            b"\x93NUMPY\x01\x00\x04\x00{}\n",
+            "field `emb` is a bad .npy header",
+        ),
+    ];
+    let mut members: Vec<(String, Vec<u8>)> = Vec::new();
+    for (k, t, m, n, _) in &cases {
+        members.push((format!("{k}.jpg"), b"img".to_vec()));
+        members.push((format!("{k}.txt"), t.to_vec()));
+        members.push((format!("{k}.meta"), m.to_vec()));
+        members.push((format!("{k}.emb"), n.to_vec()));
+    }
+    let refs: Vec<(&str, &[u8])> = members
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.as_slice()))
+        .collect();
+    write(&dir.join("s.tar"), &shard(&refs));
+    let ix = index_ok(&tar_spec(&dir, fields.clone()), &roots);
+    assert_eq!(ix.len(), 4);
+    assert_eq!(ix.label(0), Some(0), "no class field: label 0");
+    for (id, (_, _, _, _, says)) in cases.iter().enumerate() {
+        let r = ix.split(id as u32, ix.read(id as u32).unwrap());
+        if says.is_empty() {
+            assert_eq!(r.unwrap().fields.len(), 3);
+        } else {
+            let e = r.unwrap_err();
+            assert_eq!(e.code(), "bad_field");
+            assert!(e.to_string().contains(says), "{e}");
+        }
+    }
+    // A shape other than the declared one, too.
+    let mut other = fields.clone();
+    other["emb"]["shape"] = serde_json::json!([3]);
+    let ix = index_ok(&tar_spec(&dir, other), &roots);
+    let e = ix.split(0, ix.read(0).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("declares [3]"), "{e}");
+}
+
+#[test]
+fn manifest_fields_from_columns_and_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let roots = [tmp.path().to_owned()];
+    for f in ["a.jpg", "b.jpg"] {
+        write(&tmp.path().join(f), &content(f));
+    }
+    let fields = serde_json::json!({
+        "image": {"kind": "image", "from": "file"},
+        "label": {"kind": "class", "from": "y"},
+        "caption": {"kind": "text"},
+        "meta": {"kind": "json", "from": "info"},
+    });
+    let spec = |name: &str| -> SourceSpec {
+        serde_json::from_value(serde_json::json!({
+            "kind": "manifest", "path": tmp.path().join(name), "fields": fields
+        }))
+        .unwrap()
+    };
+    fs::write(
+        tmp.path().join("m.csv"),
+        "y,file,caption,info\n1,a.jpg,\"a cat, asleep\",\"{\"\"k\"\": 1}\"\n0,b.jpg,un chien,[2]\n",
+    )
+    .unwrap();
+    fs::write(
+        tmp.path().join("m.jsonl"),
+        "{\"file\":\"a.jpg\",\"y\":1,\"caption\":\"a cat, asleep\",\"info\":{\"k\":1}}\n\
+         {\"file\":\"b.jpg\",\"y\":0,\"caption\":\"un chien\",\"info\":[2]}\n",
+    )
+    .unwrap();
+    for name in ["m.csv", "m.jsonl"] {
+        let ix = index_ok(&spec(name), &roots);
+        assert_eq!(ix.len(), 2, "{name}");
+        assert_eq!((ix.label(0), ix.label(1)), (Some(1), Some(0)), "{name}");
+        let s = ix.split(0, ix.read(0).unwrap()).unwrap();
+        assert_eq!(s.image, content("a.jpg"));
+        let values: Vec<&[u8]> = s.fields.iter().map(|f| f.value.as_slice()).collect();
+        assert_eq!(values[0], b"a cat, asleep");
+        let meta: serde_json::Value = serde_json::from_slice(values[1]).unwrap();
+        assert_eq!(meta, serde_json::json!({"k": 1}), "{name}");
+        let s = ix.split(1, ix.read(1).unwrap()).unwrap();
+        assert_eq!(s.fields[0].value, "un chien".as_bytes());
+        let back = DatasetIndex::from_bytes(&ix.to_bytes()).unwrap();
+        assert_eq!(back.split(1, back.read(1).unwrap()).unwrap(), s);
+    }
+    // A missing column or key fails the indexing, naming the line and the field.
+    fs::write(tmp.path().join("n.csv"), "file,y\na.jpg,1\n").unwrap();
+    let e = index_err(&spec("n.csv"), &roots);
+    assert_eq!(e.code(), "missing_field");
+    assert!(
+        e.to_string().contains("line 2") && e.to_string().contains("`caption`"),
+        "{e}"
+    );
+    fs::write(
+        tmp.path().join("n.jsonl"),
+        "{\"file\":\"a.jpg\",\"y\":1,\"caption\":\"c\",\"info\":1}\n{\"file\":\"b.jpg\",\"y\":0,\"info\":1}\n",
+    )
+    .unwrap();
+    let e = index_err(&spec("n.jsonl"), &roots);
+    assert!(
+        e.to_string().contains("line 2") && e.to_string().contains("`caption`"),
+        "{e}"
+    );
+    // A text field that is not a string is refused with its line.
+    fs::write(
+        tmp.path().join("t.jsonl"),
+        "{\"file\":\"a.jpg\",\"y\":1,\"caption\":3,\"info\":1}\n",
+    )
+    .unwrap();
+    let e = index_err(&spec("t.jsonl"), &roots);
+    assert_eq!(e.code(), "bad_manifest");
+    // Kinds a manifest cannot hold are refused before indexing.
+    let npy: SourceSpec = serde_json::from_value(serde_json::json!({
+        "kind": "manifest", "path": tmp.path().join("m.csv"),
+        "fields": {"image": {"kind": "image"}, "emb": {"kind": "npy"}}
+    }))
+    .unwrap();
+    assert_eq!(npy.check_fields().unwrap_err().code(), "bad_fields");
+    assert_eq!(index_err(&npy, &roots).code(), "bad_fields");
 }

@@ -24,9 +24,11 @@ imported only when used, so ``import joader`` works without torch.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -464,7 +466,17 @@ class Loader:
     ``record=True`` keeps every epoch's delivery order on the server
     (``GET /v1/jobs/{job}/record/{epoch}``, per rank) to trace a bad batch;
     ``replay={"job": name, "epoch": e}`` (without ``subset``) receives exactly
-    a recorded epoch's order, every epoch."""
+    a recorded epoch's order, every epoch.
+
+    Fields: a dataset whose source declares ``fields`` (text, JSON, ``.npy``, bytes beside
+    the image and class) still yields ``(images, labels)`` unless the job asks:
+    ``fields=True`` (every declared field) or ``fields=["image", "caption", ...]`` yields a
+    dict keyed by field name: the image field's name (``"image"`` unless declared otherwise)
+    holds the images array (or `Padded`), the class field's (``"label"``) the int64 labels,
+    a ``text`` field a ``list[str]``, a ``json`` field a list of parsed documents, an ``npy``
+    field one stacked array when it declares a ``shape`` (else a list of arrays), a ``bytes``
+    field a ``list[bytes]``, in the batch's order (a padded item repeats its fields). A
+    callable ``transform`` then receives the dict."""
 
     def __init__(
         self,
@@ -495,9 +507,12 @@ class Loader:
         record: bool = False,
         replay: Optional[Dict[str, Any]] = None,
         padded: bool = False,
+        fields: Union[bool, Sequence[str], None] = None,
     ) -> None:
         if not dataset:
             raise ValueError("dataset is required")
+        if isinstance(fields, str):
+            raise ValueError("fields is True or a list of field names, not a string")
         server = server or os.environ.get("JOADER_SERVER", "http://127.0.0.1:7480")
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
@@ -545,12 +560,56 @@ class Loader:
             record=record,
             replay=replay,
         )
+        #: The field names of the dataset's image and class, and the small fields yielded
+        #: (``fields``), or None for ``(images, labels)`` batches.
+        self.fields: Optional[List[str]] = None
+        self._image_name, self._label_name = "image", "label"
+        if fields:
+            self._choose_fields(dataset, fields)
         # A padded batch is normalized by its consumer, after the crop.
         self._native_args = (transform, prefetch, threads, None if padded else mean,
                              None if padded else std, pad, open_timeout)
         #: CPU seconds by stage of the prefetches this loader replaced (``load_state_dict``).
         self._stage_cpu_before: Dict[str, float] = {}
         self._start(resume)
+
+    def _choose_fields(self, dataset: str, fields: Union[bool, Sequence[str]]) -> None:
+        """The names ``fields`` asks for, checked against the dataset's declaration."""
+        view = _post_json(f"{self._server.rstrip('/')}/v1/datasets/{urllib.parse.quote(dataset)}", None,
+                          self._request_timeout, self._token, method="GET")
+        declared: Dict[str, Any] = (view.get("source") or {}).get("fields") or {}
+        for name, spec in declared.items():
+            if spec.get("kind") == "image":
+                self._image_name = name
+            elif spec.get("kind") == "class":
+                self._label_name = name
+        small = [n for n, spec in sorted(declared.items()) if spec.get("kind") not in ("image", "class")]
+        known = [self._image_name, self._label_name] + small
+        if fields is True:
+            self.fields = known
+            return
+        wanted = [str(f) for f in fields]  # type: ignore[union-attr]
+        unknown = [f for f in wanted if f not in known]
+        if unknown:
+            raise ValueError(f"dataset {dataset!r} has no field {unknown[0]!r}; its fields: {known}")
+        self.fields = wanted
+
+    def _as_dict(self, images: Any, labels: np.ndarray, d: Dict[str, Any]) -> Dict[str, Any]:
+        """The batch as a dict of the fields asked for (see the class docs)."""
+        assert self.fields is not None
+        small: Dict[str, Any] = d.get("fields") or {}
+        out: Dict[str, Any] = {}
+        for name in self.fields:
+            if name == self._image_name:
+                out[name] = images
+            elif name == self._label_name:
+                out[name] = labels
+            elif name in small:
+                kind, fixed, values = small[name]
+                out[name] = _field_values(kind, fixed, values)
+            else:
+                raise JoaderError("bad_response", f"the batch carries no field {name!r}")
+        return out
 
     def _start(self, resume: Optional[Dict[str, Any]]) -> None:
         """Registers the job (resumed from ``resume``) and starts the prefetch of this rank's ring."""
@@ -634,7 +693,13 @@ class Loader:
                 if self.padded and isinstance(self.transform, RandomResizedCrop):
                     images = Padded(images, d["sizes"], d["boxes"], d["flips"],
                                     self.transform.height, self.transform.width)
-                if self.transform is not None and not isinstance(self.transform, RandomResizedCrop):
+                if self.fields is not None:
+                    batch = self._as_dict(images, labels, d)
+                    if self.transform is not None and not isinstance(self.transform, RandomResizedCrop):
+                        yield self.transform(batch)  # type: ignore[call-arg,arg-type]
+                    else:
+                        yield batch
+                elif self.transform is not None and not isinstance(self.transform, RandomResizedCrop):
                     yield self.transform(images, labels)
                 else:
                     yield images, labels
@@ -707,6 +772,19 @@ class Loader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _field_values(kind: str, fixed: bool, values: List[bytes]) -> Any:
+    """A small field's values of a batch as Python values: text as ``str``, JSON parsed,
+    ``.npy`` as arrays (stacked when the field declares a fixed shape), bytes as they are."""
+    if kind == "text":
+        return [v.decode("utf-8") for v in values]
+    if kind == "json":
+        return [json.loads(v) for v in values]
+    if kind == "npy":
+        arrays = [np.load(io.BytesIO(v), allow_pickle=False) for v in values]
+        return np.stack(arrays) if fixed and arrays else arrays
+    return list(values)
 
 
 def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:

@@ -28,7 +28,8 @@ SAMPLING_RATIO = 0
 # type-arg: IterableDataset is generic; misc: without torch installed (ci.sh when its
 # install timed out) the base class is Any.
 class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignore]
-    """Yields ``(images, labels)`` tensors made with ``torch.from_numpy`` (no
+    """Yields ``(images, labels)`` tensors (a dict of the fields with ``fields=``, see
+    `Loader`; arrays as tensors) made with ``torch.from_numpy`` (no
     copy): ``(B, H, W, C)`` uint8 (``(B, C, H, W)`` with ``channels_first=True``,
     a view), or ``(B, C, H, W)`` float32 when the loader normalizes (``mean`` and
     ``std``), and ``(B,)`` int64. Each iteration is one epoch. Pass an existing
@@ -87,32 +88,69 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
         if pin_memory and not self.pin_memory:
             warnings.warn("pin_memory=True without CUDA: tensors stay in pageable memory", stacklevel=2)
 
-    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        if self.device is not None:
-            yield from self._on_device(self.device)
-            return
-        for images, labels in self.loader:
-            x = torch.from_numpy(images)
-            if self.channels_first and x.dtype == torch.uint8:
-                x = x.permute(0, 3, 1, 2)
-            y = torch.from_numpy(labels)
-            if self.pin_memory:
-                x, y = x.pin_memory(), y.pin_memory()
-            yield x, y
-
-    def _on_device(self, device: torch.device) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        mean, std = self._norm if self._norm is not None else (None, None)
-        for images, labels in self.loader:
-            y = self._send(torch.from_numpy(labels), device)
-            if isinstance(images, Padded):
-                x = augment_padded(images, device, mean, std, self.channels_first, self.pin_memory)
+    def __iter__(self) -> Iterator[Any]:
+        """Yields ``(images, labels)``, or with the loader's ``fields`` a dict of them: the
+        image and label tensors as without fields, ``npy`` fields as tensors (one stacked
+        tensor with a declared shape, else a list), the others as the `Loader` gives them."""
+        for batch in self.loader:
+            if isinstance(batch, dict):
+                yield self._dict(batch)
             else:
-                x = self._send(torch.from_numpy(images), device)
-                if mean is not None and std is not None:
-                    x = _normalize(x.permute(0, 3, 1, 2).float(), mean, std)
-                elif self.channels_first and x.dtype == torch.uint8:
-                    x = x.permute(0, 3, 1, 2)
-            yield x, y
+                yield self._pair(*batch)
+
+    def _pair(self, images: Any, labels: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.device is not None:
+            return self._on_device(images, labels, self.device)
+        x = torch.from_numpy(images)
+        if self.channels_first and x.dtype == torch.uint8:
+            x = x.permute(0, 3, 1, 2)
+        y = torch.from_numpy(labels)
+        if self.pin_memory:
+            x, y = x.pin_memory(), y.pin_memory()
+        return x, y
+
+    def _dict(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """A dict batch with tensors: the images and labels through `_pair`, arrays as tensors."""
+        image, label = self.loader._image_name, self.loader._label_name
+        out: Dict[str, Any] = {}
+        if image in batch or label in batch:
+            n = len(batch[label]) if label in batch else len(batch[image])
+            labels = batch.get(label, np.zeros((n,), np.int64))
+            images = batch.get(image)
+            if images is None:
+                y = torch.from_numpy(labels)
+                out[label] = self._send(y, self.device) if self.device is not None else y
+            else:
+                x, y = self._pair(images, labels)
+                out[image] = x
+                if label in batch:
+                    out[label] = y
+        for name, value in batch.items():
+            if name in (image, label):
+                continue
+            if isinstance(value, np.ndarray):
+                value = self._tensor(value)
+            elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
+                value = [self._tensor(v) for v in value]
+            out[name] = value
+        return out
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        return self._send(t, self.device) if self.device is not None else t
+
+    def _on_device(self, images: Any, labels: np.ndarray, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        mean, std = self._norm if self._norm is not None else (None, None)
+        y = self._send(torch.from_numpy(labels), device)
+        if isinstance(images, Padded):
+            x = augment_padded(images, device, mean, std, self.channels_first, self.pin_memory)
+        else:
+            x = self._send(torch.from_numpy(images), device)
+            if mean is not None and std is not None:
+                x = _normalize(x.permute(0, 3, 1, 2).float(), mean, std)
+            elif self.channels_first and x.dtype == torch.uint8:
+                x = x.permute(0, 3, 1, 2)
+        return x, y
 
     def _send(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
         if self.pin_memory and device.type == "cuda":

@@ -20,6 +20,43 @@ use crate::augment::{Aug, to_aug};
 use crate::batch::set_stream_fields;
 use crate::error::{JoaderError, closed, err};
 
+/// The small fields of a batch's items (their blocks, `dataplane::fields`), by name:
+/// `{name: (kind, fixed_shape, [value bytes per item])}` in the items' order, or None when
+/// no item has any. An item without a field another has is a corrupt block.
+fn fields_dict<'py>(py: Python<'py>, blocks: &[Vec<u8>]) -> PyResult<Option<Bound<'py, PyDict>>> {
+    if blocks.iter().all(Vec::is_empty) {
+        return Ok(None);
+    }
+    let parsed = blocks
+        .iter()
+        .map(|b| dataplane::fields::parse(b))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let d = PyDict::new(py);
+    let Some(first) = parsed.first() else {
+        return Ok(None);
+    };
+    for (i, f) in first.iter().enumerate() {
+        let mut values = Vec::with_capacity(parsed.len());
+        for item in &parsed {
+            match item.get(i) {
+                Some(g) if g.name == f.name && g.kind == f.kind => {
+                    values.push(pyo3::types::PyBytes::new(py, g.value));
+                }
+                _ => {
+                    return Err(JoaderError::new_err((
+                        "segment_corrupt",
+                        format!("the items of a batch disagree on their field `{}`", f.name),
+                    )));
+                }
+            }
+        }
+        let fixed = f.flags & dataplane::fields::FIXED_SHAPE != 0;
+        d.set_item(f.name, (f.kind.name(), fixed, values))?;
+    }
+    Ok(Some(d))
+}
+
 /// A prefetched batch's buffer lent to Python: the base of the NumPy arrays over it, it
 /// gives the buffer back to the prefetch pool when the last of them is collected (so a
 /// buffer is rewritten only when no Python object refers to it any more).
@@ -153,6 +190,7 @@ impl Prefetcher {
         d.set_item("positions", &b.positions)?;
         set_stream_fields(&d, &b.errors, b.end_of_epoch, b.end_of_stream)?;
         d.set_item("padded", b.padded)?;
+        d.set_item("fields", fields_dict(py, &b.fields)?)?;
         if !b.crops.is_empty() {
             let n = b.crops.len();
             let (mut sizes, mut boxes) = (Vec::with_capacity(2 * n), Vec::with_capacity(4 * n));

@@ -108,6 +108,7 @@ fn writer(m: &HashMap<String, String>) -> dataplane::Result<()> {
     let slots: Vec<_> = (0..n)
         .map(|id| {
             let meta = SlotMeta {
+                fields_len: 0,
                 element_id: id,
                 label: id as i64 + 1000,
                 format: Format::HwcU8 {

@@ -422,6 +422,7 @@ impl CacheActor {
                 element_id: w.element,
                 label: w.label,
                 format: w.prepared.format,
+                fields_len: w.prepared.fields_len,
             };
             let copy = dataplane::stages::enter(&dataplane::stages::server::SLOT_WRITE);
             let written = writer.write_slot(meta, &w.prepared.bytes);

@@ -13,6 +13,9 @@
 //! element is one value of one column in one row group, which needs no columnar batch, and
 //! the arrow crates would be most of the compile time.
 //!
+//! Small fields (`text`, `json`, `npy`, `bytes`) come from other columns of the row
+//! (`small.rs`), read when the element is.
+//!
 //! A row whose image `bytes` is null and whose `path` is set is read from that path,
 //! relative to the Parquet file's folder, if it lies under the allowed roots in force when
 //! the dataset was indexed (kept in the index), else the element is an error record.
@@ -39,13 +42,14 @@ use parquet::schema::types::SchemaDescriptor;
 
 mod pages;
 mod reader;
+mod small;
 mod snappy;
 
 pub use reader::ParquetReads;
 use reader::{Found, OpenFile};
 
 use super::fields::{FieldKind, Fields};
-use super::index::IndexBuilder;
+use super::index::{IndexBuilder, SampleFields};
 use super::roots::Roots;
 use super::{
     DatasetIndex, MAX_MEMBER_LEN, Progress, StorageError, is_hidden, numeric_classes, numeric_label,
@@ -130,6 +134,8 @@ fn index_files(
     let class_from = fields
         .and_then(|f| f.from_of(FieldKind::Class).flatten())
         .unwrap_or(DEFAULT_CLASS_COLUMN);
+    // Declared fields without a class: every label is 0, no class column is read.
+    let labelled = fields.is_none_or(|f| f.has(FieldKind::Class));
     let mut image_column: Option<String> = None;
     let mut names: Option<(PathBuf, Vec<String>)> = None;
     // The rows the footers declare, so that the columns are allocated once (growing them
@@ -144,6 +150,8 @@ fn index_files(
     }
     // (A damaged footer may declare any count: beyond 64 M rows the columns grow as read.)
     let mut items = IndexBuilder::rows(declared.min(1 << 26));
+    let small_fields = fields.filter(|f| f.small().next().is_some());
+    items.sample = small_fields.map(|f| SampleFields::new(f, false).with_columns());
     for (n, path) in files.iter().enumerate() {
         let n = u32::try_from(n).map_err(|_| StorageError::TooManyItems)?;
         let bad = bad(path);
@@ -165,8 +173,15 @@ fn index_files(
         };
         ImageColumn::find(schema, &column).map_err(&bad)?;
         image_column = Some(column);
-        let class = class_leaf(schema, class_from).map_err(&bad)?;
-        if let Some(file_names) = hf.class_names(class_from) {
+        if let Some(f) = small_fields {
+            small::columns(schema, f).map_err(&bad)?;
+        }
+        let class = if labelled {
+            Some(class_leaf(schema, class_from).map_err(&bad)?)
+        } else {
+            None
+        };
+        if let Some(file_names) = hf.class_names(class_from).filter(|_| labelled) {
             match &names {
                 Some((first, known)) if *known != file_names => {
                     return Err(bad(format!(
@@ -180,7 +195,10 @@ fn index_files(
         }
         for g in 0..meta.num_row_groups() {
             let group = u32::try_from(g).map_err(|_| StorageError::TooManyItems)?;
-            let labels = read_labels(&reader, meta.row_group(g), class).map_err(&bad)?;
+            let labels = match class {
+                Some(class) => read_labels(&reader, meta.row_group(g), class).map_err(&bad)?,
+                None => vec![Some(0); usize::try_from(meta.row_group(g).num_rows()).unwrap_or(0)],
+            };
             for (row, label) in labels.into_iter().enumerate() {
                 let what = || format!("row {row} of row group {g} in {}", path.display());
                 let label = label.ok_or_else(|| StorageError::BadLabel {
@@ -241,13 +259,14 @@ pub(super) fn read(
     guarded(path, || read_row(path, n, info, group, row))
 }
 
-fn read_row(
+/// File number `n` at `path`, opened (its footer parsed) once and kept by the dataset's
+/// reader, checked to hold row group `group`.
+fn open_file(
     path: &Path,
     n: u32,
     info: &RowsInfo,
     group: u32,
-    row: u32,
-) -> Result<Vec<u8>, StorageError> {
+) -> Result<Arc<OpenFile>, StorageError> {
     let bad = bad(path);
     let file = info.reader.file(n, || {
         let file = Pread::open(path).map_err(|e| StorageError::read(path, e))?;
@@ -261,6 +280,38 @@ fn read_row(
             "no row group {group} (the file changed since indexing?)"
         )));
     }
+    Ok(file)
+}
+
+/// The small fields' values (`None`: null) of row `row` of row group `group` in file number
+/// `n`, at `path`, in the declaration's name order (`small.rs`).
+pub(super) fn read_fields(
+    path: &Path,
+    n: u32,
+    info: &RowsInfo,
+    group: u32,
+    row: u32,
+    fields: &Fields,
+) -> Result<super::tar_shards::FieldValues, StorageError> {
+    guarded(path, || {
+        let bad = bad(path);
+        let file = open_file(path, n, info, group)?;
+        let columns =
+            small::columns(file.meta.file_metadata().schema_descr(), fields).map_err(&bad)?;
+        small::read(&file, &columns, fields, group, row)
+            .map_err(|e| bad(format!("row {row} of row group {group}: {e}")))
+    })
+}
+
+fn read_row(
+    path: &Path,
+    n: u32,
+    info: &RowsInfo,
+    group: u32,
+    row: u32,
+) -> Result<Vec<u8>, StorageError> {
+    let bad = bad(path);
+    let file = open_file(path, n, info, group)?;
     let found = info
         .reader
         .read_row(n, &file, group, row)

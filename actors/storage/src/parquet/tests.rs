@@ -326,12 +326,53 @@ fn fields_name_the_columns_and_refuse_what_is_not_supported() {
     let e = index_of(&spec(&[&file], Some(not_class)), tmp.path()).unwrap_err();
     assert!(e.to_string().contains("no class column `image`"), "{e}");
 
+    // Small fields come from columns, checked when the dataset is indexed.
+    let missing = serde_json::json!({"image": {"kind": "image"}, "label": {"kind": "class"},
+                                     "caption": {"kind": "text", "from": "text"}});
+    let e = index_of(&spec(&[&file], Some(missing)), tmp.path()).unwrap_err();
+    assert!(
+        e.to_string().contains("field `caption`: no column `text`"),
+        "{e}"
+    );
+    let not_text =
+        serde_json::json!({"image": {"kind": "image"}, "t": {"kind": "text", "from": "label"}});
+    let e = index_of(&spec(&[&file], Some(not_text)), tmp.path()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("field `t`: column `label` cannot be a `text` field"),
+        "{e}"
+    );
+    // Declared fields without a class: every label is 0, whatever the files hold.
+    let unlabelled =
+        serde_json::json!({"image": {"kind": "image"}, "t": {"kind": "json", "from": "label"}});
+    let ix = index_of(&spec(&[&file], Some(unlabelled)), tmp.path()).unwrap();
+    assert_eq!(ix.labels().collect::<Vec<_>>(), [0, 0]);
+    assert_eq!(ix.classes(), ["0"]);
+    // A number column read as JSON, or as an array (a scalar), row by row.
+    let fields = serde_json::json!({"image": {"kind": "image"}, "label": {"kind": "class"},
+                                    "j": {"kind": "json", "from": "label"},
+                                    "n": {"kind": "npy", "from": "label"},
+                                    "p": {"kind": "bytes", "from": "image"}});
+    let e = index_of(&spec(&[&file], Some(fields.clone())), tmp.path()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("field `p`: column `image` cannot be a `bytes` field"),
+        "{e}"
+    );
+    let _ = fields;
+    let fields = serde_json::json!({"image": {"kind": "image"}, "label": {"kind": "class"},
+                                    "j": {"kind": "json", "from": "label"},
+                                    "n": {"kind": "npy", "from": "label", "shape": []}});
+    let ix = index_of(&spec(&[&file], Some(fields)), tmp.path()).unwrap();
+    for id in 0..2u32 {
+        let s = ix.split(id, ix.read(id).unwrap()).unwrap();
+        assert_eq!(s.image, image(id as u8 + 1));
+        assert_eq!(s.fields[0].value, id.to_string().as_bytes());
+        let npy = &s.fields[1].value;
+        assert_eq!(crate::fields::npy_shape(npy).unwrap(), Vec::<u64>::new());
+        assert_eq!(&npy[npy.len() - 8..], &i64::from(id).to_le_bytes());
+    }
     for (fields, says) in [
-        (
-            serde_json::json!({"image": {"kind": "image"}, "label": {"kind": "class"},
-                               "caption": {"kind": "text", "from": "text"}}),
-            "field `caption`: fields of kind `text` are not supported yet",
-        ),
         (
             serde_json::json!({"label": {"kind": "class"}}),
             "no field of kind `image`",

@@ -47,7 +47,7 @@ pub(super) fn index(
         let entries = archive
             .entries()
             .map_err(|e| tar_shards::bad_shard(&name)(e.to_string().to_lowercase()))?;
-        tar_shards::index_entries(n, &name, shard.size, entries, &mut items, progress)?;
+        tar_shards::index_entries(n, &name, shard.size, None, entries, &mut items, progress)?;
     }
     let classes = numeric_classes(items.labels_mut());
     let index = items.finish(

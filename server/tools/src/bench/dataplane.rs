@@ -239,6 +239,7 @@ fn padded_bench(rounds: usize) -> Result<Duration> {
                     },
                     offset: 0,
                     len: img.len() as u64,
+                    fields_len: 0,
                 };
                 (meta, &img[..])
             })
@@ -300,6 +301,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         .map(|i| {
             w.write_slot(
                 SlotMeta {
+                    fields_len: 0,
                     element_id: i as u32,
                     label: i as i64,
                     format,

@@ -10,7 +10,8 @@
 //! workers per job, and with workers = cores per job); with `--source s3` also from a local S3
 //! server beside local disk (`s3`), directly or through a proxy adding a latency to each
 //! request (`--s3-latency-ms`, `proxy`); with `--parquet` the `parquet` source against the
-//! same images in a folder (`parquet.rs`). Every system is timed
+//! same images in a folder (`parquet.rs`); with `--fields` samples with a caption and a JSON
+//! document against the same images without (`fields.rs`). Every system is timed
 //! alike, from each job's start to its last sample, with the figure from the first batch
 //! beside it (`systems.rs`). It prints and writes a markdown table and a PNG chart, the
 //! baselines' aggregates by K (flat on a decode-bound machine when the threads are the same at
@@ -19,6 +20,7 @@
 //! the decoded dataset's bytes before the scenarios and prints which fraction of it the cache
 //! holds. Nothing is asserted: the figures are what this machine did in this run.
 
+mod fields;
 mod gpu_lock;
 mod parquet;
 pub mod proxy;
@@ -105,6 +107,11 @@ pub struct E2eArgs {
     /// source served by a `joader serve` child (`parquet.rs`).
     #[arg(long)]
     pub parquet: bool,
+    /// Also compare samples with a caption and a JSON document (WebDataset shards of the same
+    /// JPEGs declared with `fields`) with the same shards without them: K = 4 jobs, each
+    /// served by a `joader serve` child (`fields.rs`).
+    #[arg(long)]
+    pub fields: bool,
 }
 
 /// What every system of a run shares: the dataset, its index, the threads and the pipeline.
@@ -285,6 +292,9 @@ pub fn run(args: E2eArgs) -> Result<()> {
     }
     if args.parquet {
         table.push_str(&parquet::run(&ctx, n)?);
+    }
+    if args.fields {
+        table.push_str(&fields::run(&ctx, n)?);
     }
     println!("{table}");
     for w in report::warnings(&rows) {

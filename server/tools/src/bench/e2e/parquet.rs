@@ -58,8 +58,27 @@ print(len(rows))
 
 /// The Parquet copy of the bench's image folder (written once, next to it).
 fn write_parquet(root: &Path, n: u32) -> Result<PathBuf> {
+    write_copy(
+        root,
+        "parquet",
+        WRITER,
+        "Parquet files (does python3 import pyarrow? pip install pyarrow)",
+        n,
+    )
+}
+
+/// A copy of the bench's image folder that the Python `script` writes (its arguments: the
+/// folder and the copy's folder; it prints how many samples it wrote), once, beside the folder
+/// in `<folder>-<suffix>` (marked complete when done): `what` names it in errors and logs.
+pub(super) fn write_copy(
+    root: &Path,
+    suffix: &str,
+    script: &str,
+    what: &str,
+    n: u32,
+) -> Result<PathBuf> {
     let out = root.with_file_name(format!(
-        "{}-parquet",
+        "{}-{suffix}",
         root.file_name().unwrap_or_default().to_string_lossy()
     ));
     let done = out.join(".complete");
@@ -69,24 +88,24 @@ fn write_parquet(root: &Path, n: u32) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&out);
     let t = Instant::now();
     let o = Command::new("python3")
-        .args(["-c", WRITER])
+        .args(["-c", script])
         .arg(root)
         .arg(&out)
         .output()
         .context("run python3")?;
     if !o.status.success() {
         bail!(
-            "writing the Parquet files failed (does python3 import pyarrow? pip install pyarrow): {}",
+            "writing the {what} failed: {}",
             String::from_utf8_lossy(&o.stderr)
         );
     }
     let written: u32 = String::from_utf8_lossy(&o.stdout).trim().parse()?;
     if written != n {
-        bail!("the Parquet files hold {written} rows, the folder {n} images");
+        bail!("the {what} hold {written} samples, the folder {n} images");
     }
     std::fs::write(&done, b"")?;
     eprintln!(
-        "parquet: {n} rows written to {} ({:.1} s)",
+        "{n} samples written as {what} to {} ({:.1} s)",
         out.display(),
         t.elapsed().as_secs_f64()
     );
@@ -94,9 +113,9 @@ fn write_parquet(root: &Path, n: u32) -> Result<PathBuf> {
 }
 
 /// One source's run: its outcome and the bytes its server read per element loaded.
-struct Row {
-    outcome: Outcome,
-    read_per_element: f64,
+pub(super) struct Row {
+    pub(super) outcome: Outcome,
+    pub(super) read_per_element: f64,
 }
 
 /// The bytes process `pid` has read through system calls (`rchar`).
@@ -114,7 +133,8 @@ fn server_cpu(client: &Client) -> Result<f64> {
         .context("the server reports no process_cpu_s")
 }
 
-fn run_one(
+/// One run of scenario `sc` on a `joader serve` child serving dataset `d` from `spec`.
+pub(super) fn run_one(
     ctx: &Ctx,
     sc: &Scenario,
     roots: &[PathBuf],
@@ -305,7 +325,7 @@ pub(super) fn run(ctx: &Ctx, n: u32) -> Result<String> {
     ))
 }
 
-fn mean(v: impl Iterator<Item = f64>) -> f64 {
+pub(super) fn mean(v: impl Iterator<Item = f64>) -> f64 {
     let (sum, count) = v.fold((0.0, 0.0), |(s, c), x| (s + x, c + 1.0));
     sum / f64::max(count, 1.0)
 }

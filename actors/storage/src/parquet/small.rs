@@ -1,0 +1,305 @@
+//! A `parquet` row's small fields (`text`, `json`, `npy`, `bytes`), each from a top-level
+//! column of the file:
+//!
+//! - a binary or string column (not repeated) gives its value's bytes: the text, a JSON
+//!   document written as text, an `.npy` file, or bytes;
+//! - any other column gives a `json` field the column's value as JSON (a struct as an object,
+//!   a list as an array: Hugging Face's `objects` or `Sequence` features), and an `npy` field
+//!   a (nested) list of numbers as an array: its shape from the lists' lengths (ragged lists
+//!   are the element's error), its dtype from the column's leaf (`float32` for `float`,
+//!   `float64`, `int32`, `int64`), e.g. `objects.bbox` as `list<list<float>>` gives
+//!   `(n, 4)` float32.
+//!
+//! The columns are checked when the dataset is indexed (present in every file, of a shape
+//! the field's kind can take); a null value is the element's error when it is read. A value
+//! is read by the `parquet` crate's column reader (binary columns: the pages before the row
+//! by their headers) or its record reader over the one column (the row group's rows up to
+//! this one assembled): fields are small beside the image, and read once per element.
+
+use std::sync::Arc;
+
+use parquet::basic::Type as PhysicalType;
+use parquet::file::metadata::page_index::RowGroupPageIndex;
+use parquet::file::properties::ReaderProperties;
+use parquet::file::serialized_reader::SerializedRowGroupReader;
+use parquet::record::reader::RowIter;
+use parquet::record::{Field, Row};
+use parquet::schema::types::{SchemaDescriptor, Type};
+
+use super::super::fields::{FieldKind, FieldSpec, Fields};
+use super::read_cell;
+use super::reader::OpenFile;
+use crate::tar_shards::FieldValues;
+
+/// Where a small field's values are in a file.
+#[derive(Clone, Debug)]
+pub(super) enum Column {
+    /// A binary or string leaf (its number): the value's bytes.
+    Binary(usize),
+    /// Any other top-level column: assembled as a record. `dtype`: its leaf's, when it is a
+    /// number; `depth`: the lists it is nested in (an empty list's array keeps that many
+    /// dimensions).
+    Record {
+        name: String,
+        dtype: Option<&'static str>,
+        depth: usize,
+    },
+}
+
+/// The column of each small field of `fields` (name order) in a file's schema, checked
+/// against the field's kind; the error names the field.
+pub(super) fn columns(schema: &SchemaDescriptor, fields: &Fields) -> Result<Vec<Column>, String> {
+    fields
+        .small()
+        .map(|(name, spec)| column(schema, name, spec))
+        .collect()
+}
+
+fn column(schema: &SchemaDescriptor, name: &str, spec: &FieldSpec) -> Result<Column, String> {
+    let from = spec.from.as_deref().unwrap_or(name).trim();
+    let leaves: Vec<usize> = (0..schema.num_columns())
+        .filter(|&i| {
+            schema
+                .column(i)
+                .path()
+                .parts()
+                .first()
+                .is_some_and(|p| p == from)
+        })
+        .collect();
+    let bad = |why: &str| {
+        Err(format!(
+            "field `{name}`: column `{from}` cannot be a `{}` field: {why}",
+            spec.kind.name()
+        ))
+    };
+    let binary = match leaves.as_slice() {
+        [] => return Err(format!("field `{name}`: no column `{from}`")),
+        [i] => {
+            let c = schema.column(*i);
+            (c.physical_type() == PhysicalType::BYTE_ARRAY
+                && c.max_rep_level() == 0
+                && c.path().parts().len() == 1)
+                .then_some(*i)
+        }
+        _ => None,
+    };
+    if let Some(i) = binary {
+        return Ok(Column::Binary(i));
+    }
+    let dtype = match leaves.as_slice() {
+        [i] => match schema.column(*i).physical_type() {
+            PhysicalType::FLOAT => Some("<f4"),
+            PhysicalType::DOUBLE => Some("<f8"),
+            PhysicalType::INT32 => Some("<i4"),
+            PhysicalType::INT64 => Some("<i8"),
+            _ => None,
+        },
+        _ => None,
+    };
+    match spec.kind {
+        FieldKind::Json => {}
+        FieldKind::Npy if dtype.is_some() => {}
+        FieldKind::Npy => return bad("not binary, nor a list of numbers"),
+        _ => return bad("not a binary or string column"),
+    }
+    let depth = match leaves.as_slice() {
+        [i] => usize::try_from(schema.column(*i).max_rep_level()).unwrap_or(0),
+        _ => 0,
+    };
+    Ok(Column::Record {
+        name: from.to_owned(),
+        dtype,
+        depth,
+    })
+}
+
+/// The values of the small fields (`None`: null) of row `row` of group `group`.
+pub(super) fn read(
+    file: &OpenFile,
+    columns: &[Column],
+    fields: &Fields,
+    group: u32,
+    row: u32,
+) -> Result<FieldValues, String> {
+    let meta = file.meta.row_group(group as usize);
+    columns
+        .iter()
+        .zip(fields.small())
+        .map(|(c, (name, spec))| {
+            let value = match c {
+                Column::Binary(leaf) => read_cell(&file.file, meta, *leaf, row as usize)
+                    .map(|v| v.map(|b| b.data().to_vec()))
+                    .map_err(|e| e.to_string()),
+                Column::Record {
+                    name: column,
+                    dtype,
+                    depth,
+                } => match record_field(file, group, column, row) {
+                    Ok(None | Some(Field::Null)) => Ok(None),
+                    Ok(Some(f)) => convert(&f, spec, *dtype, *depth).map(Some),
+                    Err(e) => Err(e),
+                },
+            };
+            value.map_err(|e| format!("field `{name}`: {e}"))
+        })
+        .collect()
+}
+
+/// The value of top-level column `column` in row `row` of group `group`, assembled.
+fn record_field(
+    file: &OpenFile,
+    group: u32,
+    column: &str,
+    row: u32,
+) -> Result<Option<Field>, String> {
+    let meta = file.meta.row_group(group as usize);
+    let schema = file.meta.file_metadata().schema_descr();
+    let Some(field) = schema
+        .root_schema()
+        .get_fields()
+        .iter()
+        .find(|f| f.name() == column)
+    else {
+        return Err(format!(
+            "no column `{column}` (the file changed since indexing?)"
+        ));
+    };
+    let projection = Type::group_type_builder(schema.root_schema().name())
+        .with_fields(vec![field.clone()])
+        .build()
+        .map_err(|e| e.to_string())?;
+    let reader = SerializedRowGroupReader::new(
+        file.file.clone(),
+        meta,
+        RowGroupPageIndex::new(group as usize, None),
+        Arc::new(ReaderProperties::builder().build()),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut rows = RowIter::from_row_group(Some(projection), &reader).map_err(|e| e.to_string())?;
+    let found: Option<Row> = rows
+        .nth(row as usize)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let Some(found) = found else {
+        return Err("the row is missing (the file changed since indexing?)".into());
+    };
+    Ok(found.get_column_iter().next().map(|(_, f)| f.clone()))
+}
+
+/// An assembled value as a field's bytes: JSON text, or an `.npy` of numbers.
+fn convert(
+    f: &Field,
+    spec: &FieldSpec,
+    dtype: Option<&str>,
+    depth: usize,
+) -> Result<Vec<u8>, String> {
+    match (spec.kind, dtype) {
+        (FieldKind::Npy, Some(dtype)) => {
+            let mut shape = Vec::new();
+            let mut values = Vec::new();
+            flatten(f, 0, &mut shape, &mut values)?;
+            if values.is_empty() {
+                // Below an empty list the lengths are unknown: 0, with the column's dimensions.
+                shape.resize(depth.max(shape.len()), 0);
+            }
+            Ok(npy(dtype, &shape, &values))
+        }
+        _ => serde_json::to_vec(&f.to_json_value()).map_err(|e| e.to_string()),
+    }
+}
+
+/// A number of an array.
+#[derive(Clone, Copy)]
+enum Number {
+    F(f64),
+    I(i64),
+}
+
+/// Appends the numbers of a (nested) list to `values`, checking that lists at one depth all
+/// have one length (`shape[depth]`).
+fn flatten(
+    f: &Field,
+    depth: usize,
+    shape: &mut Vec<u64>,
+    values: &mut Vec<Number>,
+) -> Result<(), String> {
+    let n = match f {
+        Field::Float(v) => Number::F(f64::from(*v)),
+        Field::Double(v) => Number::F(*v),
+        Field::Int(v) => Number::I(i64::from(*v)),
+        Field::Long(v) => Number::I(*v),
+        Field::ListInternal(list) => {
+            let items = list.elements();
+            match shape.get(depth) {
+                Some(&len) if len != items.len() as u64 => {
+                    return Err(format!(
+                        "a ragged list: lengths {len} and {} at depth {depth}",
+                        items.len()
+                    ));
+                }
+                Some(_) => {}
+                None if shape.len() == depth => shape.push(items.len() as u64),
+                None => return Err("lists nested to unequal depths".into()),
+            }
+            for item in items {
+                flatten(item, depth + 1, shape, values)?;
+            }
+            return Ok(());
+        }
+        Field::Null => return Err("a null inside its list".into()),
+        other => return Err(format!("{other} is not a number")),
+    };
+    if shape.len() > depth {
+        return Err("lists nested to unequal depths".into());
+    }
+    values.push(n);
+    Ok(())
+}
+
+/// An `.npy` file (format 1.0) of `values` with `shape` and `dtype` (`<f4`, `<f8`, `<i4`,
+/// `<i8`).
+fn npy(dtype: &str, shape: &[u64], values: &[Number]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+    let shape = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header = format!("{{'descr': '{dtype}', 'fortran_order': False, 'shape': {shape}, }}");
+    while !(10 + header.len() + 1).is_multiple_of(64) {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    for v in values {
+        let (f, i) = match *v {
+            Number::F(f) => (f, f as i64),
+            Number::I(i) => (i as f64, i),
+        };
+        match dtype {
+            "<f4" => out.extend_from_slice(&(f as f32).to_le_bytes()),
+            "<f8" => out.extend_from_slice(&f.to_le_bytes()),
+            "<i4" => out.extend_from_slice(&(i as i32).to_le_bytes()),
+            _ => out.extend_from_slice(&i.to_le_bytes()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::fields::npy_shape;
+    use super::*;
+
+    #[test]
+    fn nested_lists_become_arrays() {
+        let values = [Number::F(1.5), Number::F(2.0), Number::I(3), Number::I(4)];
+        let b = npy("<f4", &[2, 2], &values);
+        assert_eq!(npy_shape(&b).unwrap(), [2, 2]);
+        assert_eq!(&b[b.len() - 4..], &4.0f32.to_le_bytes());
+        assert_eq!(npy_shape(&npy("<i8", &[3], &values[..3])).unwrap(), [3]);
+        assert_eq!(npy_shape(&npy("<f8", &[0], &[])).unwrap(), [0]);
+    }
+}

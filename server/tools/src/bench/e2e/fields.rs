@@ -1,0 +1,177 @@
+//! `joader bench e2e --fields`: samples with a caption and a JSON document beside the image
+//! (issue 29) against the same images without them, K = 4 jobs reading every image together,
+//! side by side in one run. The bench's images are written once as WebDataset shards (as
+//! `webdataset.TarWriter` names members: `000001.jpg`, `.cls`, `.txt`, `.json`), and the same
+//! shards are served twice by `joader serve` children: declared with `fields` (image, class,
+//! caption, meta: each item is its key's whole range, the fields checked and stored after the
+//! image in its slot) and without (image and class, as before), the runs interleaved and
+//! repeated. It prints throughput and its ratio to the run without fields, decodes per
+//! sample, the server's CPU per sample and the bytes its process read per element loaded.
+//! The consumers are the bench's Rust jobs, which read the images (the fields travel in the
+//! slots; what a client does with them is its own cost).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::Ctx;
+use super::parquet::{Row, mean, run_one};
+use super::scenarios::{JobPlan, Scenario};
+
+/// The jobs of the comparison.
+const K: usize = 4;
+/// Times each declaration runs (interleaved; an even number, half with each first).
+const ROUNDS: usize = 4;
+
+/// Writes the image folder `images` as WebDataset shards in `out` with a caption (about 80
+/// bytes) and a JSON document (about 200 bytes) per sample.
+const WRITER: &str = r#"
+import io, json, os, sys, tarfile
+
+images, out = sys.argv[1], sys.argv[2]
+classes = sorted(d for d in os.listdir(images) if not d.startswith("."))
+rows = []  # ImageFolder's order: sorted class folders, sorted files
+for label, c in enumerate(classes):
+    for f in sorted(os.listdir(os.path.join(images, c))):
+        rows.append((os.path.join(c, f), label))
+os.makedirs(out, exist_ok=True)
+shards = 4
+per = (len(rows) + shards - 1) // shards
+
+def add(tar, name, data):
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 1_700_000_000
+    tar.addfile(info, io.BytesIO(data))
+
+for s in range(shards):
+    with tarfile.open(os.path.join(out, f"shard-{s:06d}.tar"), "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(s * per, min((s + 1) * per, len(rows))):
+            rel, label = rows[i]
+            key = f"{i:06d}"
+            add(tar, key + ".jpg", open(os.path.join(images, rel), "rb").read())
+            add(tar, key + ".cls", str(label).encode())
+            add(tar, key + ".txt", f"a photo of a {classes[label]}, sample {i}, taken outdoors in daylight".encode())
+            meta = {"id": i, "source": rel, "width": 500, "height": 375,
+                    "boxes": [[10.5, 20.0, 100.0, 80.0 + i % 7]], "tags": ["synthetic", classes[label]]}
+            add(tar, key + ".json", json.dumps(meta).encode())
+print(len(rows))
+"#;
+
+/// The shards of the bench's image folder (written once, next to it).
+fn write_shards(root: &Path, n: u32) -> Result<PathBuf> {
+    super::parquet::write_copy(root, "wds-fields", WRITER, "WebDataset shards", n)
+}
+
+/// Runs the comparison and returns its markdown.
+pub(super) fn run(ctx: &Ctx, n: u32) -> Result<String> {
+    let shards = write_shards(&ctx.root, n)?;
+    super::super::warm_page_cache(&shards)?;
+    let roots = [ctx.root.clone(), shards.clone()];
+    let sc = Scenario {
+        name: format!("fields K={K}"),
+        jobs: (0..K)
+            .map(|_| JobPlan {
+                subset: 0..n,
+                sleep_ms: 0.0,
+                start_frac: 0.0,
+            })
+            .collect(),
+        batch: 16,
+    };
+    let plain = json!({"kind": "tar_shards", "paths": [shards]});
+    let fields = json!({"kind": "tar_shards", "paths": [shards], "fields": {
+        "image": {"kind": "image", "from": "jpg"},
+        "label": {"kind": "class", "from": "cls"},
+        "caption": {"kind": "text", "from": "txt"},
+        "meta": {"kind": "json", "from": "json"},
+    }});
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        // One declaration first in even rounds, the other in odd ones.
+        let plain_first = round % 2 == 0;
+        eprintln!(
+            "scenario {} round {}: {}",
+            sc.name,
+            round + 1,
+            if plain_first {
+                "without fields, then with"
+            } else {
+                "with fields, then without"
+            }
+        );
+        let tag = format!("fd{round}");
+        let run_plain = || {
+            run_one(
+                ctx,
+                &sc,
+                &roots,
+                &format!("{tag}p"),
+                "joader serve, image + class",
+                plain.clone(),
+            )
+        };
+        let run_fields = || {
+            run_one(
+                ctx,
+                &sc,
+                &roots,
+                &format!("{tag}f"),
+                "joader serve, + caption + json",
+                fields.clone(),
+            )
+        };
+        if plain_first {
+            without.push(run_plain()?);
+            with.push(run_fields()?);
+        } else {
+            with.push(run_fields()?);
+            without.push(run_plain()?);
+        }
+    }
+    Ok(report(&sc, &without, &with))
+}
+
+fn report(sc: &Scenario, without: &[Row], with: &[Row]) -> String {
+    let mut out = format!(
+        "\n### Samples with a caption and a JSON document against the same images without \
+         ({}, {} rounds interleaved, the same WebDataset shards)\n\n\
+         | declaration | round | samples/s | x without (same round) | decodes/sample | server CPU ms/sample | server read bytes/element |\n\
+         |---|---|---|---|---|---|---|\n",
+        sc.name,
+        without.len()
+    );
+    for (i, (w, f)) in without.iter().zip(with).enumerate() {
+        for r in [w, f] {
+            let o = &r.outcome;
+            out.push_str(&format!(
+                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.2} | {:.0} |\n",
+                o.system,
+                i + 1,
+                o.aggregate,
+                o.aggregate / w.outcome.aggregate,
+                o.decodes_per_sample,
+                o.cpu_ms_per_sample,
+                r.read_per_element
+            ));
+        }
+    }
+    let ratio = mean(
+        without
+            .iter()
+            .zip(with)
+            .map(|(w, f)| f.outcome.aggregate / w.outcome.aggregate),
+    );
+    let cpu = mean(
+        without
+            .iter()
+            .zip(with)
+            .map(|(w, f)| f.outcome.cpu_ms_per_sample / w.outcome.cpu_ms_per_sample),
+    );
+    out.push_str(&format!(
+        "\nwith fields / without, mean of the rounds: throughput {ratio:.3}x, server CPU per \
+         sample {cpu:.3}x\n"
+    ));
+    out
+}

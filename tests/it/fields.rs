@@ -1,0 +1,52 @@
+//! Samples with several fields (issue 29) in the benches: `joader bench e2e --fields`, tiny,
+//! so that the bench cannot rot. The Python suite (`tests/python/test_fields.py`) checks the
+//! fields themselves against a real `joader serve`; the storage crate's tests check the
+//! layouts' parsing.
+
+use crate::common::{TempDir, joader};
+
+/// The cells of the markdown row of `md` that starts with `start`.
+fn cells<'a>(md: &'a str, start: &str) -> Vec<&'a str> {
+    md.lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no row {start:?} in\n{md}"))
+        .split('|')
+        .map(str::trim)
+        .collect()
+}
+
+/// Both declarations' rows with every figure; what is exact is checked: four jobs of one
+/// dataset decode no element for more than one of them, and an item with fields reads its
+/// key's whole range, more bytes than its image alone.
+#[test]
+fn bench_e2e_fields_prints_its_rows() {
+    let dir = TempDir::new("bench-fields");
+    let out = dir.0.join("out");
+    let o = joader(&[
+        "bench",
+        "e2e",
+        "--quick",
+        "--fields",
+        "--only",
+        "fields",
+        "--data",
+        dir.0.join("data").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let md = std::fs::read_to_string(out.join("e2e.md")).unwrap();
+    let mut read = Vec::new();
+    for declaration in ["image + class", "+ caption + json"] {
+        let row = cells(&md, &format!("| joader serve, {declaration} | 1 |"));
+        let figures: Vec<f64> = row[3..8].iter().map(|c| c.parse().unwrap()).collect();
+        assert!(figures.iter().all(|f| *f > 0.0), "{declaration}: {row:?}");
+        assert!(figures[2] <= 1.0, "{declaration}: {row:?}");
+        read.push(figures[4]);
+    }
+    assert!(read[1] > read[0], "{md}");
+    assert!(
+        md.contains("with fields / without, mean of the rounds: throughput"),
+        "{md}"
+    );
+}

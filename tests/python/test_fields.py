@@ -1,0 +1,449 @@
+"""Samples with several fields (issue 29) through a real `joader serve`: WebDataset shards
+written with Python's `tarfile` the way `webdataset.TarWriter` names members (image, txt,
+json, cls, npy), a CSV manifest with extra columns, and Parquet written by pyarrow as
+Hugging Face's `datasets` writes it (image struct, ClassLabel metadata, a row with only a
+path, string, struct and list columns), over the same JPEGs, give the same dict batches field
+by field; datasets without `fields`, and jobs that do not ask, get `(images,
+labels)` as before; malformed values are element errors (the job goes on, the server lives),
+a sample missing a field fails its indexing naming the key; a resumed job and a 2-rank padded
+job keep their fields; `joader.torch` yields tensors, also in a `torchrun` 2-rank job."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Tuple
+
+import numpy as np
+import pytest
+from conftest import need, start_serve
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
+CLASSES, PER_CLASS = 2, 5
+N = CLASSES * PER_CLASS
+#: Decoded as they are (gen-dataset writes one size), so the two layouts' pixels compare.
+PIPELINE = {"kind": "decode", "resize_shorter": None, "center_crop": None}
+
+WDS_FIELDS = {
+    "image": {"kind": "image", "from": "jpg;jpeg;png"},
+    "label": {"kind": "class", "from": "cls"},
+    "caption": {"kind": "text", "from": "txt"},
+    "meta": {"kind": "json", "from": "json"},
+    "emb": {"kind": "npy", "from": "npy", "shape": [4]},
+}
+CSV_FIELDS = {
+    "image": {"kind": "image", "from": "path"},
+    "label": {"kind": "class", "from": "label"},
+    "caption": {"kind": "text", "from": "caption"},
+    "meta": {"kind": "json", "from": "meta"},
+}
+
+PQ_FIELDS = {
+    "image": {"kind": "image", "from": "image"},
+    "label": {"kind": "class", "from": "label"},
+    "caption": {"kind": "text", "from": "text"},
+    "meta": {"kind": "json", "from": "meta"},
+    "emb": {"kind": "npy", "from": "emb", "shape": [4]},
+    "boxes": {"kind": "npy", "from": "objects"},
+}
+
+
+def caption(i: int) -> str:
+    return f"photo n°{i}, a \"quoted\", comma"
+
+
+def meta(i: int) -> Dict[str, Any]:
+    return {"id": i, "boxes": [[i, 0, 2.5, 3]], "tags": ["é", str(i)]}
+
+
+def emb(i: int) -> np.ndarray:
+    return np.arange(4, dtype=np.float32) + i
+
+
+def npy_bytes(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def boxes(i: int) -> List[List[float]]:
+    """COCO xywh boxes, a different count per element (a list column, ragged across rows)."""
+    return [[float(i), 1.0, 2.5, 3.0 + k] for k in range(i % 3)]
+
+
+def write_parquet(data: Path, images: List[Path], classes: List[str]) -> None:
+    """The samples as Hugging Face's `datasets` writes them with pyarrow: an image struct
+    `{bytes, path}` (element 4 with only a path, relative to the file), ClassLabel metadata, a
+    string column, a struct column, a fixed-size list and a list of lists; two files, snappy
+    and zstd, 4 rows per row group."""
+    pa = need("pyarrow", "the parquet layout")
+    pq = need("pyarrow.parquet", "the parquet layout")
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    meta_type = pa.struct([("id", pa.int64()), ("boxes", pa.list_(pa.list_(pa.float64()))),
+                           ("tags", pa.list_(pa.string()))])
+    features = {"image": {"_type": "Image"}, "label": {"names": classes, "_type": "ClassLabel"},
+                "text": {"dtype": "string", "_type": "Value"}}
+    schema = pa.schema([("image", image_type), ("label", pa.int64()), ("text", pa.string()),
+                        ("meta", meta_type), ("emb", pa.list_(pa.float32())),
+                        ("objects", pa.list_(pa.list_(pa.float32())))]).with_metadata(
+        {"huggingface": json.dumps({"info": {"features": features}})})
+    rows = []
+    for i, p in enumerate(images):
+        image = ({"bytes": None, "path": os.path.relpath(p, data / "pq")} if i == 4
+                 else {"bytes": p.read_bytes(), "path": p.name})
+        rows.append({"image": image, "label": classes.index(p.parent.name), "text": caption(i),
+                     "meta": meta(i), "emb": emb(i).tolist(), "objects": boxes(i)})
+    # Damaged rows: a null caption (row 1), an array of another shape than declared (row 2).
+    bad = [dict(r) for r in rows[:4]]
+    bad[1]["text"] = None
+    bad[2]["emb"] = [1.0, 2.0]
+    (data / "pq_bad").mkdir()
+    pq.write_table(pa.Table.from_pylist(bad, schema=schema), data / "pq_bad" / "bad.parquet", row_group_size=2)
+    (data / "pq").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:6], schema=schema), data / "pq" / "train-00000-of-00002.parquet",
+                   row_group_size=4, compression="snappy")
+    pq.write_table(pa.Table.from_pylist(rows[6:], schema=schema), data / "pq" / "train-00001-of-00002.parquet",
+                   row_group_size=4, compression="zstd")
+
+
+def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    """A member as webdataset.TarWriter writes one: a regular file named `key.ext`."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 1_700_000_000
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_shard(path: Path, samples: List[Dict[str, bytes]]) -> None:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for s in samples:
+            for ext, data in s.items():
+                if ext != "__key__":
+                    add(tar, f"{s['__key__'].decode()}.{ext}", data)
+
+
+def post(url: str, path: str, body: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def get(url: str, path: str) -> Dict[str, Any]:
+    with urllib.request.urlopen(url + path, timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def wait_indexed(url: str, dataset: str) -> Dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while True:
+        view = get(url, f"/v1/datasets/{dataset}")
+        if view["state"] != "indexing":
+            return view
+        assert time.monotonic() < deadline, f"dataset {dataset} still indexing after 120 s"
+        time.sleep(0.05)
+
+
+def create(url: str, name: str, source: Dict[str, Any]) -> Dict[str, Any]:
+    status, body = post(url, "/v1/datasets", {"name": name, "source": source})
+    assert status in (200, 201, 202), body
+    return wait_indexed(url, name)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Dict[str, Any]]:
+    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p joader-tools"
+    tmp = Path(tempfile.mkdtemp(prefix="joader-fields-"))
+    data = tmp / "data"
+    subprocess.run([str(BIN), "gen-dataset", "--out", str(data / "imgs"), "--classes", str(CLASSES),
+                    "--per-class", str(PER_CLASS), "--width", "40", "--height", "32"], check=True,
+                   capture_output=True)
+    images = sorted((data / "imgs").rglob("*.jpg"))
+    assert len(images) == N
+    # Element i of every layout: the i-th image, its class from its folder.
+    classes = sorted({p.parent.name for p in images})
+    samples = [{"__key__": f"s{i:04d}".encode(), "jpg": p.read_bytes(),
+                "cls": str(classes.index(p.parent.name)).encode(), "txt": caption(i).encode(),
+                "json": json.dumps(meta(i)).encode(), "npy": npy_bytes(emb(i))}
+               for i, p in enumerate(images)]
+    (data / "wds").mkdir()
+    write_shard(data / "wds" / "shard-000000.tar", samples[:6])
+    write_shard(data / "wds" / "shard-000001.tar", samples[6:])
+    with open(data / "manifest.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "caption", "meta"])
+        for i, p in enumerate(images):
+            w.writerow([str(p), classes.index(p.parent.name), caption(i), json.dumps(meta(i))])
+    write_parquet(data, images, classes)
+    # Damaged values: bad .npy header (element 0), JSON that is not JSON (1), text that is not UTF-8 (2).
+    bad = [dict(s) for s in samples[:4]]
+    bad[0]["npy"] = b"\x93NUMPY\x01\x00" + b"\x10\x00" + b"{'descr': 'x'}  \n"
+    bad[1]["json"] = b"{not json"
+    bad[2]["txt"] = b"\xff\xfe caption"
+    (data / "bad").mkdir()
+    write_shard(data / "bad" / "bad.tar", bad)
+    # A key without its .txt: the indexing fails naming it.
+    missing = [dict(s) for s in samples[:3]]
+    del missing[1]["txt"]
+    (data / "missing").mkdir()
+    write_shard(data / "missing" / "m.tar", missing)
+
+    instance = f"pyfields_{os.getpid()}"
+    proc, url = start_serve(str(BIN), ["--instance", instance, "--data-dir", str(tmp / "state"),
+                                       "--allowed-root", str(data), "--cache-bytes", str(64 << 20),
+                                       "--cache-slots", "1024"])
+    views = {
+        "wds": create(url, "wds", {"kind": "tar_shards", "paths": [str(data / "wds")], "fields": WDS_FIELDS}),
+        "wds_plain": create(url, "wds_plain", {"kind": "tar_shards", "paths": [str(data / "wds")]}),
+        "csv": create(url, "csv", {"kind": "manifest", "path": str(data / "manifest.csv"), "fields": CSV_FIELDS}),
+        "pq": create(url, "pq", {"kind": "parquet", "paths": [str(data / "pq")], "fields": PQ_FIELDS}),
+        "bad": create(url, "bad", {"kind": "tar_shards", "paths": [str(data / "bad")], "fields": WDS_FIELDS}),
+        "pq_bad": create(url, "pq_bad", {"kind": "parquet", "paths": [str(data / "pq_bad")], "fields": PQ_FIELDS}),
+        "missing": create(url, "missing", {"kind": "tar_shards", "paths": [str(data / "missing")],
+                                           "fields": WDS_FIELDS}),
+    }
+    yield {"url": url, "instance": instance, "views": views, "data": data, "classes": classes,
+           "images": images}
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"joader-{instance}-")], "segments left behind"
+
+
+def epoch(server: Dict[str, Any], dataset: str, job: str, **kw: Any) -> List[Dict[str, Any]]:
+    """Every item of one epoch, by element id: the dict batches cut into items."""
+    import joader
+    kw.setdefault("batch_size", 4)
+    with joader.Loader(server=server["url"], dataset=dataset, job=job, epochs=1, pipeline=PIPELINE,
+                       timeout=60, **kw) as loader:
+        items: Dict[int, Dict[str, Any]] = {}
+        for batch in loader:
+            assert isinstance(batch, dict), type(batch)
+            for k, i in enumerate(loader.last_ids.tolist()):
+                items[i] = {name: value[k] for name, value in batch.items()}
+    return [items[i] for i in sorted(items)]
+
+
+def test_the_layouts_give_the_same_fields(server: Dict[str, Any]) -> None:
+    views = server["views"]
+    assert views["wds"]["state"] == "ready" and views["wds"]["items"] == N, views["wds"]
+    assert views["csv"]["state"] == "ready" and views["csv"]["items"] == N, views["csv"]
+    assert views["pq"]["state"] == "ready" and views["pq"]["items"] == N, views["pq"]
+    assert views["pq"]["classes"] == server["classes"]
+    wds = epoch(server, "wds", "wds-all", fields=True)
+    csv_items = epoch(server, "csv", "csv-all", fields=True)
+    pq = epoch(server, "pq", "pq-all", fields=True)
+    assert len(wds) == len(csv_items) == len(pq) == N
+    for i, (a, b, c) in enumerate(zip(wds, csv_items, pq)):
+        assert sorted(a) == ["caption", "emb", "image", "label", "meta"]
+        assert sorted(b) == ["caption", "image", "label", "meta"]
+        assert sorted(c) == ["boxes", "caption", "emb", "image", "label", "meta"]
+        assert a["caption"] == b["caption"] == c["caption"] == caption(i)
+        assert a["meta"] == b["meta"] == c["meta"] == meta(i)
+        assert int(a["label"]) == int(b["label"]) == int(c["label"]) == i // PER_CLASS
+        assert a["image"].shape == (32, 40, 3)
+        assert np.array_equal(a["image"], b["image"]) and np.array_equal(a["image"], c["image"])
+        assert a["emb"].dtype == c["emb"].dtype == np.float32
+        assert np.array_equal(a["emb"], emb(i)) and np.array_equal(c["emb"], emb(i))
+        # A list of lists: an (n, 4) array per element, n varying (not stacked); an empty
+        # list keeps its two dimensions.
+        assert c["boxes"].dtype == np.float32
+        assert c["boxes"].shape == ((i % 3, 4) if i % 3 else (0, 0))
+        assert np.array_equal(c["boxes"].reshape(-1, 4), np.array(boxes(i), np.float32).reshape(-1, 4))
+
+
+def test_batches_hold_each_kind(server: Dict[str, Any]) -> None:
+    import joader
+    with joader.Loader(server=server["url"], dataset="wds", job="wds-kinds", batch_size=N, epochs=1,
+                       pipeline=PIPELINE, fields=["caption", "emb", "image", "meta"], timeout=60) as loader:
+        batch = next(iter(loader))
+        ids = loader.last_ids.tolist()
+    assert sorted(batch) == ["caption", "emb", "image", "meta"]
+    assert isinstance(batch["caption"], list) and batch["caption"] == [caption(i) for i in ids]
+    assert batch["meta"] == [meta(i) for i in ids]
+    # A fixed shape is stacked.
+    assert batch["emb"].shape == (N, 4) and np.array_equal(batch["emb"], np.stack([emb(i) for i in ids]))
+    assert batch["image"].shape == (N, 32, 40, 3)
+    # Crops left to the consumer: the image is a `Padded` batch, the fields as before.
+    with joader.Loader(server=server["url"], dataset="wds", job="wds-padded", batch_size=N, epochs=1,
+                       pipeline=PIPELINE, fields=True, transform=joader.RandomResizedCrop(16), padded=True,
+                       timeout=60) as loader:
+        batch = next(iter(loader))
+        ids = loader.last_ids.tolist()
+    assert isinstance(batch["image"], joader.Padded) and len(batch["image"]) == N
+    assert batch["caption"] == [caption(i) for i in ids]
+
+
+def test_without_asking_a_job_gets_images_and_labels(server: Dict[str, Any]) -> None:
+    import joader
+    for dataset in ("wds", "wds_plain"):
+        with joader.Loader(server=server["url"], dataset=dataset, job=f"{dataset}-pairs", batch_size=N,
+                           epochs=1, pipeline=PIPELINE, timeout=60) as loader:
+            images, labels = next(iter(loader))
+            assert images.shape == (N, 32, 40, 3)
+            assert sorted(labels.tolist()) == [i // PER_CLASS for i in range(N)]
+    # The plain dataset has only its image and label.
+    plain = epoch(server, "wds_plain", "plain-dict", fields=True)
+    assert sorted(plain[0]) == ["image", "label"]
+    with pytest.raises(ValueError, match="no field 'caption'"):
+        joader.Loader(server=server["url"], dataset="wds_plain", job="plain-caption", fields=["caption"])
+
+
+@pytest.mark.parametrize("dataset,bad", [("bad", [0, 1, 2]), ("pq_bad", [1, 2])])
+def test_bad_values_are_element_errors(server: Dict[str, Any], dataset: str, bad: List[int]) -> None:
+    import joader
+    with joader.Loader(server=server["url"], dataset=dataset, job=f"{dataset}-values", batch_size=2, epochs=1,
+                       pipeline=PIPELINE, fields=True, on_error="skip", timeout=60) as loader:
+        got = []
+        for batch in loader:
+            got += loader.last_ids.tolist()
+            assert len(batch["caption"]) == len(batch["label"])
+            assert batch["caption"] == [caption(i) for i in loader.last_ids.tolist()]
+        failures = sorted(loader.failures, key=lambda f: f.element_id)
+    assert sorted(got) == [i for i in range(4) if i not in bad]
+    assert [(f.element_id, f.code_name) for f in failures] == [(i, "bad_field") for i in bad]
+    # The server is alive, and lists why each failed.
+    listed = get(server["url"], f"/v1/datasets/{dataset}/failures")
+    text = json.dumps(listed)
+    assert "bad_field" in text, text
+    assert get(server["url"], "/v1/datasets")
+
+
+def test_a_missing_field_fails_the_indexing_naming_the_key(server: Dict[str, Any]) -> None:
+    view = server["views"]["missing"]
+    assert view["state"] == "failed", view
+    assert "s0001" in view["error"] and "`caption`" in view["error"], view["error"]
+
+
+def test_declarations_a_source_cannot_hold_are_refused(server: Dict[str, Any]) -> None:
+    status, body = post(server["url"], "/v1/datasets", {"name": "csv-npy", "source": {
+        "kind": "manifest", "path": str(server["data"] / "manifest.csv"),
+        "fields": {"image": {"kind": "image"}, "emb": {"kind": "npy"}}}})
+    assert status == 400 and body["error"]["code"] == "invalid_request", body
+    assert "`emb`" in body["error"]["message"]
+    status, body = post(server["url"], "/v1/datasets", {"name": "no-image", "source": {
+        "kind": "tar_shards", "paths": [str(server["data"] / "wds")],
+        "fields": {"caption": {"kind": "text"}}}})
+    assert status == 400, body
+
+
+def test_a_resumed_job_keeps_its_fields(server: Dict[str, Any]) -> None:
+    import joader
+    kw = dict(server=server["url"], dataset="wds", batch_size=3, epochs=1, pipeline=PIPELINE, fields=True,
+              timeout=60)
+    first = joader.Loader(job="resume-a", **kw)  # type: ignore[arg-type]
+    batch = next(iter(first))
+    seen = first.last_ids.tolist()
+    assert batch["caption"] == [caption(i) for i in seen]
+    state = first.state_dict()
+    first.close()
+    with joader.Loader(job="resume-b", resume=state, **kw) as second:  # type: ignore[arg-type]
+        rest = []
+        for b in second:
+            ids = second.last_ids.tolist()
+            assert b["caption"] == [caption(i) for i in ids]
+            assert np.array_equal(b["emb"], np.stack([emb(i) for i in ids]))
+            rest += ids
+    assert sorted(seen + rest) == list(range(N))
+
+
+def test_padded_ranks_repeat_the_fields(server: Dict[str, Any]) -> None:
+    # 9 elements on 2 ranks (one job, its ranks in two threads): rank 1's share is one short
+    # and repeats its first element, fields included.
+    outs: Dict[int, List[Tuple[int, str]]] = {}
+
+    def rank(r: int) -> None:
+        import joader
+        with joader.Loader(server=server["url"], dataset="wds", job="padded", rank=r, world_size=2,
+                           subset=list(range(9)), batch_size=2, epochs=1, pipeline=PIPELINE,
+                           fields=["caption", "label"], timeout=60) as loader:
+            got = []
+            for batch in loader:
+                assert len(batch["caption"]) == len(batch["label"])
+                got += list(zip(loader.last_ids.tolist(), batch["caption"]))
+            outs[r] = got
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(outs) == [0, 1], "a rank did not finish"
+    assert len(outs[0]) == len(outs[1]) == 5
+    assert sorted({i for r in outs.values() for i, _ in r}) == list(range(9))
+    for got in outs.values():
+        assert all(c == caption(i) for i, c in got)
+
+
+def test_torch_yields_tensors(server: Dict[str, Any]) -> None:
+    torch = need("torch", "the torch adapter")
+    from joader.torch import JoaderDataset
+    ds = JoaderDataset(server=server["url"], dataset="wds", job="torch-fields", batch_size=N, epochs=1,
+                       pipeline=PIPELINE, fields=True, timeout=60)
+    batch = next(iter(ds))
+    ids = ds.loader.last_ids.tolist()
+    ds.close()
+    assert isinstance(batch["image"], torch.Tensor) and batch["image"].shape == (N, 32, 40, 3)
+    assert isinstance(batch["label"], torch.Tensor) and batch["label"].dtype == torch.int64
+    assert isinstance(batch["emb"], torch.Tensor) and batch["emb"].shape == (N, 4)
+    assert torch.equal(batch["emb"], torch.from_numpy(np.stack([emb(i) for i in ids])))
+    assert batch["caption"] == [caption(i) for i in ids]
+
+
+DDP_FIELDS = """
+import json, sys
+import numpy as np
+import torch
+import torch.distributed as dist
+import joader.torch as jt
+url = sys.argv[1]
+dist.init_process_group("gloo")
+ds = jt.JoaderDataset(server=url, dataset="wds", job="ddp-fields", batch_size=2, epochs=1,
+                      pipeline={"kind": "decode", "resize_shorter": None, "center_crop": None},
+                      fields=["image", "caption", "emb"], timeout=60)
+got = []
+for b in ds:
+    assert isinstance(b["image"], torch.Tensor) and isinstance(b["emb"], torch.Tensor)
+    assert b["emb"].shape == (len(b["caption"]), 4)
+    for i, c, e in zip(ds.loader.last_ids.tolist(), b["caption"], b["emb"].tolist()):
+        got.append([i, c, e])
+every = [None] * dist.get_world_size()
+dist.all_gather_object(every, got)
+ds.close()
+if dist.get_rank() == 0:
+    print(json.dumps(every))
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_ranks_get_dict_batches(server: Dict[str, Any], tmp_path: Path) -> None:
+    need("torch", "torchrun and the torch adapter")
+    script = tmp_path / "ddp_fields.py"
+    script.write_text(textwrap.dedent(DDP_FIELDS))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    p = subprocess.run([*torchrun, str(script), server["url"]], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    ranks = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(ranks) == 2 and len(ranks[0]) == len(ranks[1]) == N // 2
+    ids = [i for r in ranks for i, _, _ in r]
+    assert sorted(ids) == list(range(N)), "the ranks' shares are disjoint and together the epoch"
+    for r in ranks:
+        for i, c, e in r:
+            assert c == caption(i) and e == emb(i).tolist()
