@@ -114,6 +114,10 @@ impl ElementSource for S3ElementSource {
         );
     }
 
+    fn split(&self, element: u32, stored: Vec<u8>) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
+        split(self.0.index(), element, stored)
+    }
+
     fn fetch_time(&self) -> Option<std::time::Duration> {
         self.0.fetch_time()
     }
@@ -166,6 +170,7 @@ pub fn check_source(
         ) => {
             let (endpoint, region) = (endpoint.as_deref(), region.as_deref());
             s3::validate(url, endpoint, region)?;
+            spec.check_fields()?;
             match o {
                 Some(o) => o.check(url, endpoint, region).map(drop),
                 None => Err(no_object_store(url)),
@@ -193,12 +198,14 @@ pub fn index(
                 layout,
                 endpoint,
                 region,
+                fields,
             },
             Some(o),
         ) => o
             .index(
                 url,
                 *layout,
+                fields.as_ref(),
                 endpoint.as_deref(),
                 region.as_deref(),
                 progress,

@@ -8,7 +8,7 @@ import os
 import re
 import subprocess
 import threading
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -30,12 +30,14 @@ def need(module: str, why: str) -> Any:
     pytest.skip(missing)
 
 
-def start_serve(binary: str, args: List[str]) -> Tuple["subprocess.Popen[str]", str]:
-    """Starts `binary serve --bind 127.0.0.1:0 ARGS` and returns the process and its URL, read
-    from the `addr=` of its log; the rest of the log is drained so that the server never
-    blocks on a full pipe. The caller stops it (SIGTERM) and checks its exit."""
+def start_serve(binary: str, args: List[str],
+                env: Optional[Dict[str, str]] = None) -> Tuple["subprocess.Popen[str]", str]:
+    """Starts `binary serve --bind 127.0.0.1:0 ARGS` (with `env` added to the environment) and
+    returns the process and its URL, read from the `addr=` of its log; the rest of the log is
+    drained so that the server never blocks on a full pipe. The caller stops it (SIGTERM) and
+    checks its exit."""
     proc = subprocess.Popen([binary, "serve", "--bind", "127.0.0.1:0", *args], stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "JOADER_LOG": "info"})
+                            text=True, env={**os.environ, "JOADER_LOG": "info", **(env or {})})
     assert proc.stderr is not None
     url = None
     for line in proc.stderr:

@@ -447,3 +447,87 @@ def test_torchrun_ranks_get_dict_batches(server: Dict[str, Any], tmp_path: Path)
     for r in ranks:
         for i, c, e in r:
             assert c == caption(i) and e == emb(i).tolist()
+
+
+@pytest.fixture(scope="module")
+def s3(server: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
+    """The module's WebDataset shards and a manifest of its images in a real S3 server
+    (`s3s-fs`, the binary JOADER_S3S_FS names), read by a second `joader serve`."""
+    from conftest import REQUIRE_TOOLS
+    s3s_fs = os.environ.get("JOADER_S3S_FS", "")
+    if not os.access(s3s_fs, os.X_OK):
+        missing = f"JOADER_S3S_FS={s3s_fs!r} names no s3s-fs binary (tests/all.sh builds one)"
+        if REQUIRE_TOOLS:
+            pytest.fail(f"JOADER_REQUIRE_TOOLS=1 and {missing}", pytrace=False)
+        pytest.skip(missing)
+    import shutil
+    import socket
+    data: Path = server["data"]
+    root = Path(tempfile.mkdtemp(prefix="joader-fields-s3-"))
+    bucket = root / "bkt"
+    shutil.copytree(data / "wds", bucket / "wds")
+    # The manifest's paths are keys relative to its own prefix.
+    (bucket / "m" / "imgs").mkdir(parents=True)
+    with open(bucket / "m" / "manifest.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "caption", "meta"])
+        for i, p in enumerate(server["images"]):
+            shutil.copy(p, bucket / "m" / "imgs" / f"{i:04d}.jpg")
+            w.writerow([f"imgs/{i:04d}.jpg", server["classes"].index(p.parent.name), caption(i),
+                        json.dumps(meta(i))])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    key, secret = "fieldskey", "fieldssecret0123456789"
+    store = subprocess.Popen([s3s_fs, "--host", "127.0.0.1", "--port", str(port), "--access-key", key,
+                              "--secret-key", secret, str(root)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert store.poll() is None and time.monotonic() < deadline, "s3s-fs did not start"
+            time.sleep(0.05)
+    env = {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ALLOW_HTTP": "true"}
+    instance = f"pyfields3_{os.getpid()}"
+    proc, url = start_serve(str(BIN), ["--instance", instance, "--data-dir", str(root / "state"),
+                                       "--allowed-s3", "s3://bkt", "--cache-slots", "1024"], env)
+    try:
+        views = {
+            "s3_wds": create(url, "s3_wds", {"kind": "s3", "url": "s3://bkt/wds/", "layout": "tar_shards",
+                                             "fields": WDS_FIELDS}),
+            "s3_csv": create(url, "s3_csv", {"kind": "s3", "url": "s3://bkt/m/manifest.csv",
+                                             "layout": "manifest", "fields": CSV_FIELDS}),
+        }
+        yield {"url": url, "views": views}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        store.kill()
+        store.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_s3_layouts_give_the_fields_of_local_ones(server: Dict[str, Any], s3: Dict[str, Any]) -> None:
+    for name in ("s3_wds", "s3_csv"):
+        assert s3["views"][name]["state"] == "ready" and s3["views"][name]["items"] == N, s3["views"][name]
+    local = epoch(server, "wds", "wds-for-s3", fields=True)
+    remote_wds = epoch(s3, "s3_wds", "s3-wds-all", fields=True)
+    remote_csv = epoch(s3, "s3_csv", "s3-csv-all", fields=True)
+    assert len(remote_wds) == len(remote_csv) == N
+    for i, (a, b, c) in enumerate(zip(local, remote_wds, remote_csv)):
+        assert sorted(b) == sorted(a)
+        for name in ("caption", "meta", "label"):
+            assert b[name] == a[name] and c[name] == a[name], (i, name)
+        assert np.array_equal(b["emb"], a["emb"])
+        assert np.array_equal(b["image"], a["image"]) and np.array_equal(c["image"], a["image"])
+
+
+def test_an_s3_image_folder_declares_no_fields(s3: Dict[str, Any]) -> None:
+    status, body = post(s3["url"], "/v1/datasets", {"name": "s3_folder_fields", "source": {
+        "kind": "s3", "url": "s3://bkt/wds/", "layout": "image_folder", "fields": WDS_FIELDS}})
+    assert status == 400 and body["error"]["code"] == "invalid_request", body
+    assert "image_folder" in body["error"]["message"], body

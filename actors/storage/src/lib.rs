@@ -138,6 +138,14 @@ pub enum SourceSpec {
         /// Default: `AWS_REGION`, else `us-east-1`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         region: Option<String>,
+        /// The sample's fields, as for the local layout of the same name (`tar_shards`:
+        /// member extensions; `manifest`: columns or keys); an `image_folder` takes none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(value_type = Option<std::collections::BTreeMap<String, fields::FieldSpec>>)
+        )]
+        fields: Option<fields::Fields>,
     },
     /// Parquet files as the Hugging Face Hub stores image datasets: each path is a
     /// `.parquet` file or a folder of them (not recursive; name one split's files).
@@ -601,10 +609,16 @@ fn is_image_extension(ext: &str) -> bool {
 
 impl SourceSpec {
     /// Checks that the source kind can follow its `fields` declaration: `manifest` values
-    /// are text (`text`, `json`); `tar_shards` and `parquet` take every kind.
+    /// are text (`text`, `json`); `tar_shards` and `parquet` take every kind; an image folder
+    /// none (an `s3` source as its layout).
     pub fn check_fields(&self) -> Result<(), StorageError> {
         let (fields, supported, kind): (_, &[FieldKind], _) = match self {
-            SourceSpec::TarShards { fields, .. } => (
+            SourceSpec::TarShards { fields, .. }
+            | SourceSpec::S3 {
+                layout: s3::S3Layout::TarShards,
+                fields,
+                ..
+            } => (
                 fields,
                 &[
                     FieldKind::Text,
@@ -614,8 +628,22 @@ impl SourceSpec {
                 ],
                 "tar_shards",
             ),
-            SourceSpec::Manifest { fields, .. } => {
-                (fields, &[FieldKind::Text, FieldKind::Json], "manifest")
+            SourceSpec::Manifest { fields, .. }
+            | SourceSpec::S3 {
+                layout: s3::S3Layout::Manifest,
+                fields,
+                ..
+            } => (fields, &[FieldKind::Text, FieldKind::Json], "manifest"),
+            SourceSpec::S3 {
+                layout: s3::S3Layout::ImageFolder,
+                fields: Some(_),
+                ..
+            } => {
+                return Err(StorageError::BadFields {
+                    reason: "an `image_folder` layout declares no fields (its samples are an \
+                             image and its folder's class)"
+                        .into(),
+                });
             }
             SourceSpec::Parquet { fields, .. } => (
                 fields,

@@ -66,12 +66,13 @@ pub(super) fn index(
 /// `resolve` turning each entry's path into what the index records (an object store's key).
 pub(super) fn index_reader(
     path: &Path,
+    fields: Option<&Fields>,
     reader: impl BufRead,
     resolve: &mut dyn FnMut(&str) -> Result<PathBuf, StorageError>,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
     let format = Format::of(path, path, "the object's name")?;
-    parse(path, format, None, reader, resolve, progress)
+    parse(path, format, fields, reader, resolve, progress)
 }
 
 /// A manifest's format, which the extension of its name gives.

@@ -173,6 +173,7 @@ impl ObjectStores {
         &self,
         url: &str,
         layout: S3Layout,
+        fields: Option<&crate::fields::Fields>,
         endpoint: Option<&str>,
         region: Option<&str>,
         progress: &mut dyn FnMut(u64),
@@ -183,7 +184,7 @@ impl ObjectStores {
             count: 0,
             report: progress,
         };
-        let (index, mut objects) = super::index(self, &dataset, layout, &mut counter)?;
+        let (index, mut objects) = super::index(self, &dataset, layout, fields, &mut counter)?;
         if self.tier().is_some() {
             self.fill_etags(&dataset, &mut objects)?;
         }
@@ -418,6 +419,11 @@ impl S3Source {
     /// `job` ended.
     pub fn job_closed(&self, job: u64) {
         self.inner.demand.job_closed(job);
+    }
+
+    /// The dataset's index (what a read's bytes are split by into image and fields).
+    pub fn index(&self) -> &Arc<DatasetIndex> {
+        &self.inner.index
     }
 
     /// The label of `element` (-1 for an unknown element).

@@ -16,6 +16,7 @@ use crate::{DatasetIndex, Progress, StorageError, manifest};
 pub(super) fn index(
     stores: &ObjectStores,
     ds: &S3Dataset,
+    fields: Option<&crate::fields::Fields>,
     progress: &mut Progress<'_>,
 ) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
     let key = ds.url.key.clone();
@@ -49,6 +50,7 @@ pub(super) fn index(
     let reader = BufReader::with_capacity(1 << 16, StreamRead::new(stores, ds, &meta));
     let index = manifest::index_reader(
         &PathBuf::from(ds.url.to_string()),
+        fields,
         reader,
         &mut resolve,
         progress,

@@ -76,13 +76,14 @@ fn index(
     stores: &ObjectStores,
     dataset: &S3Dataset,
     layout: S3Layout,
+    fields: Option<&crate::fields::Fields>,
     progress: &mut Progress<'_>,
 ) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
     stores.allow().check(&dataset.url)?;
     match layout {
         S3Layout::ImageFolder => folder::index(stores, dataset, progress),
-        S3Layout::TarShards => tar_shards::index(stores, dataset, progress),
-        S3Layout::Manifest => manifest::index(stores, dataset, progress),
+        S3Layout::TarShards => tar_shards::index(stores, dataset, fields, progress),
+        S3Layout::Manifest => manifest::index(stores, dataset, fields, progress),
     }
 }
 

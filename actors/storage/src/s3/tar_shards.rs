@@ -15,6 +15,7 @@ use crate::{DatasetIndex, Progress, StorageError, is_hidden, numeric_classes, ta
 pub(super) fn index(
     stores: &ObjectStores,
     ds: &S3Dataset,
+    fields: Option<&crate::fields::Fields>,
     progress: &mut Progress<'_>,
 ) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
     let is_tar = |k: &str| tar_shards::has_tar_extension(Path::new(k));
@@ -38,6 +39,7 @@ pub(super) fn index(
         return Err(ds.not_found(&ds.url.key));
     }
     let mut items = IndexBuilder::members();
+    items.sample = fields.map(|f| crate::index::SampleFields::new(f, true));
     for (n, shard) in shards.iter().enumerate() {
         let n = u32::try_from(n).map_err(|_| StorageError::TooManyItems)?;
         let key = shard.location.to_string();
@@ -47,7 +49,7 @@ pub(super) fn index(
         let entries = archive
             .entries()
             .map_err(|e| tar_shards::bad_shard(&name)(e.to_string().to_lowercase()))?;
-        tar_shards::index_entries(n, &name, shard.size, None, entries, &mut items, progress)?;
+        tar_shards::index_entries(n, &name, shard.size, fields, entries, &mut items, progress)?;
     }
     let classes = numeric_classes(items.labels_mut());
     let index = items.finish(
