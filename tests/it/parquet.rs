@@ -241,6 +241,33 @@ fn a_parquet_dataset_gives_the_batches_of_the_same_image_folder() {
             );
         }
     }
+    // What the reads cost, per parquet dataset (none for the folder): every row was read,
+    // each row group decoded whole at least once, and bytes were read and decompressed.
+    let text = ureq::get(&format!("{}/metrics", server.url))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    let value = |series: String| -> f64 {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series.as_str())?
+                    .strip_prefix(' ')?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no series {series} in\n{text}"))
+    };
+    for dataset in ["pq", "pq2"] {
+        let m = |name: &str| value(format!("joader_parquet_{name}{{dataset=\"{dataset}\"}}"));
+        assert!(m("rows_read_total") >= n as f64, "{dataset}");
+        assert!(m("row_groups_decoded_total") >= 1.0, "{dataset}");
+        assert!(m("read_bytes_total") > 0.0, "{dataset}");
+        assert!(m("decompressed_bytes_total") > 0.0, "{dataset}");
+        assert!(m("decoded_row_hits_total") >= 0.0, "{dataset}");
+    }
+    assert!(!text.contains("joader_parquet_rows_read_total{dataset=\"folder\"}"));
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
 
 use actors::service::JobState;
+use joader_storage::ParquetReads;
 use metrics::{counter, gauge};
 
 use crate::procstat::process_stats;
@@ -133,6 +134,47 @@ pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &App
         "items indexed in the dataset",
         items,
     ));
+    // What the reads of each `parquet` dataset cost (a re-indexed dataset counts anew).
+    let reads: Vec<(String, ParquetReads)> = inner
+        .datasets
+        .iter()
+        .filter_map(|(name, d)| Some((name.clone(), d.index.as_ref()?.parquet_reads()?)))
+        .collect();
+    type Field = fn(&ParquetReads) -> u64;
+    let parquet: [(&'static str, &'static str, Field); 5] = [
+        (
+            "joader_parquet_rows_read_total",
+            "rows of a parquet dataset read (an image's bytes returned)",
+            |r| r.rows,
+        ),
+        (
+            "joader_parquet_read_bytes_total",
+            "bytes a parquet dataset's reads took from its files (a row group's column chunk on its first read, a row's piece after)",
+            |r| r.bytes_read,
+        ),
+        (
+            "joader_parquet_decompressed_bytes_total",
+            "bytes a parquet dataset's reads decompressed (whole pages on a group's first read, a row's piece after)",
+            |r| r.bytes_decompressed,
+        ),
+        (
+            "joader_parquet_row_groups_decoded_total",
+            "row groups of a parquet dataset decoded whole",
+            |r| r.groups_decoded,
+        ),
+        (
+            "joader_parquet_decoded_row_hits_total",
+            "rows of a parquet dataset served from the decoded rows kept (64 MiB)",
+            |r| r.decoded_hits,
+        ),
+    ];
+    for (name, help, field) in parquet {
+        let rows = reads
+            .iter()
+            .map(|(d, r)| (vec![("dataset", d.clone())], field(r) as f64))
+            .collect();
+        out.families.push((name, "counter", help, rows));
+    }
     let mut gauges: [Vec<(Labels, f64)>; 5] = Default::default();
     for (name, j) in &inner.jobs {
         let st = match j.stats.state() {
