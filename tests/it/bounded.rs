@@ -7,7 +7,7 @@ use std::time::Duration;
 use joader_tools::client::{Client, ReadOptions, consume};
 use serde_json::{Value, json};
 
-use crate::common::{DEADLINE, TempDir, TestServer, unique_instance, wait_for};
+use crate::common::{DEADLINE, TempDir, TestServer, scrape, unique_instance, wait_for};
 
 /// Elements of the dataset the short jobs read ranges of.
 const ITEMS: u32 = 24;
@@ -125,15 +125,6 @@ fn run_jobs(server: &TestServer, from: u64, to: u64) {
             });
         }
     });
-}
-
-fn scrape(url: &str) -> String {
-    ureq::get(format!("{url}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap()
 }
 
 /// Waits until every per-job table is back to its idle size, and returns the state report.

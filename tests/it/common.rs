@@ -367,3 +367,19 @@ fn exit_within(mut child: Child, deadline: Duration) -> (String, Output) {
     };
     (job, out)
 }
+
+/// The server's `/metrics` text.
+pub fn scrape(url: &str) -> String {
+    ureq::get(format!("{url}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+}
+
+/// A series' value in a `/metrics` text (`name{labels}` exactly as rendered).
+pub fn series(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}

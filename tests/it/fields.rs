@@ -4,16 +4,7 @@
 //! layouts' parsing.
 
 use crate::common::{TempDir, joader};
-
-/// The cells of the markdown row of `md` that starts with `start`.
-fn cells<'a>(md: &'a str, start: &str) -> Vec<&'a str> {
-    md.lines()
-        .find(|l| l.starts_with(start))
-        .unwrap_or_else(|| panic!("no row {start:?} in\n{md}"))
-        .split('|')
-        .map(str::trim)
-        .collect()
-}
+use crate::parquet::cells;
 
 /// Both declarations' rows with every figure; what is exact is checked: four jobs of one
 /// dataset decode no element for more than one of them, and an item with fields reads its

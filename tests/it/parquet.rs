@@ -243,24 +243,12 @@ fn a_parquet_dataset_gives_the_batches_of_the_same_image_folder() {
     }
     // What the reads cost, per parquet dataset (none for the folder): every row was read,
     // each row group decoded whole at least once, and bytes were read and decompressed.
-    let text = ureq::get(&format!("{}/metrics", server.url))
-        .call()
-        .unwrap()
-        .into_body()
-        .read_to_string()
-        .unwrap();
-    let value = |series: String| -> f64 {
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(series.as_str())?
-                    .strip_prefix(' ')?
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("no series {series} in\n{text}"))
-    };
+    let text = crate::common::scrape(&server.url);
     for dataset in ["pq", "pq2"] {
-        let m = |name: &str| value(format!("joader_parquet_{name}{{dataset=\"{dataset}\"}}"));
+        let m = |name: &str| {
+            let s = format!("joader_parquet_{name}{{dataset=\"{dataset}\"}}");
+            crate::common::series(&text, &s).unwrap_or_else(|| panic!("no series {s} in\n{text}"))
+        };
         assert!(m("rows_read_total") >= n as f64, "{dataset}");
         assert!(m("row_groups_decoded_total") >= 1.0, "{dataset}");
         assert!(m("read_bytes_total") > 0.0, "{dataset}");
@@ -374,7 +362,7 @@ fn damaged_parquet_files_and_rows_are_errors_and_the_server_lives_on() {
 }
 
 /// The cells of the markdown row of `md` that starts with `start`.
-fn cells<'a>(md: &'a str, start: &str) -> Vec<&'a str> {
+pub(crate) fn cells<'a>(md: &'a str, start: &str) -> Vec<&'a str> {
     md.lines()
         .find(|l| l.starts_with(start))
         .unwrap_or_else(|| panic!("no row {start:?} in\n{md}"))

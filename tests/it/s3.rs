@@ -237,16 +237,9 @@ pub(crate) fn no_errors(s: &Value, what: &str) {
 }
 
 /// A metric's value as `/metrics` renders it (`name{labels}` exactly).
-pub(crate) fn metric(j: &Joader, series: &str) -> f64 {
-    let text = ureq::get(&format!("{}/metrics", j.server.url))
-        .call()
-        .unwrap()
-        .into_body()
-        .read_to_string()
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no series {series} in /metrics"))
+pub(crate) fn metric(j: &Joader, name: &str) -> f64 {
+    crate::common::series(&crate::common::scrape(&j.server.url), name)
+        .unwrap_or_else(|| panic!("no series {name} in /metrics"))
 }
 
 /// Writes the ImageFolder of the shared test dataset, WebDataset shards of it and a CSV

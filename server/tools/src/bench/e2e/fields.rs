@@ -16,13 +16,11 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::Ctx;
-use super::parquet::{Row, mean, run_one};
+use super::parquet::{Row, paired, rounds};
 use super::scenarios::{JobPlan, Scenario};
 
 /// The jobs of the comparison.
 const K: usize = 4;
-/// Times each declaration runs (interleaved; an even number, half with each first).
-const ROUNDS: usize = 4;
 
 /// Writes the image folder `images` as WebDataset shards in `out` with a caption (about 80
 /// bytes) and a JSON document (about 200 bytes) per sample.
@@ -87,88 +85,25 @@ pub(super) fn run(ctx: &Ctx, n: u32) -> Result<String> {
         "caption": {"kind": "text", "from": "txt"},
         "meta": {"kind": "json", "from": "json"},
     }});
-    let (mut without, mut with) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        // One declaration first in even rounds, the other in odd ones.
-        let plain_first = round % 2 == 0;
-        eprintln!(
-            "scenario {} round {}: {}",
-            sc.name,
-            round + 1,
-            if plain_first {
-                "without fields, then with"
-            } else {
-                "with fields, then without"
-            }
-        );
-        let tag = format!("fd{round}");
-        let run_plain = || {
-            run_one(
-                ctx,
-                &sc,
-                &roots,
-                &format!("{tag}p"),
-                "joader serve, image + class",
-                plain.clone(),
-            )
-        };
-        let run_fields = || {
-            run_one(
-                ctx,
-                &sc,
-                &roots,
-                &format!("{tag}f"),
-                "joader serve, + caption + json",
-                fields.clone(),
-            )
-        };
-        if plain_first {
-            without.push(run_plain()?);
-            with.push(run_fields()?);
-        } else {
-            with.push(run_fields()?);
-            without.push(run_plain()?);
-        }
-    }
+    let (without, with) = rounds(
+        ctx,
+        &sc,
+        &roots,
+        "fd",
+        ("joader serve, image + class", &plain),
+        ("joader serve, + caption + json", &fields),
+    )?;
     Ok(report(&sc, &without, &with))
 }
 
 fn report(sc: &Scenario, without: &[Row], with: &[Row]) -> String {
-    let mut out = format!(
-        "\n### Samples with a caption and a JSON document against the same images without \
-         ({}, {} rounds interleaved, the same WebDataset shards)\n\n\
-         | declaration | round | samples/s | x without (same round) | decodes/sample | server CPU ms/sample | server read bytes/element |\n\
-         |---|---|---|---|---|---|---|\n",
+    let heading = format!(
+        "Samples with a caption and a JSON document against the same images without ({}, {} \
+         rounds interleaved, the same WebDataset shards)",
         sc.name,
         without.len()
     );
-    for (i, (w, f)) in without.iter().zip(with).enumerate() {
-        for r in [w, f] {
-            let o = &r.outcome;
-            out.push_str(&format!(
-                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.2} | {:.0} |\n",
-                o.system,
-                i + 1,
-                o.aggregate,
-                o.aggregate / w.outcome.aggregate,
-                o.decodes_per_sample,
-                o.cpu_ms_per_sample,
-                r.read_per_element
-            ));
-        }
-    }
-    let ratio = mean(
-        without
-            .iter()
-            .zip(with)
-            .map(|(w, f)| f.outcome.aggregate / w.outcome.aggregate),
-    );
-    let cpu = mean(
-        without
-            .iter()
-            .zip(with)
-            .map(|(w, f)| f.outcome.cpu_ms_per_sample / w.outcome.cpu_ms_per_sample),
-    );
+    let (mut out, ratio, cpu) = paired(&heading, "declaration", "without", without, with);
     out.push_str(&format!(
         "\nwith fields / without, mean of the rounds: throughput {ratio:.3}x, server CPU per \
          sample {cpu:.3}x\n"

@@ -134,6 +134,47 @@ fn server_cpu(client: &Client) -> Result<f64> {
 }
 
 /// One run of scenario `sc` on a `joader serve` child serving dataset `d` from `spec`.
+/// [`ROUNDS`] rounds of `sc` served from two sources, each on a fresh `joader serve` (`tag`
+/// and the round name the runs): `a` first in even rounds and `b` first in odd ones, so that
+/// neither always runs second. The rows of `a`, then of `b`, by round.
+pub(super) fn rounds(
+    ctx: &Ctx,
+    sc: &Scenario,
+    roots: &[PathBuf],
+    tag: &str,
+    a: (&'static str, &serde_json::Value),
+    b: (&'static str, &serde_json::Value),
+) -> Result<(Vec<Row>, Vec<Row>)> {
+    let (mut rows_a, mut rows_b) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let a_first = round % 2 == 0;
+        let (first, second) = if a_first { (a.0, b.0) } else { (b.0, a.0) };
+        eprintln!(
+            "scenario {} round {}: {first}, then {second}",
+            sc.name,
+            round + 1
+        );
+        let run = |suffix: &str, (system, spec): (&'static str, &serde_json::Value)| {
+            run_one(
+                ctx,
+                sc,
+                roots,
+                &format!("{tag}{round}{suffix}"),
+                system,
+                spec.clone(),
+            )
+        };
+        if a_first {
+            rows_a.push(run("a", a)?);
+            rows_b.push(run("b", b)?);
+        } else {
+            rows_b.push(run("b", b)?);
+            rows_a.push(run("a", a)?);
+        }
+    }
+    Ok((rows_a, rows_b))
+}
+
 pub(super) fn run_one(
     ctx: &Ctx,
     sc: &Scenario,
@@ -260,49 +301,14 @@ pub(super) fn run(ctx: &Ctx, n: u32) -> Result<String> {
     };
     let folder_spec = json!({"kind": "image_folder", "path": ctx.root});
     let parquet_spec = json!({"kind": "parquet", "paths": [parquet_dir]});
-    let (mut folder, mut parquet) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        // One source first in even rounds, the other in odd ones: neither always runs second.
-        let folder_first = round % 2 == 0;
-        eprintln!(
-            "scenario {} round {}: {}",
-            sc.name,
-            round + 1,
-            if folder_first {
-                "image folder, then parquet"
-            } else {
-                "parquet, then image folder"
-            }
-        );
-        let tag = format!("pq{round}");
-        let run_folder = || {
-            run_one(
-                ctx,
-                &sc,
-                &roots,
-                &format!("{tag}f"),
-                "joader serve, image folder",
-                folder_spec.clone(),
-            )
-        };
-        let run_parquet = || {
-            run_one(
-                ctx,
-                &sc,
-                &roots,
-                &format!("{tag}p"),
-                "joader serve, parquet",
-                parquet_spec.clone(),
-            )
-        };
-        if folder_first {
-            folder.push(run_folder()?);
-            parquet.push(run_parquet()?);
-        } else {
-            parquet.push(run_parquet()?);
-            folder.push(run_folder()?);
-        }
-    }
+    let (folder, parquet) = rounds(
+        ctx,
+        &sc,
+        &roots,
+        "pq",
+        ("joader serve, image folder", &folder_spec),
+        ("joader serve, parquet", &parquet_spec),
+    )?;
     let pq_index = joader_storage::index(
         &serde_json::from_value::<SourceSpec>(parquet_spec)?,
         &roots,
@@ -325,46 +331,54 @@ pub(super) fn run(ctx: &Ctx, n: u32) -> Result<String> {
     ))
 }
 
+/// The table of rounds of two systems served side by side (`base`'s row first in each round,
+/// ratios to it), under `heading`; with the means over the rounds of `other`'s throughput and
+/// server CPU per sample over `base`'s.
+pub(super) fn paired(
+    heading: &str,
+    column: &str,
+    versus: &str,
+    base: &[Row],
+    other: &[Row],
+) -> (String, f64, f64) {
+    let mut out = format!(
+        "\n### {heading}\n\n\
+         | {column} | round | samples/s | x {versus} (same round) | decodes/sample | server CPU ms/sample | server read bytes/element |\n\
+         |---|---|---|---|---|---|---|\n"
+    );
+    for (i, (b, o)) in base.iter().zip(other).enumerate() {
+        for r in [b, o] {
+            let x = &r.outcome;
+            out.push_str(&format!(
+                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.2} | {:.0} |\n",
+                x.system,
+                i + 1,
+                x.aggregate,
+                x.aggregate / b.outcome.aggregate,
+                x.decodes_per_sample,
+                x.cpu_ms_per_sample,
+                r.read_per_element
+            ));
+        }
+    }
+    let pairs = || base.iter().zip(other);
+    let ratio = mean(pairs().map(|(b, o)| o.outcome.aggregate / b.outcome.aggregate));
+    let cpu = mean(pairs().map(|(b, o)| o.outcome.cpu_ms_per_sample / b.outcome.cpu_ms_per_sample));
+    (out, ratio, cpu)
+}
+
 pub(super) fn mean(v: impl Iterator<Item = f64>) -> f64 {
     let (sum, count) = v.fold((0.0, 0.0), |(s, c), x| (s + x, c + 1.0));
     sum / f64::max(count, 1.0)
 }
 
 fn report(sc: &Scenario, folder: &[Row], parquet: &[Row], reads: [(&str, &Reads); 3]) -> String {
-    let mut out = format!(
-        "\n### Parquet against the same image folder ({}, {} rounds interleaved)\n\n\
-         | source | round | samples/s | x folder (same round) | decodes/sample | server CPU ms/sample | server read bytes/element |\n\
-         |---|---|---|---|---|---|---|\n",
+    let heading = format!(
+        "Parquet against the same image folder ({}, {} rounds interleaved)",
         sc.name,
         folder.len()
     );
-    for (i, (f, p)) in folder.iter().zip(parquet).enumerate() {
-        for r in [f, p] {
-            let o = &r.outcome;
-            out.push_str(&format!(
-                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.2} | {:.0} |\n",
-                o.system,
-                i + 1,
-                o.aggregate,
-                o.aggregate / f.outcome.aggregate,
-                o.decodes_per_sample,
-                o.cpu_ms_per_sample,
-                r.read_per_element
-            ));
-        }
-    }
-    let ratio = mean(
-        folder
-            .iter()
-            .zip(parquet)
-            .map(|(f, p)| p.outcome.aggregate / f.outcome.aggregate),
-    );
-    let cpu = mean(
-        folder
-            .iter()
-            .zip(parquet)
-            .map(|(f, p)| p.outcome.cpu_ms_per_sample / f.outcome.cpu_ms_per_sample),
-    );
+    let (mut out, ratio, cpu) = paired(&heading, "source", "folder", folder, parquet);
     out.push_str(&format!(
         "\nparquet / image folder, mean of the rounds: throughput {ratio:.3}x, server CPU per \
          sample {cpu:.3}x\n\n\
