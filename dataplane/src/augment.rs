@@ -28,6 +28,10 @@ pub struct RandomResizedCrop {
     pub ratio: (f64, f64),
     /// Probability of a horizontal flip (default 0.5).
     pub flip: f64,
+    /// Take the whole image instead of a random crop (`scale` and `ratio` unused): a resize
+    /// to `height × width` that does not keep the aspect ratio, as torchvision's
+    /// `Resize((h, w))`, for recipes (detection) that keep every box.
+    pub whole: bool,
 }
 
 impl RandomResizedCrop {
@@ -39,6 +43,18 @@ impl RandomResizedCrop {
             scale: (0.08, 1.0),
             ratio: (3.0 / 4.0, 4.0 / 3.0),
             flip: 0.5,
+            whole: false,
+        }
+    }
+
+    /// The whole image resized to `height × width`, flipped with probability `flip`.
+    pub fn resize(height: u32, width: u32, flip: f64) -> RandomResizedCrop {
+        RandomResizedCrop {
+            scale: (1.0, 1.0),
+            ratio: (1.0, 1.0),
+            flip,
+            whole: true,
+            ..RandomResizedCrop::new(height, width)
         }
     }
 
@@ -63,6 +79,9 @@ impl RandomResizedCrop {
 
     /// Crop window `(top, left, h, w)` for an `ih × iw` image.
     pub fn crop_params(&self, ih: u32, iw: u32, rng: &mut SplitMix64) -> (u32, u32, u32, u32) {
+        if self.whole {
+            return (0, 0, ih, iw);
+        }
         let area = ih as f64 * iw as f64;
         let (lr0, lr1) = (self.ratio.0.ln(), self.ratio.1.ln());
         for _ in 0..10 {
@@ -640,6 +659,30 @@ mod tests {
             }
         }
         assert!((5..35).contains(&flips), "{flips}");
+    }
+
+    #[test]
+    fn resize_takes_the_whole_image() {
+        // Columns that differ, rows alike: a whole-image resize keeps the first and last
+        // columns' values at the edges, a flip swaps them.
+        let src: Vec<u8> = (0..(30 * 50 * 3))
+            .map(|i| ((i / 3) % 50 * 5) as u8)
+            .collect();
+        let (still, flipping) = (
+            RandomResizedCrop::resize(12, 20, 0.0),
+            RandomResizedCrop::resize(12, 20, 1.0),
+        );
+        let mut out = vec![0u8; 12 * 20 * 3];
+        for key in 0..10 {
+            let d = still.draw(30, 50, key);
+            assert_eq!((d.window, d.flip), ((0, 0, 30, 50), false));
+            assert!(flipping.draw(30, 50, key).flip);
+            still.apply(&src, 30, 50, 3, &mut out, key).unwrap();
+            let (first, last) = (out[0], out[19 * 3]);
+            assert!(first < 20 && last > 225, "{first} {last}");
+            flipping.apply(&src, 30, 50, 3, &mut out, key).unwrap();
+            assert_eq!((out[0], out[19 * 3]), (last, first));
+        }
     }
 
     #[test]

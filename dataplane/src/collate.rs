@@ -477,6 +477,7 @@ mod tests {
             offset: 0,
             len: (h * w * 3) as u64,
             fields_len: 0,
+            source: (0, 0),
         }
     }
 

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::shm::Mapping;
 
 /// Layout version implemented by this library (see "Version history" in `DESIGN.md`).
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Magic of a data segment: `b"JOADERDS"` as a little-endian `u64`.
 pub const DATA_MAGIC: u64 = u64::from_le_bytes(*b"JOADERDS");
 /// Magic of a delivery-ring segment: `b"JOADERRG"` as a little-endian `u64`.
@@ -102,8 +102,10 @@ pub(crate) mod slot {
     pub const HEIGHT: usize = 32; // u32
     pub const WIDTH: usize = 36; // u32
     pub const CHANNELS: usize = 40; // u32
+    pub const SOURCE_HEIGHT: usize = 44; // u32, the image's rows before the pipeline (0: unknown)
     pub const LABEL: usize = 48; // i64
     pub const FIELDS_LEN: usize = 56; // u32, the field block after the payload (0: none)
+    pub const SOURCE_WIDTH: usize = 60; // u32, the image's columns before the pipeline (0: unknown)
     pub const READ_BITS: usize = 64; // [AtomicU64; read_words]
     pub const FIXED: usize = 64;
 }

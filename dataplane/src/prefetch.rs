@@ -96,6 +96,32 @@ pub struct Ready {
     /// Each image's small fields' block, copied out of shared memory (empty when the dataset
     /// declares none): parse it with [`crate::fields::parse`].
     pub fields: Vec<Vec<u8>>,
+    /// Each image's sizes as cached and before the server's pipeline, in order: what carries
+    /// annotations of the original image through the pipeline's resize and the crop.
+    pub geometry: Vec<Geometry>,
+}
+
+/// An item's image sizes, `(height, width)`: as the server cached it (the image the client's
+/// crop is drawn on; `(0, 0)` for raw bytes) and before the server's pipeline resized it (the
+/// stored file's; `(0, 0)` when not known).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Geometry {
+    /// The cached image's size.
+    pub cached: (u32, u32),
+    /// The source image's size.
+    pub source: (u32, u32),
+}
+
+impl Geometry {
+    fn of(m: &crate::ItemMeta) -> Geometry {
+        Geometry {
+            cached: match m.format {
+                crate::Format::HwcU8 { height, width, .. } => (height, width),
+                crate::Format::Raw => (0, 0),
+            },
+            source: m.source,
+        }
+    }
 }
 
 /// The handle of a prefetch thread; dropping it stops the thread and detaches from the ring.
@@ -256,6 +282,7 @@ struct First {
     position: u64,
     /// Its small fields' block.
     fields: Vec<u8>,
+    geometry: Geometry,
 }
 
 struct Worker {
@@ -330,6 +357,7 @@ impl Worker {
             padded: 0,
             crops: Vec::new(),
             fields: Vec::with_capacity(bs),
+            geometry: Vec::with_capacity(bs),
         };
         let mut item_shape = [0usize; 3];
         if let Some(end) = self.pending_pad.take() {
@@ -423,6 +451,7 @@ impl Worker {
                 }
                 for m in &b.items {
                     out.fields.push(self.reader.field_block(m).to_vec());
+                    out.geometry.push(Geometry::of(m));
                     out.element_ids.push(m.element_id);
                     out.epochs.push(m.epoch);
                     out.positions.push(m.position);
@@ -494,6 +523,7 @@ impl Worker {
             epoch: m.epoch,
             position: m.position,
             fields,
+            geometry: Geometry::of(m),
         });
     }
 
@@ -527,6 +557,7 @@ impl Worker {
         }
         buf.labels[out.len] = first.label;
         out.fields.push(first.fields);
+        out.geometry.push(first.geometry);
         out.element_ids.push(first.element_id);
         out.epochs.push(first.epoch);
         out.positions.push(first.position);

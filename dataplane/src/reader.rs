@@ -56,6 +56,9 @@ pub struct ItemMeta {
     /// Length of the small fields' block right after the payload (0: none; see
     /// [`crate::fields`]).
     pub fields_len: u64,
+    /// The image's `(height, width)` before the server's pipeline resized it, `(0, 0)` when
+    /// not known ([`crate::SlotMeta::source`]).
+    pub source: (u32, u32),
 }
 
 /// An element the server failed to load.
@@ -491,6 +494,10 @@ impl RawReader {
             offset: l.arena_offset + offset,
             len,
             fields_len,
+            source: (
+                d.read_u32(base + slot::SOURCE_HEIGHT),
+                d.read_u32(base + slot::SOURCE_WIDTH),
+            ),
         })
     }
 

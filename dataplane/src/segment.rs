@@ -71,6 +71,10 @@ pub struct SlotMeta {
     /// Bytes of the small fields' block stored right after the payload (0: none; see
     /// [`crate::fields`]). The payload given to [`Writer::write_slot_with`] ends with them.
     pub fields_len: u32,
+    /// The image's `(height, width)` before the server's pipeline decoded and resized it (the
+    /// stored file's), `(0, 0)` when not known (raw bytes): what annotations made on the
+    /// original image are scaled from.
+    pub source: (u32, u32),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -425,6 +429,8 @@ impl Writer {
         m.write_u32(base + slot::HEIGHT, h);
         m.write_u32(base + slot::WIDTH, w);
         m.write_u32(base + slot::CHANNELS, c);
+        m.write_u32(base + slot::SOURCE_HEIGHT, meta.source.0);
+        m.write_u32(base + slot::SOURCE_WIDTH, meta.source.1);
         m.write_u64(base + slot::LABEL, meta.label as u64);
         m.atomic_u32(base + slot::GENERATION)
             .store(generation, Ordering::Relaxed);

@@ -498,6 +498,7 @@ fn allocation_failures_are_errors() {
 fn raw(id: u32) -> dataplane::SlotMeta {
     dataplane::SlotMeta {
         fields_len: 0,
+        source: (0, 0),
         element_id: id,
         label: 0,
         format: dataplane::Format::Raw,
@@ -559,6 +560,7 @@ fn write_with_fields(w: &Writer, id: u32, caption: &str) -> dataplane::SlotRef {
     dataplane::fields::encode(&fields, &mut payload);
     let meta = SlotMeta {
         fields_len: dataplane::fields::encoded_len(&fields) as u32,
+        source: (375, 500),
         ..image_meta(id, 4, 5)
     };
     w.write_slot(meta, &payload).unwrap()
@@ -582,6 +584,11 @@ fn small_fields_travel_after_the_image() {
     assert_eq!(f.len(), 1);
     assert_eq!((f[0].name, f[0].value), ("caption", "un chat".as_bytes()));
     assert!(items[1].field_block.is_empty() && items[1].fields().unwrap().is_empty());
+    // The source image's size travels in the slot; unknown is (0, 0).
+    assert_eq!(
+        (items[0].meta.source, items[1].meta.source),
+        ((375, 500), (0, 0))
+    );
     assert_eq!(batch.collate().unwrap().shape, [2, 4, 5, 3]);
     reader.ack(batch);
     assert_eq!(ring.poll_acks().unwrap(), vec![with, without]);
@@ -592,6 +599,7 @@ fn small_fields_travel_after_the_image() {
     // A block longer than the payload is refused.
     let meta = SlotMeta {
         fields_len: 100,
+        source: (0, 0),
         ..image_meta(2, 4, 5)
     };
     assert_eq!(

@@ -73,6 +73,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Write => {
                 let meta = SlotMeta {
                     fields_len: 0,
+                    source: (0, 0),
                     element_id: next_id,
                     label: next_id as i64,
                     format: Format::HwcU8 {
@@ -250,6 +251,7 @@ fn stress_producer_consumer_with_slot_reuse() {
         let len = 1 + (pushed * 7919 % 3000) as usize;
         let meta = SlotMeta {
             fields_len: 0,
+            source: (0, 0),
             element_id: pushed as u32,
             label: 0,
             format: Format::Raw,

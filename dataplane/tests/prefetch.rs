@@ -288,7 +288,7 @@ fn the_prefetch_threads_cpu_time_lands_in_named_stages() {
 }
 
 #[test]
-fn fields_are_copied_out_and_padding_repeats_them() {
+fn fields_and_sizes_are_copied_out_and_padding_repeats_them() {
     let w = writer("pffields", 32, 1 << 20);
     let mut ring = w.create_ring("job-r1", 32).unwrap();
     let mut blocks = Vec::new();
@@ -306,6 +306,7 @@ fn fields_are_copied_out_and_padding_repeats_them() {
         payload.extend_from_slice(&block);
         let meta = dataplane::SlotMeta {
             fields_len: block.len() as u32,
+            source: (60 + i, 80 + i),
             ..image_meta(i, 6, 8)
         };
         let s = w.write_slot(meta, &payload).unwrap();
@@ -322,14 +323,20 @@ fn fields_are_copied_out_and_padding_repeats_them() {
     let mut p = Prefetcher::start(reader, cfg).unwrap();
     let mut got = Vec::new();
     while let Some(b) = p.next(Some(LONG)).unwrap() {
-        assert_eq!(b.fields.len(), b.len);
+        assert_eq!((b.fields.len(), b.geometry.len()), (b.len, b.len));
         for (k, block) in b.fields.iter().enumerate() {
-            got.push((b.element_ids[k], block.clone()));
+            got.push((b.element_ids[k], block.clone(), b.geometry[k]));
         }
     }
     let want: Vec<_> = [0u32, 1, 2, 0]
         .iter()
-        .map(|&i| (i, blocks[i as usize].clone()))
+        .map(|&i| {
+            let geometry = dataplane::prefetch::Geometry {
+                cached: (6, 8),
+                source: (60 + i, 80 + i),
+            };
+            (i, blocks[i as usize].clone(), geometry)
+        })
         .collect();
     assert_eq!(got, want);
 }

@@ -254,9 +254,15 @@ pub struct PipelinePrepare {
 
 impl Prepare for PipelinePrepare {
     fn prepare(&self, bytes: &[u8]) -> Result<Prepared, LoadFailure> {
-        pipeline::run(&self.pipeline, bytes, &self.limits)
-            .map(prepared)
-            .map_err(pipeline_failure)
+        match pipeline::decode(&self.pipeline, bytes, &self.limits).map_err(pipeline_failure)? {
+            None => Ok(prepared(Output::Raw(bytes.to_vec()))),
+            Some(decoded) => {
+                let source = decoded.source_size();
+                let mut p = prepared(decoded.finish().map_err(pipeline_failure)?);
+                p.source = source;
+                Ok(p)
+            }
+        }
     }
 
     /// Decodes, then resizes straight into the slot `place` gives (no copy of the output),
@@ -273,15 +279,21 @@ impl Prepare for PipelinePrepare {
             width,
             channels,
         };
+        let source = decoded.source_size();
         let mut fill = |dst: &mut [u8]| decoded.resize_into(dst).map_err(pipeline_failure);
-        match place.place(format, decoded.len() as u64, &mut fill) {
+        match place.place(format, source, decoded.len() as u64, &mut fill) {
             Some(placed) => Ok(Prepared {
                 bytes: Vec::new(),
                 format,
                 placed: Some(placed?),
                 fields_len: 0,
+                source,
             }),
-            None => decoded.finish().map(prepared).map_err(pipeline_failure),
+            None => {
+                let mut p = prepared(decoded.finish().map_err(pipeline_failure)?);
+                p.source = source;
+                Ok(p)
+            }
         }
     }
 

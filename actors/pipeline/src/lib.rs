@@ -307,6 +307,12 @@ impl Decoded {
         (self.plan.ch, self.plan.cw, 3)
     }
 
+    /// `(height, width)` of the stored image, before any DCT scaling, resize or crop: what
+    /// annotations made on the original image are scaled from.
+    pub fn source_size(&self) -> (u32, u32) {
+        (self.img.stored.1, self.img.stored.0)
+    }
+
     /// Bytes of the output.
     pub fn len(&self) -> usize {
         self.plan.len()

@@ -157,6 +157,18 @@ fn resize_keeps_aspect_ratio_and_rounds() {
     let portrait = jpeg_rgb(375, 500);
     let (_, h, w) = hwc(&decode(Some(256), None), &portrait);
     assert_eq!((h, w), (341, 256));
+    // The stored size is kept beside the output (DCT-scaled or not): boxes are scaled from it.
+    for (eighths, img) in [(DCT_EIGHTHS, &landscape), (&[][..], &portrait)] {
+        let d = decode_with_scales(&decode(Some(256), None), img, &Limits::default(), eighths)
+            .unwrap()
+            .unwrap();
+        let want = if std::ptr::eq(img, &landscape) {
+            (375, 500)
+        } else {
+            (500, 375)
+        };
+        assert_eq!(d.source_size(), want);
+    }
 
     // 100 * 64 / 30 = 213.33; 101 * 64 / 30 = 215.47 -> 215; 10 * 64 / 30 = 21.33 (upscale)
     assert_eq!(resize::resized_size(100, 30, 64), (213, 64));

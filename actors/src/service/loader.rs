@@ -191,6 +191,7 @@ impl Place for SlotPlace<'_> {
     fn place(
         &mut self,
         format: dataplane::Format,
+        source: (u32, u32),
         len: u64,
         fill: &mut dyn FnMut(&mut [u8]) -> Result<(), LoadFailure>,
     ) -> Option<Result<SlotRef, LoadFailure>> {
@@ -203,6 +204,7 @@ impl Place for SlotPlace<'_> {
             label: self.label,
             format,
             fields_len,
+            source,
         };
         let mut filled = Ok(());
         let (fields, total) = (self.fields, len + u64::from(fields_len));
@@ -457,12 +459,18 @@ mod tests {
                 dst.copy_from_slice(bytes);
                 Ok(())
             };
-            match place.place(dataplane::Format::Raw, bytes.len() as u64, &mut fill) {
+            match place.place(
+                dataplane::Format::Raw,
+                (0, 0),
+                bytes.len() as u64,
+                &mut fill,
+            ) {
                 Some(slot) => Ok(Prepared {
                     bytes: Vec::new(),
                     format: dataplane::Format::Raw,
                     placed: Some(slot?),
                     fields_len: 0,
+                    source: (0, 0),
                 }),
                 None => self.prepare(bytes),
             }

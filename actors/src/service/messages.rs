@@ -39,6 +39,9 @@ pub struct Prepared {
     /// The small fields' block that ends `bytes` (or the placed slot), 0 when none
     /// (`dataplane::fields`).
     pub fields_len: u32,
+    /// The image's `(height, width)` before the pipeline resized it, `(0, 0)` when not
+    /// decoded (`dataplane::SlotMeta::source`).
+    pub source: (u32, u32),
 }
 
 impl Prepared {
@@ -49,18 +52,21 @@ impl Prepared {
             format,
             placed: None,
             fields_len: 0,
+            source: (0, 0),
         }
     }
 }
 
 /// Where a loader thread may write a prepared element straight into shared memory.
 pub trait Place {
-    /// Gives a new slot of `len` bytes for an element of `format` to `fill`, and publishes it
+    /// Gives a new slot of `len` bytes for an element of `format` (decoded from an image of
+    /// `source` `(height, width)`, `(0, 0)` when not decoded) to `fill`, and publishes it
     /// when `fill` succeeds (or frees it when it fails); `None` when there is no room to spare
     /// (the element then goes to the Cache as bytes, which makes room by its rules).
     fn place(
         &mut self,
         format: dataplane::Format,
+        source: (u32, u32),
         len: u64,
         fill: &mut dyn FnMut(&mut [u8]) -> Result<(), LoadFailure>,
     ) -> Option<Result<dataplane::SlotRef, LoadFailure>>;

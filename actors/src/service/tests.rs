@@ -153,12 +153,18 @@ impl Prepare for Identity {
             dst.copy_from_slice(bytes);
             Ok(())
         };
-        match place.place(dataplane::Format::Raw, bytes.len() as u64, &mut fill) {
+        match place.place(
+            dataplane::Format::Raw,
+            (0, 0),
+            bytes.len() as u64,
+            &mut fill,
+        ) {
             Some(slot) => Ok(Prepared {
                 bytes: Vec::new(),
                 format: dataplane::Format::Raw,
                 placed: Some(slot?),
                 fields_len: 0,
+                source: (0, 0),
             }),
             None => self.prepare(bytes),
         }

@@ -67,6 +67,79 @@ pub struct FieldSpec {
     /// and clients stack the field's values of a batch into one array.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<Vec<u64>>,
+    /// `npy` or `json` only: the field holds detection boxes, which clients carry through
+    /// the pipeline's resize and the job's crop and flip as the pixels are ([`Boxes`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boxes: Option<Boxes>,
+}
+
+/// How boxes are written: `xyxy` (left, top, right, bottom) or `xywh` (left, top, width,
+/// height: COCO's `bbox`), in pixels of the stored image.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum BoxFormat {
+    Xyxy,
+    Xywh,
+}
+
+/// A boxes field's declaration: `"boxes": "xyxy"` (its format alone) or `"boxes": {"format":
+/// "xywh", "path": "annotations.bbox", "with": ["labels"]}`.
+///
+/// - An `npy` field holds an `(N, 4)` array of boxes.
+/// - A `json` field holds a document in which `path` (keys separated by `.`; none: the
+///   document itself) leads to the boxes, each a list of 4 numbers. A list met on the way is
+///   gone through item by item: `annotations.bbox` reads `{"annotations": [{"bbox": [...],
+///   "category_id": 3}, ...]}`, and a box dropped by the crop drops its whole item (its
+///   category with it). Lists beside the boxes in the same object with as many items (a
+///   Hugging Face `objects` struct: `{"bbox": [[...]], "category": [...]}`) lose the same
+///   items.
+/// - `with`: other small fields whose values list one entry per box (an `npy` array's first
+///   axis, a JSON list): a dropped box drops its entry there too.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Boxes {
+    pub format: BoxFormat,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<String>,
+}
+
+impl<'de> Deserialize<'de> for Boxes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Full {
+            format: BoxFormat,
+            #[serde(default)]
+            path: Option<String>,
+            #[serde(default)]
+            with: Vec<String>,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Wire {
+            Format(BoxFormat),
+            Full(Full),
+        }
+        match Wire::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "`boxes` is a format (\"xyxy\" or \"xywh\") or {\"format\", \"path\", \"with\"}",
+            )
+        })? {
+            Wire::Format(format) => Ok(Boxes {
+                format,
+                path: None,
+                with: Vec::new(),
+            }),
+            Wire::Full(f) => Ok(Boxes {
+                format: f.format,
+                path: f.path,
+                with: f.with,
+            }),
+        }
+    }
 }
 
 /// A sample's declared fields, by name: one `image` field and at most one `class` field
@@ -143,6 +216,9 @@ impl TryFrom<BTreeMap<String, FieldSpec>> for Fields {
                     f.kind.name()
                 ));
             }
+            if let Some(b) = &f.boxes {
+                check_boxes(name, f, b, &fields)?;
+            }
         }
         for kind in [FieldKind::Image, FieldKind::Class] {
             let n = fields.values().filter(|f| f.kind == kind).count();
@@ -160,6 +236,81 @@ impl TryFrom<BTreeMap<String, FieldSpec>> for Fields {
     }
 }
 
+/// Checks a boxes declaration against the other fields.
+fn check_boxes(
+    name: &str,
+    f: &FieldSpec,
+    b: &Boxes,
+    fields: &BTreeMap<String, FieldSpec>,
+) -> Result<(), String> {
+    if !matches!(f.kind, FieldKind::Npy | FieldKind::Json) {
+        return Err(format!(
+            "field `{name}`: `boxes` is for fields of kind `npy` or `json`, not `{}`",
+            f.kind.name()
+        ));
+    }
+    if b.path.is_some() && f.kind != FieldKind::Json {
+        return Err(format!(
+            "field `{name}`: a boxes `path` is for `json` fields (an `npy` field is the (N, 4) array)"
+        ));
+    }
+    if b.path
+        .as_deref()
+        .is_some_and(|p| p.split('.').any(str::is_empty))
+    {
+        return Err(format!(
+            "field `{name}`: the boxes `path` is keys separated by `.`, none empty"
+        ));
+    }
+    let no_shape = |n: &str, spec: &FieldSpec| match spec.shape {
+        Some(_) => Err(format!(
+            "field `{n}`: boxes dropped by a crop change how many values it has: declare no `shape`"
+        )),
+        None => Ok(()),
+    };
+    no_shape(name, f)?;
+    for w in &b.with {
+        let Some(spec) = fields.get(w) else {
+            return Err(format!(
+                "field `{name}`: `with` names `{w}`, which is not declared"
+            ));
+        };
+        if w == name
+            || spec.boxes.is_some()
+            || !matches!(spec.kind, FieldKind::Npy | FieldKind::Json)
+        {
+            return Err(format!(
+                "field `{name}`: `with` names `{w}`: it must be another `npy` or `json` field, not one of boxes"
+            ));
+        }
+        no_shape(w, spec)?;
+    }
+    Ok(())
+}
+
+/// The boxes a JSON document holds at `path` (see [`Boxes`]): a list of boxes at its end, or
+/// one box per item when a list was gone through on the way; a box is a list of 4 numbers.
+fn check_json_boxes(doc: &serde_json::Value, path: &[&str], one: bool) -> Result<(), String> {
+    use serde_json::Value;
+    let is_box = |b: &Value| match b {
+        Value::Array(c) if c.len() == 4 && c.iter().all(Value::is_number) => Ok(()),
+        other => Err(format!("a box is 4 numbers, not {other}")),
+    };
+    match (doc, path.split_first()) {
+        (Value::Array(items), Some(_)) => items
+            .iter()
+            .try_for_each(|v| check_json_boxes(v, path, true)),
+        (Value::Object(o), Some((key, rest))) => match o.get(*key) {
+            Some(v) => check_json_boxes(v, rest, one),
+            None => Err(format!("no key `{key}` on the boxes' path")),
+        },
+        (other, Some((key, _))) => Err(format!("key `{key}` of the boxes' path in {other}")),
+        (b, None) if one => is_box(b),
+        (Value::Array(boxes), None) => boxes.iter().try_for_each(is_box),
+        (other, None) => Err(format!("boxes are a list of boxes, not {other}")),
+    }
+}
+
 impl From<Fields> for BTreeMap<String, FieldSpec> {
     fn from(f: Fields) -> Self {
         f.0
@@ -174,14 +325,31 @@ pub fn check_value(spec: &FieldSpec, value: &[u8]) -> Result<(), String> {
         FieldKind::Text => std::str::from_utf8(value)
             .map(drop)
             .map_err(|e| format!("not UTF-8 text ({e})")),
-        FieldKind::Json => serde_json::from_slice::<serde::de::IgnoredAny>(value)
-            .map(drop)
-            .map_err(|e| format!("not a JSON document ({e})")),
+        FieldKind::Json => match &spec.boxes {
+            None => serde_json::from_slice::<serde::de::IgnoredAny>(value)
+                .map(drop)
+                .map_err(|e| format!("not a JSON document ({e})")),
+            Some(b) => {
+                let doc: serde_json::Value = serde_json::from_slice(value)
+                    .map_err(|e| format!("not a JSON document ({e})"))?;
+                let path: Vec<&str> = b
+                    .path
+                    .as_deref()
+                    .map_or(Vec::new(), |p| p.split('.').collect());
+                check_json_boxes(&doc, &path, false)
+            }
+        },
         FieldKind::Npy => {
-            let shape = npy_shape(value)?;
+            let (dtype, shape) = npy_header(value)?;
             match &spec.shape {
                 Some(want) if *want != shape => Err(format!(
                     "an array of shape {shape:?}, but the field declares {want:?}"
+                )),
+                _ if spec.boxes.is_some() && (shape.len() != 2 || shape[1] != 4) => Err(format!(
+                    "boxes are an (N, 4) array, not one of shape {shape:?}"
+                )),
+                _ if spec.boxes.is_some() && !["i", "u", "f"].contains(&dtype) => Err(format!(
+                    "boxes are integers or floats, not an array of kind `{dtype}`"
                 )),
                 _ => Ok(()),
             }
@@ -193,6 +361,12 @@ pub fn check_value(spec: &FieldSpec, value: &[u8]) -> Result<(), String> {
 /// The shape of an `.npy` (format 1.0 to 3.0), once its header is checked: the magic, a
 /// header dict with `descr`, `fortran_order` and `shape`, and data of the size they give.
 pub fn npy_shape(b: &[u8]) -> Result<Vec<u64>, String> {
+    npy_header(b).map(|(_, shape)| shape)
+}
+
+/// The dtype's kind (`b`, `i`, `u`, `f`, `c`, `?`) and the shape of an `.npy`, once checked
+/// as [`npy_shape`] checks it.
+fn npy_header(b: &[u8]) -> Result<(&str, Vec<u64>), String> {
     let bad = |why: &str| Err(format!("a bad .npy header: {why}"));
     if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
         return bad("no \\x93NUMPY magic");
@@ -219,11 +393,11 @@ pub fn npy_shape(b: &[u8]) -> Result<Vec<u64>, String> {
     }) else {
         return bad("no 'descr'");
     };
-    let item = match descr.get(1..).and_then(|s| {
+    let (kind, item) = match descr.get(1..).and_then(|s| {
         let (kind, size) = s.split_at(s.find(|c: char| c.is_ascii_digit())?);
         Some((kind, size.parse::<u64>().ok()?))
     }) {
-        Some((k, size)) if ["b", "i", "u", "f", "c", "?"].contains(&k) && size > 0 => size,
+        Some((k, size)) if ["b", "i", "u", "f", "c", "?"].contains(&k) && size > 0 => (k, size),
         _ => return bad(&format!("unsupported dtype {descr:?}")),
     };
     if value("fortran_order").is_none() {
@@ -258,7 +432,7 @@ pub fn npy_shape(b: &[u8]) -> Result<Vec<u64>, String> {
             b.len().saturating_sub(start + hlen)
         ));
     }
-    Ok(dims)
+    Ok((kind, dims))
 }
 
 #[cfg(test)]
@@ -318,6 +492,7 @@ mod tests {
             kind: FieldKind::Npy,
             from: None,
             shape,
+            boxes: None,
         };
         assert!(check_value(&spec(Some(vec![2, 3])), &ok).is_ok());
         assert!(
@@ -333,6 +508,7 @@ mod tests {
             kind: FieldKind::Text,
             from: None,
             shape: None,
+            boxes: None,
         };
         assert!(check_value(&text, "un chat".as_bytes()).is_ok());
         assert!(
@@ -366,5 +542,139 @@ mod tests {
             parse(serde_json::json!({"i": {"kind": "image"}, "t": {"kind": "text", "from": " "}}))
                 .unwrap_err();
         assert!(e.to_string().contains("`from` is empty"), "{e}");
+    }
+
+    #[test]
+    fn boxes_declarations() {
+        let parse = |v: serde_json::Value| serde_json::from_value::<Fields>(v);
+        let img = serde_json::json!({"kind": "image"});
+        // The short form is the format; the long one round-trips.
+        let f =
+            parse(serde_json::json!({"i": img, "b": {"kind": "npy", "boxes": "xyxy"}})).unwrap();
+        let b = f
+            .iter()
+            .find(|(n, _)| *n == "b")
+            .unwrap()
+            .1
+            .boxes
+            .clone()
+            .unwrap();
+        assert_eq!((b.format, b.path, b.with.len()), (BoxFormat::Xyxy, None, 0));
+        let long = serde_json::json!({"i": img, "ann": {"kind": "json",
+            "boxes": {"format": "xywh", "path": "annotations.bbox", "with": ["cats"]}},
+            "cats": {"kind": "npy"}});
+        let f = parse(long.clone()).unwrap();
+        assert_eq!(parse(serde_json::to_value(&f).unwrap()).unwrap(), f);
+        for (bad, says) in [
+            (
+                serde_json::json!({"i": img, "b": {"kind": "text", "boxes": "xyxy"}}),
+                "`npy` or `json`",
+            ),
+            (
+                serde_json::json!({"i": img, "b": {"kind": "npy", "boxes": "yxyx"}}),
+                "`boxes` is a format",
+            ),
+            (
+                serde_json::json!({"i": img, "b": {"kind": "npy", "boxes": {"format": "xyxy", "path": "a"}}}),
+                "`path` is for `json`",
+            ),
+            (
+                serde_json::json!({"i": img, "b": {"kind": "json", "boxes": {"format": "xyxy", "path": "a..b"}}}),
+                "none empty",
+            ),
+            (
+                serde_json::json!({"i": img, "b": {"kind": "npy", "shape": [3, 4], "boxes": "xyxy"}}),
+                "declare no `shape`",
+            ),
+            (
+                serde_json::json!({"i": img, "b": {"kind": "npy", "boxes": {"format": "xyxy", "with": ["c"]}}}),
+                "not declared",
+            ),
+            (
+                serde_json::json!({"i": img, "b": {"kind": "npy", "boxes": {"format": "xyxy", "with": ["c"]}},
+                "c": {"kind": "text"}}),
+                "another `npy` or `json`",
+            ),
+            (
+                serde_json::json!({"i": img, "b": {"kind": "npy", "boxes": {"format": "xyxy", "with": ["c"]}},
+                "c": {"kind": "npy", "shape": [2]}}),
+                "field `c`: boxes dropped",
+            ),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{e} (wanted {says})");
+        }
+    }
+
+    #[test]
+    fn boxes_values_are_checked_when_loaded() {
+        let spec = |kind, boxes: serde_json::Value| FieldSpec {
+            kind,
+            from: None,
+            shape: None,
+            boxes: Some(serde_json::from_value(boxes).unwrap()),
+        };
+        let npy_boxes = spec(FieldKind::Npy, serde_json::json!("xyxy"));
+        let ok = npy(
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }",
+            32,
+        );
+        assert!(check_value(&npy_boxes, &ok).is_ok());
+        let none = npy(
+            "{'descr': '<i8', 'fortran_order': False, 'shape': (0, 4), }",
+            0,
+        );
+        assert!(check_value(&npy_boxes, &none).is_ok());
+        let three = npy(
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+            24,
+        );
+        assert!(
+            check_value(&npy_boxes, &three)
+                .unwrap_err()
+                .contains("(N, 4)")
+        );
+        let flags = npy(
+            "{'descr': '|b1', 'fortran_order': False, 'shape': (1, 4), }",
+            4,
+        );
+        assert!(
+            check_value(&npy_boxes, &flags)
+                .unwrap_err()
+                .contains("kind `b`")
+        );
+
+        let coco = spec(
+            FieldKind::Json,
+            serde_json::json!({"format": "xywh", "path": "annotations.bbox"}),
+        );
+        let doc = br#"{"annotations": [{"bbox": [1, 2, 3, 4], "category_id": 7}, {"bbox": [0.5, 0, 1, 1]}]}"#;
+        assert!(check_value(&coco, doc).is_ok());
+        assert!(check_value(&coco, br#"{"annotations": []}"#).is_ok());
+        for (bad, says) in [
+            (&br#"{"images": []}"#[..], "no key `annotations`"),
+            (br#"{"annotations": [{"bbox": [1, 2, 3]}]}"#, "4 numbers"),
+            (
+                br#"{"annotations": [{"bbox": [1, 2, 3, "4"]}]}"#,
+                "4 numbers",
+            ),
+            (br#"{"annotations": 3}"#, "key `bbox`"),
+            (b"{nope", "not a JSON document"),
+        ] {
+            let e = check_value(&coco, bad).unwrap_err();
+            assert!(e.contains(says), "{e} (wanted {says})");
+        }
+        let hf = spec(
+            FieldKind::Json,
+            serde_json::json!({"format": "xywh", "path": "bbox"}),
+        );
+        assert!(check_value(&hf, br#"{"bbox": [[1, 2, 3, 4]], "category": [0]}"#).is_ok());
+        let bare = spec(FieldKind::Json, serde_json::json!("xyxy"));
+        assert!(check_value(&bare, b"[[0, 0, 1, 1]]").is_ok());
+        assert!(
+            check_value(&bare, br#"{"a": 1}"#)
+                .unwrap_err()
+                .contains("a list of boxes")
+        );
     }
 }

@@ -47,6 +47,7 @@ __all__ = [
     "ElementLoadError",
     "ElementFailure",
     "RandomResizedCrop",
+    "Resize",
     "Padded",
     "RingReader",
     "Batch",
@@ -118,8 +119,9 @@ class RandomResizedCrop:
     def width(self) -> int:
         return self.size if isinstance(self.size, int) else self.size[1]
 
-    def _native(self) -> Tuple[int, int, float, float, float, float, float]:
-        return (self.height, self.width, self.scale[0], self.scale[1], self.ratio[0], self.ratio[1], self.flip)
+    def _native(self) -> Tuple[int, int, float, float, float, float, float, bool]:
+        return (self.height, self.width, self.scale[0], self.scale[1], self.ratio[0], self.ratio[1], self.flip,
+                False)
 
     def apply(self, image: np.ndarray, seed: int = 0, epoch: int = 0, position: int = 0) -> np.ndarray:
         """Augments one ``(H, W, C)`` uint8 image exactly as a batch item at
@@ -148,6 +150,20 @@ class RandomResizedCrop:
         top, left, h, w, flip = self.draw(height, width, seed, epoch, position)
         return boxes_module.crop_boxes(boxes, (top, left, h, w), flip, (self.height, self.width),
                                        fmt=fmt, image_size=(height, width), source_size=source_size)
+
+
+@dataclass(frozen=True)
+class Resize(RandomResizedCrop):
+    """The whole cached image resized to ``size`` (the aspect ratio not kept, as torchvision's
+    ``Resize((h, w))``), then flipped horizontally with probability ``flip`` (default: never):
+    the crop of detection recipes that keep every box. Everywhere a `RandomResizedCrop` is
+    taken (``transform=``, ``padded=True``, `joader.torch`), its window being the whole
+    image; ``scale`` and ``ratio`` are unused."""
+
+    flip: float = 0.0
+
+    def _native(self) -> Tuple[int, int, float, float, float, float, float, bool]:
+        return (self.height, self.width, 1.0, 1.0, 1.0, 1.0, self.flip, True)
 
 
 @dataclass(frozen=True)
@@ -476,7 +492,12 @@ class Loader:
     a ``text`` field a ``list[str]``, a ``json`` field a list of parsed documents, an ``npy``
     field one stacked array when it declares a ``shape`` (else a list of arrays), a ``bytes``
     field a ``list[bytes]``, in the batch's order (a padded item repeats its fields). A
-    callable ``transform`` then receives the dict."""
+    callable ``transform`` then receives the dict. A field declared as boxes (``"boxes":
+    "xyxy"``, or ``{"format", "path", "with"}`` on a ``json`` field) comes in the delivered
+    image's pixels: moved from the stored image through the server's pipeline and the item's
+    crop and flip (a `RandomResizedCrop` or `Resize`; without one, the cached image's, clipped
+    to it), the boxes left without area dropped with their JSON items and their entries in
+    the ``with`` fields (see `joader.boxes.move_field`)."""
 
     def __init__(
         self,
@@ -564,6 +585,8 @@ class Loader:
         #: (``fields``), or None for ``(images, labels)`` batches.
         self.fields: Optional[List[str]] = None
         self._image_name, self._label_name = "image", "label"
+        #: The declared boxes fields, by name (their declarations), moved with the pixels.
+        self._boxes: Dict[str, Dict[str, Any]] = {}
         if fields:
             self._choose_fields(dataset, fields)
         # A padded batch is normalized by its consumer, after the crop.
@@ -584,6 +607,7 @@ class Loader:
             elif spec.get("kind") == "class":
                 self._label_name = name
         small = [n for n, spec in sorted(declared.items()) if spec.get("kind") not in ("image", "class")]
+        self._boxes = {n: spec for n, spec in declared.items() if spec.get("boxes") is not None}
         known = [self._image_name, self._label_name] + small
         if fields is True:
             self.fields = known
@@ -598,18 +622,56 @@ class Loader:
         """The batch as a dict of the fields asked for (see the class docs)."""
         assert self.fields is not None
         small: Dict[str, Any] = d.get("fields") or {}
+        values: Dict[str, Any] = {}
+        for name in self.fields:
+            if name in small:
+                kind, fixed, raw = small[name]
+                values[name] = _field_values(kind, fixed, raw)
+        moved = self._move_boxes(small, values, d)
         out: Dict[str, Any] = {}
         for name in self.fields:
             if name == self._image_name:
                 out[name] = images
             elif name == self._label_name:
                 out[name] = labels
-            elif name in small:
-                kind, fixed, values = small[name]
-                out[name] = _field_values(kind, fixed, values)
+            elif name in values:
+                out[name] = moved.get(name, values[name])
             else:
                 raise JoaderError("bad_response", f"the batch carries no field {name!r}")
         return out
+
+    def _move_boxes(self, small: Dict[str, Any], values: Dict[str, Any],
+                    d: Dict[str, Any]) -> Dict[str, Any]:
+        """The declared boxes fields asked for, and the ``with`` fields asked for, of a batch,
+        each item's boxes moved from the stored image to the delivered one (see
+        `joader.boxes.move_field`)."""
+        moved: Dict[str, Any] = {}
+        for name, spec in self._boxes.items():
+            boxes_spec = spec["boxes"]
+            with_ = [] if isinstance(boxes_spec, str) else [w for w in boxes_spec.get("with") or []
+                                                            if self.fields and w in self.fields]
+            if name not in small or (name not in values and not with_):
+                continue
+            items = values[name] if name in values else _field_values(*small[name])
+            aug = self.transform if isinstance(self.transform, RandomResizedCrop) else None
+            sources, cached = d["source_sizes"], d["cached_sizes"]
+            new_items, keeps = [], []
+            for i, item in enumerate(items):
+                window, flip, size = None, False, None
+                if aug is not None:
+                    top, left, h, w, flip = aug.draw(int(cached[i][0]), int(cached[i][1]), self.seed,
+                                                     int(d["epochs"][i]), int(d["positions"][i]))
+                    window, size = (top, left, h, w), (aug.height, aug.width)
+                new, keep, n = boxes_module.move_field(item, spec, sources[i], cached[i], self._pipeline,
+                                                       window, flip, size)
+                new_items.append(new)
+                keeps.append((keep, n))
+            if name in values:
+                moved[name] = new_items
+            for w in with_:
+                vals = moved.get(w, values[w])
+                moved[w] = [boxes_module.keep_entries(v, k, n, w) for v, (k, n) in zip(vals, keeps)]
+        return moved
 
     def _start(self, resume: Optional[Dict[str, Any]]) -> None:
         """Registers the job (resumed from ``resume``) and starts the prefetch of this rank's ring."""
@@ -623,6 +685,8 @@ class Loader:
         self.instance: str = mine[0]["instance"]
         self.ring: str = mine[0]["ring"]
         size = self.info.get("job", {}).get("subset_size")
+        #: The job's server pipeline (what boxes are scaled through).
+        self._pipeline: Optional[Dict[str, Any]] = self.info.get("job", {}).get("pipeline")
         #: Records every rank receives per epoch (its share, padded), when known.
         self.share: Optional[int] = -(-int(size) // self.world_size) if size is not None else None
         pad_to = self.share if pad and self.world_size > 1 else None

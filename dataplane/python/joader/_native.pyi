@@ -26,7 +26,7 @@ class RingReader:
         start: int,
         images: npt.NDArray[np.uint8],
         labels: npt.NDArray[np.int64],
-        aug: Optional[Tuple[int, int, float, float, float, float, float]] = None,
+        aug: Optional[Tuple[int, int, float, float, float, float, float, bool]] = None,
         seed: int = 0,
     ) -> Tuple[int, int, int, int]: ...
     def check_server(self) -> None: ...
@@ -51,7 +51,7 @@ def augment_image(
     height: int,
     width: int,
     channels: int,
-    aug: Tuple[int, int, float, float, float, float, float],
+    aug: Tuple[int, int, float, float, float, float, float, bool],
     seed: int,
     epoch: int,
     position: int,
@@ -60,7 +60,7 @@ def augment_image(
 def draw_crop(
     height: int,
     width: int,
-    aug: Tuple[int, int, float, float, float, float, float],
+    aug: Tuple[int, int, float, float, float, float, float, bool],
     seed: int,
     epoch: int,
     position: int,
@@ -75,7 +75,7 @@ class Prefetcher:
         ring: str,
         batch_size: int,
         depth: int = 2,
-        aug: Optional[Tuple[int, int, float, float, float, float, float]] = None,
+        aug: Optional[Tuple[int, int, float, float, float, float, float, bool]] = None,
         seed: int = 0,
         mean: Optional[List[float]] = None,
         std: Optional[List[float]] = None,

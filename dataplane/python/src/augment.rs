@@ -1,5 +1,5 @@
 //! Augmentation parameters from Python: the `(height, width, scale_lo, scale_hi, ratio_lo,
-//! ratio_hi, flip)` tuple that `collate_into` and `Prefetcher` take (built by
+//! ratio_hi, flip, whole)` tuple that `collate_into` and `Prefetcher` take (built by
 //! `joader.RandomResizedCrop`), and `augment_image`, which applies it to one image exactly as
 //! a batch item would be augmented (`RandomResizedCrop.apply`), and `draw_crop`, the crop
 //! window and flip it draws (`RandomResizedCrop.draw`).
@@ -9,9 +9,9 @@ use pyo3::prelude::*;
 
 use crate::error::{JoaderError, err};
 
-/// A `RandomResizedCrop` as Python passes it: height, width, scale range, ratio range, flip
-/// probability.
-pub(crate) type Aug = (u32, u32, f64, f64, f64, f64, f64);
+/// A `RandomResizedCrop` (or `Resize`: `whole`) as Python passes it: height, width, scale
+/// range, ratio range, flip probability, whether the whole image is taken.
+pub(crate) type Aug = (u32, u32, f64, f64, f64, f64, f64, bool);
 
 /// The crop/flip parameters `a` describes.
 pub(crate) fn to_aug(a: Aug) -> RandomResizedCrop {
@@ -21,6 +21,7 @@ pub(crate) fn to_aug(a: Aug) -> RandomResizedCrop {
         scale: (a.2, a.3),
         ratio: (a.4, a.5),
         flip: a.6,
+        whole: a.7,
     }
 }
 

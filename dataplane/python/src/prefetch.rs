@@ -167,8 +167,10 @@ impl Prefetcher {
     /// The next prepared batch as a dict (`images`: an array over a pooled buffer, None when
     /// the batch is empty; `labels`, `element_ids`, `epochs`, `positions`, `errors`,
     /// `end_of_epoch`, `end_of_stream`, `padded`; for a padded batch `sizes` (B, 2) and `boxes`
-    /// (B, 4: top, left, height, width) int64 and `flips` (B,) bool), or None after the end of
-    /// the stream.
+    /// (B, 4: top, left, height, width) int64 and `flips` (B,) bool; when the batch carries
+    /// small fields, `cached_sizes` and `source_sizes` (B, 2) int64: each image's height and
+    /// width as cached and before the server's pipeline, 0 when not known), or None after the
+    /// end of the stream.
     /// Waits with the GIL released, up to `timeout` seconds (`None`: as long as the server
     /// lives; then `JoaderError("timeout")`).
     #[pyo3(signature = (timeout = None))]
@@ -191,6 +193,22 @@ impl Prefetcher {
         set_stream_fields(&d, &b.errors, b.end_of_epoch, b.end_of_stream)?;
         d.set_item("padded", b.padded)?;
         d.set_item("fields", fields_dict(py, &b.fields)?)?;
+        if b.fields.iter().any(|f| !f.is_empty()) {
+            let n = b.geometry.len();
+            let (mut cached, mut source) = (Vec::with_capacity(2 * n), Vec::with_capacity(2 * n));
+            for g in &b.geometry {
+                cached.extend([g.cached.0, g.cached.1].map(i64::from));
+                source.extend([g.source.0, g.source.1].map(i64::from));
+            }
+            d.set_item(
+                "cached_sizes",
+                PyArray::from_vec(py, cached).reshape([n, 2])?,
+            )?;
+            d.set_item(
+                "source_sizes",
+                PyArray::from_vec(py, source).reshape([n, 2])?,
+            )?;
+        }
         if !b.crops.is_empty() {
             let n = b.crops.len();
             let (mut sizes, mut boxes) = (Vec::with_capacity(2 * n), Vec::with_capacity(4 * n));

@@ -114,3 +114,59 @@ def test_empty_and_malformed_boxes() -> None:
         crop_boxes(np.zeros((1, 4)), (0, 0, 0, 10), False, (5, 5))
     with pytest.raises(ValueError, match="image_size"):
         crop_boxes(np.zeros((1, 4)), (0, 0, 10, 10), False, (5, 5), source_size=(20, 20))
+
+
+def test_declared_json_boxes_drop_their_items_and_parallel_lists() -> None:
+    from joader.boxes import keep_entries, move_field
+    # A 100 x 100 image cached as it is; the window keeps the left half, no flip, same size.
+    window, size = (0, 0, 100, 50), (100, 50)
+    coco = {"image_id": 9, "annotations": [
+        {"bbox": [60, 10, 20, 20], "category_id": 1},   # wholly right of the window: dropped
+        {"bbox": [10, 10, 20, 20], "category_id": 2},   # inside
+        {"bbox": [40, 0, 20, 10], "category_id": 3},    # cut at the window's right edge
+    ]}
+    spec = {"kind": "json", "boxes": {"format": "xywh", "path": "annotations.bbox"}}
+    out, keep, n = move_field(coco, spec, (100, 100), (100, 100), None, window, False, size)
+    assert (keep.tolist(), n) == ([1, 2], 3)
+    assert out["image_id"] == 9 and [a["category_id"] for a in out["annotations"]] == [2, 3]
+    np.testing.assert_allclose([a["bbox"] for a in out["annotations"]], [[10, 10, 20, 20], [40, 0, 10, 10]])
+    assert len(coco["annotations"]) == 3  # the input is not changed
+    # Hugging Face's `objects` struct: lists beside the boxes with as many items lose the same.
+    hf = {"bbox": [[60, 10, 20, 20], [10, 10, 20, 20]], "category": [1, 2], "area": [400, 400], "note": "x"}
+    spec = {"kind": "json", "boxes": {"format": "xywh", "path": "bbox"}}
+    out, keep, _ = move_field(hf, spec, (100, 100), (100, 100), None, window, True, size)
+    assert out["category"] == [2] and out["area"] == [400] and out["note"] == "x"
+    np.testing.assert_allclose(out["bbox"], [[50 - 30, 10, 20, 20]])  # flipped in the 50-wide output
+    # A bare list of boxes.
+    out, keep, _ = move_field([[60, 10, 80, 30], [0, 0, 5, 5]], {"boxes": "xyxy"}, (100, 100), (100, 100),
+                              None, window, False, size)
+    assert out == [[0.0, 0.0, 5.0, 5.0]] and keep.tolist() == [1]
+    # A `with` field lists one entry per box.
+    assert keep_entries(np.array([7, 8]), keep, 2, "cats").tolist() == [8]
+    assert keep_entries(["a", "b"], keep, 2, "names") == ["b"]
+    with pytest.raises(ValueError, match="'cats' has 3 entries for 2 boxes"):
+        keep_entries(np.array([7, 8, 9]), keep, 2, "cats")
+
+
+def test_source_boxes_are_scaled_and_shifted_as_the_pipeline_resized_and_cropped() -> None:
+    from joader.boxes import source_to_cached
+    box = np.array([[100, 50, 300, 150]], np.float64)
+    # 400 x 300 (w x h) resized to shorter 150: 200 x 150, then a center crop of 100 x 120.
+    got = source_to_cached(box, (300, 400), (100, 120), {"kind": "decode", "resize_shorter": 150,
+                                                         "center_crop": [100, 120]})
+    np.testing.assert_allclose(got, [[50 - 40, 25 - 25, 150 - 40, 75 - 25]])
+    # Without a center crop the cached size gives the scale; raw bytes or an unknown source move nothing.
+    got = source_to_cached(box, (300, 400), (150, 200), {"kind": "decode", "resize_shorter": 150})
+    np.testing.assert_allclose(got, [[50, 25, 150, 75]])
+    np.testing.assert_allclose(source_to_cached(box, (0, 0), (150, 200), {"kind": "decode"}), box)
+    np.testing.assert_allclose(source_to_cached(box, (300, 400), (0, 0), {"kind": "raw"}), box)
+
+
+def test_resize_is_a_whole_image_crop() -> None:
+    r = joader.Resize((20, 30), flip=1.0)
+    assert r.draw(50, 70, seed=1, epoch=0, position=3) == (0, 0, 50, 70, True)
+    assert joader.Resize((20, 30)).draw(50, 70)[4] is False
+    img = np.zeros((50, 70, 3), np.uint8)
+    img[:, :7] = 255  # the leftmost tenth, flipped to the rightmost tenth
+    out = r.apply(img, seed=1)
+    assert out.shape == (20, 30, 3) and out[:, -2:].min() == 255 and out[:, :20].max() == 0

@@ -109,6 +109,7 @@ fn writer(m: &HashMap<String, String>) -> dataplane::Result<()> {
         .map(|id| {
             let meta = SlotMeta {
                 fields_len: 0,
+                source: (0, 0),
                 element_id: id,
                 label: id as i64 + 1000,
                 format: Format::HwcU8 {

@@ -46,6 +46,7 @@ pub fn pattern(id: u32, len: usize) -> Vec<u8> {
 pub fn image_meta(id: u32, h: u32, w: u32) -> SlotMeta {
     SlotMeta {
         fields_len: 0,
+        source: (0, 0),
         element_id: id,
         label: id as i64 + 1000,
         format: Format::HwcU8 {

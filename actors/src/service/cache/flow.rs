@@ -423,6 +423,7 @@ impl CacheActor {
                 label: w.label,
                 format: w.prepared.format,
                 fields_len: w.prepared.fields_len,
+                source: w.prepared.source,
             };
             let copy = dataplane::stages::enter(&dataplane::stages::server::SLOT_WRITE);
             let written = writer.write_slot(meta, &w.prepared.bytes);

@@ -240,6 +240,7 @@ fn padded_bench(rounds: usize) -> Result<Duration> {
                     offset: 0,
                     len: img.len() as u64,
                     fields_len: 0,
+                    source: (0, 0),
                 };
                 (meta, &img[..])
             })
@@ -302,6 +303,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
             w.write_slot(
                 SlotMeta {
                     fields_len: 0,
+                    source: (0, 0),
                     element_id: i as u32,
                     label: i as i64,
                     format,
