@@ -227,3 +227,61 @@ fn bench_e2e_gpu_lock_prints_its_section() {
     // No other scenario ran.
     assert!(!md.contains("| sync K=1 |"), "{md}");
 }
+
+/// `joader bench e2e --quick --source s3 --only sync --s3-latency-ms 5 --store-cpus 1`: the
+/// S3 rows measured through the delay proxy with the store on a CPU of its own, every figure
+/// present, the store read exactly once per element of the union; on a machine of one CPU
+/// the flag is refused, saying why.
+#[test]
+fn bench_e2e_s3_with_the_store_on_its_own_cpu() {
+    let Some(s3s_fs) = crate::s3::s3s_fs("bench_e2e_s3_with_the_store_on_its_own_cpu") else {
+        return;
+    };
+    let dir = TempDir::new("bench-s3-pinned");
+    let out = dir.0.join("out");
+    let o = joader(&[
+        "bench",
+        "e2e",
+        "--quick",
+        "--source",
+        "s3",
+        "--s3s-fs",
+        s3s_fs.to_str().unwrap(),
+        "--only",
+        "sync K=1",
+        "--s3-latency-ms",
+        "5",
+        "--store-cpus",
+        "1",
+        "--data",
+        dir.0.join("data").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--store-cpus 1"));
+        return;
+    }
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let md = std::fs::read_to_string(out.join("e2e.md")).unwrap();
+    assert!(
+        md.contains("store (s3s-fs, delay proxy) on CPU ")
+            && md.contains("joader and the jobs on CPU "),
+        "{md}"
+    );
+    let row = crate::parquet::cells(&md, "| sync K=1 | 5 ms |");
+    let figures: Vec<f64> = row[3..row.len() - 1]
+        .iter()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    // disk and s3 samples/s, CPU per sample, bytes read = the union (read / union 1.00).
+    assert!(figures[0] > 0.0 && figures[1] > 0.0, "{row:?}");
+    assert!(figures[3] > 0.0 && figures[4] > 0.0, "{row:?}");
+    assert_eq!(figures[6], figures[7], "{row:?}");
+    // --store-cpus is for --source s3.
+    let o = joader(&["bench", "e2e", "--quick", "--store-cpus", "1"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--store-cpus is for --source s3"));
+}

@@ -23,6 +23,7 @@
 mod fields;
 mod gpu_lock;
 mod parquet;
+mod pin;
 pub mod proxy;
 mod report;
 mod s3;
@@ -35,7 +36,7 @@ use std::sync::Arc;
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::Args;
 use joader_pipeline::Pipeline;
 use joader_storage::{DatasetIndex, SourceSpec};
@@ -91,6 +92,11 @@ pub struct E2eArgs {
     /// several latencies (`--s3-latency-ms 0 --s3-latency-ms 30`). Default: the store directly.
     #[arg(long)]
     pub s3_latency_ms: Vec<u64>,
+    /// With `--source s3`: the last N CPUs are the store's (`s3s-fs` and the delay proxy),
+    /// everything else of the bench runs on the others, every row alike: a store on other
+    /// machines, as a real one is (`pin.rs`). Default 0: all share every CPU.
+    #[arg(long, default_value_t = 0)]
+    pub store_cpus: usize,
     /// Also run the Python client (one `joader.Loader` process per job); needs the `joader`
     /// package in python3 (`pip install ./dataplane/python`).
     #[arg(long)]
@@ -158,6 +164,16 @@ pub fn run(args: E2eArgs) -> Result<()> {
         std::slice::from_ref(&root),
         &mut |_| {},
     )?);
+    let split = match args.store_cpus {
+        0 => None,
+        _ if args.source != s3::Source::S3 => bail!("--store-cpus is for --source s3"),
+        n => {
+            let split = pin::Split::of(n)?;
+            split.pin_this_process()?;
+            eprintln!("{}", split.describe());
+            Some(split)
+        }
+    };
     let workers = args
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
@@ -205,6 +221,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
             &ctx,
             &s3::s3s_fs(args.s3s_fs.as_deref())?,
             &args.s3_latency_ms,
+            split,
         )?),
     };
     let mut s3_rows = Vec::new();

@@ -28,9 +28,23 @@ impl DelayProxy {
     /// Listens on a free loopback port and forwards every connection to `upstream`, each
     /// byte sent to it `delay` late.
     pub fn start(upstream: SocketAddr, delay: Duration) -> io::Result<Self> {
+        Self::start_pinned(upstream, delay, None)
+    }
+
+    /// [`DelayProxy::start`], its threads on the store's CPUs of `split` when given.
+    pub(super) fn start_pinned(
+        upstream: SocketAddr,
+        delay: Duration,
+        split: Option<super::pin::Split>,
+    ) -> io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("bench-delay-proxy")
+            .on_thread_start(move || {
+                if let Some(split) = &split {
+                    split.pin_store_thread();
+                }
+            })
             .enable_all()
             .build()?;
         let listener = runtime.block_on(TcpListener::bind(("127.0.0.1", 0)))?;

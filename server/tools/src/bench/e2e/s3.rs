@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use super::Ctx;
+use super::pin::Split;
 use super::proxy::DelayProxy;
 use super::scenarios::Scenario;
 use super::systems::{Outcome, run_jobs, summarize_runs};
@@ -90,6 +91,8 @@ pub(super) struct Store {
     /// The ways to the store the S3 rows are measured through.
     pub(super) routes: Vec<Route>,
     root: PathBuf,
+    /// The store's own CPUs, with `--store-cpus`.
+    split: Option<Split>,
     _dir: tempfile::TempDir,
 }
 
@@ -118,7 +121,13 @@ fn copy_folder(from: &Path, to: &Path) -> Result<()> {
 impl Store {
     /// Starts `s3s_fs` on a free port over a copy of the dataset of `ctx`, and a delaying
     /// proxy in front of it for each of `latencies_ms` (none: the store directly).
-    pub(super) fn start(ctx: &Ctx, s3s_fs: &Path, latencies_ms: &[u64]) -> Result<Self> {
+    /// With `split`, `s3s-fs` and the proxies run on the store's CPUs (`pin.rs`).
+    pub(super) fn start(
+        ctx: &Ctx,
+        s3s_fs: &Path,
+        latencies_ms: &[u64],
+        split: Option<Split>,
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("joader-e2e-s3-")
             .tempdir()?;
@@ -151,6 +160,9 @@ impl Store {
                     .then_some(true))
             })?;
             if up {
+                if let Some(split) = &split {
+                    split.pin_store_process(child.id())?;
+                }
                 let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
                 let routes = if latencies_ms.is_empty() {
                     vec![Route {
@@ -164,7 +176,7 @@ impl Store {
                             let delay = std::time::Duration::from_millis(ms);
                             Ok(Route {
                                 latency_ms: Some(ms),
-                                proxy: Some(DelayProxy::start(upstream, delay)?),
+                                proxy: Some(DelayProxy::start_pinned(upstream, delay, split)?),
                             })
                         })
                         .collect::<Result<_>>()?
@@ -177,6 +189,7 @@ impl Store {
                     sizes,
                     routes,
                     root: ctx.root.clone(),
+                    split,
                     _dir: dir,
                 });
             }
@@ -425,7 +438,11 @@ impl Store {
     /// The S3 section of the report: per scenario, the store's rows beside the disk's, and
     /// the bytes read from the store against the union of the jobs' subsets.
     pub(super) fn report(&self, rows: &[(String, Outcome, Outcome, Fetched)]) -> String {
-        report(rows, &format!("s3s-fs at {}", self.endpoint))
+        let cpus = self
+            .split
+            .as_ref()
+            .map_or_else(|| "on the same CPUs as joader".to_owned(), Split::describe);
+        report(rows, &format!("s3s-fs at {}, {cpus}", self.endpoint))
     }
 }
 
@@ -435,7 +452,7 @@ fn report(rows: &[(String, Outcome, Outcome, Fetched)], endpoint_note: &str) -> 
          added latency: what the proxy adds to each request (-: the store directly); GET ms: a GET's mean time from its first attempt to its last byte; \
          queued ms: the mean time a fetch waited for a place among the requests in flight; limit: that limit at the end (it adapts); \
          ready, on its way: loads whose bytes were fetched ahead and waiting, or on their way, per GET (the rest fetched on demand); \
-         store CPU: `s3s-fs` and the delay proxy, on the same cores (not in the s3 CPU column), per sample; \
+         store CPU: `s3s-fs` and the delay proxy (not in the s3 CPU column; on CPUs of their own with --store-cpus), per sample; \
          busy / disk: the CPU the s3 row kept busy (its samples/s times its and the store's CPU per sample) over the disk row's (about 1: no time lost waiting on the store, \
          the gap in samples/s is the store's own CPU on these cores)\n\n\
          | scenario | added latency | disk samples/s | s3 samples/s | s3 / disk | disk CPU ms/sample | s3 CPU ms/sample | s3 CPU / disk | bytes read from the store | union of the jobs' subsets | read / union | GET ms | queued ms | limit | ready | on its way | store CPU ms/sample | busy / disk |\n\
