@@ -280,8 +280,17 @@ fn bench_e2e_s3_with_the_store_on_its_own_cpu() {
     assert!(figures[0] > 0.0 && figures[1] > 0.0, "{row:?}");
     assert!(figures[3] > 0.0 && figures[4] > 0.0, "{row:?}");
     assert_eq!(figures[6], figures[7], "{row:?}");
-    // --store-cpus is for --source s3.
-    let o = joader(&["bench", "e2e", "--quick", "--store-cpus", "1"]);
+    // --store-cpus is for --source s3 (refused before any data is made).
+    let o = joader(&[
+        "bench",
+        "e2e",
+        "--quick",
+        "--store-cpus",
+        "1",
+        "--data",
+        dir.0.join("refused").to_str().unwrap(),
+    ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--store-cpus is for --source s3"));
+    assert!(!dir.0.join("refused").exists());
 }

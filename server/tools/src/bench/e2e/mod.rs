@@ -132,6 +132,9 @@ pub(super) struct Ctx {
 }
 
 pub fn run(args: E2eArgs) -> Result<()> {
+    if args.store_cpus > 0 && args.source != s3::Source::S3 {
+        bail!("--store-cpus is for --source s3");
+    }
     let (classes, per_class) = if args.quick {
         (4, 15)
     } else {
@@ -166,7 +169,6 @@ pub fn run(args: E2eArgs) -> Result<()> {
     )?);
     let split = match args.store_cpus {
         0 => None,
-        _ if args.source != s3::Source::S3 => bail!("--store-cpus is for --source s3"),
         n => {
             let split = pin::Split::of(n)?;
             split.pin_this_process()?;
