@@ -244,7 +244,9 @@ def move_field(value: Any, declared: Dict[str, Any], source_size: Sequence[int],
 def keep_entries(value: Any, keep: np.ndarray, boxes: int, name: str) -> Any:
     """A ``with`` field's value (an array whose first axis, or a list, has an entry per box)
     reduced to the entries of the boxes left (``keep`` of ``boxes``)."""
-    n = len(value) if isinstance(value, list) else (value.shape[0] if getattr(value, "ndim", 0) else -1)
+    if not isinstance(value, list) and not getattr(value, "ndim", 0):
+        raise ValueError(f"field {name!r} is {type(value).__name__}: a `with` field lists one entry per box")
+    n = len(value) if isinstance(value, list) else int(value.shape[0])
     if n != boxes:
         raise ValueError(f"field {name!r} has {n} entries for {boxes} boxes: a `with` field lists one per box")
     if isinstance(value, list):

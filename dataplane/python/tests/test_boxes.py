@@ -146,6 +146,8 @@ def test_declared_json_boxes_drop_their_items_and_parallel_lists() -> None:
     assert keep_entries(["a", "b"], keep, 2, "names") == ["b"]
     with pytest.raises(ValueError, match="'cats' has 3 entries for 2 boxes"):
         keep_entries(np.array([7, 8, 9]), keep, 2, "cats")
+    with pytest.raises(ValueError, match="'meta' is dict"):
+        keep_entries({"a": 1}, keep, 2, "meta")
 
 
 def test_source_boxes_are_scaled_and_shifted_as_the_pipeline_resized_and_cropped() -> None:
