@@ -16,5 +16,6 @@ mod openapi;
 mod parquet;
 mod resume;
 mod s3;
+mod s3_parquet;
 mod server;
 mod simulate;

@@ -79,7 +79,7 @@ print(len(rows))
 
 /// True when `pyarrow` can be imported, after installing it with pip if needed. Without it
 /// the test fails under `JOADER_REQUIRE_TOOLS=1`, else says that it skips.
-fn pyarrow(test: &str) -> bool {
+pub(crate) fn pyarrow(test: &str) -> bool {
     let importable = || {
         Command::new("python3")
             .args(["-c", "import pyarrow"])
@@ -171,18 +171,25 @@ fn write_files(root: &Path) -> usize {
     };
     joader_tools::synth::generate_image_folder(&root.join("imgs"), &spec, &mut |_| {})
         .expect("generate the image folder");
+    python(WRITER, &[&root.join("imgs"), root])
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Runs a Python `script` with `args` and returns what it printed; fails when it failed.
+pub(crate) fn python(script: &str, args: &[&Path]) -> String {
     let out = Command::new("python3")
-        .args(["-c", WRITER])
-        .arg(root.join("imgs"))
-        .arg(root)
+        .args(["-c", script])
+        .args(args)
         .output()
-        .unwrap();
+        .expect("run python3");
     assert!(
         out.status.success(),
         "the pyarrow writer failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]

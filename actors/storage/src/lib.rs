@@ -39,7 +39,7 @@
 //! `0..MAX_NUMERIC_LABEL`, and `classes` is then `"0", "1", ..., "max"`. Text manifest labels
 //! are class names: sorted, and the label is the position.
 //!
-//! - `s3`: an S3-compatible object store, in any of the three layouts above (see `s3/`);
+//! - `s3`: an S3-compatible object store, in any of the four layouts above (see `s3/`);
 //!   indexed and read through the server's [`s3::ObjectStores`], not through [`index()`];
 //!   what it fetches may be kept on local disk by the [`tier`] (`--disk-cache`).
 //!
@@ -139,7 +139,8 @@ pub enum SourceSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         region: Option<String>,
         /// The sample's fields, as for the local layout of the same name (`tar_shards`:
-        /// member extensions; `manifest`: columns or keys); an `image_folder` takes none.
+        /// member extensions; `manifest`: columns or keys; `parquet`: top-level columns); an
+        /// `image_folder` takes none.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         #[cfg_attr(
             feature = "openapi",
@@ -645,7 +646,12 @@ impl SourceSpec {
                         .into(),
                 });
             }
-            SourceSpec::Parquet { fields, .. } => (
+            SourceSpec::Parquet { fields, .. }
+            | SourceSpec::S3 {
+                layout: s3::S3Layout::Parquet,
+                fields,
+                ..
+            } => (
                 fields,
                 &[
                     FieldKind::Text,

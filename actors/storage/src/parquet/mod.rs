@@ -20,31 +20,28 @@
 //! relative to the Parquet file's folder, if it lies under the allowed roots in force when
 //! the dataset was indexed (kept in the index), else the element is an error record.
 
-use std::fs::File;
-use std::io::{self, BufReader, Read};
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use parquet::basic::Type as PhysicalType;
 use parquet::column::reader::ColumnReaderImpl;
 use parquet::data_type::{ByteArray, ByteArrayType, DataType, Int32Type, Int64Type};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{
-    ParquetMetaData, ParquetMetaDataOptions, ParquetMetaDataReader, ParquetStatisticsPolicy,
-    RowGroupMetaData,
-};
-use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::metadata::{ParquetMetaData, RowGroupMetaData};
 use parquet::file::serialized_reader::SerializedPageReader;
 use parquet::schema::types::SchemaDescriptor;
 
+mod input;
 mod pages;
 mod reader;
 mod small;
 mod snappy;
 
+use input::{FileRead, read_ahead, read_file};
+pub(crate) use input::{Files, Input, Ranges};
+pub(crate) use reader::Objects;
 pub use reader::ParquetReads;
 use reader::{Found, OpenFile};
 
@@ -103,14 +100,20 @@ fn bad(path: &Path) -> impl Fn(String) -> StorageError + '_ {
 /// The `parquet` crate may panic on malformed input: a damaged file must be an error (of
 /// the dataset, or of the element), never a dead indexing or Loader thread.
 fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T, StorageError>) -> Result<T, StorageError> {
-    std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        Err(bad(path)(format!("the Parquet reader failed: {what}")))
-    })
+    input::clear_store_error();
+    std::panic::catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|panic| Err(reader_failed(path, &*panic)))
+        .map_err(input::store_error_or)
+}
+
+/// The error of a panic of the `parquet` crate reading `path`.
+fn reader_failed(path: &Path, panic: &(dyn std::any::Any + Send)) -> StorageError {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    bad(path)(format!("the Parquet reader failed: {what}"))
 }
 
 pub(super) fn index(
@@ -119,17 +122,36 @@ pub(super) fn index(
     roots: &Roots,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
-    let named = paths.first().map_or_else(PathBuf::new, |p| p.clone());
-    guarded(&named, || index_files(paths, fields, roots, progress))
+    let files = parquet_files(paths, roots)?;
+    let open = |n: usize| Input::open(&files[n]).map_err(|e| StorageError::io(&files[n], e));
+    let inputs = Files {
+        recorded: files.clone(),
+        named: files.clone(),
+        open: &open,
+        ahead: 1,
+    };
+    index_files(&inputs, fields, roots, progress)
 }
 
-fn index_files(
-    paths: &[PathBuf],
+/// Indexes `files` in their order: their footers, then their class column's chunks (for an
+/// object, each file's chunks fetched at once). A panic of the crate is an error of the
+/// first file; a failed read of an object is the store's error.
+pub(crate) fn index_files(
+    files: &Files<'_>,
     fields: Option<&Fields>,
     roots: &Roots,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
-    let files = parquet_files(paths, roots)?;
+    let named = files.named.first().cloned().unwrap_or_default();
+    guarded(&named, || index_all(files, fields, roots, progress))
+}
+
+fn index_all(
+    files: &Files<'_>,
+    fields: Option<&Fields>,
+    roots: &Roots,
+    progress: &mut Progress<'_>,
+) -> Result<DatasetIndex, StorageError> {
     let image_from = fields.and_then(|f| f.from_of(FieldKind::Image).flatten());
     let class_from = fields
         .and_then(|f| f.from_of(FieldKind::Class).flatten())
@@ -141,22 +163,27 @@ fn index_files(
     // The rows the footers declare, so that the columns are allocated once (growing them
     // would leave the server holding up to twice their size).
     let mut declared = 0usize;
-    for path in &files {
-        let meta = Pread::open(path)
-            .map_err(|e| StorageError::io(path, e))?
-            .metadata(path)?;
-        declared =
-            declared.saturating_add(usize::try_from(meta.file_metadata().num_rows()).unwrap_or(0));
+    let count = files.named.len();
+    let footer = |n: usize| (files.open)(n)?.metadata(&files.named[n]);
+    for start in (0..count).step_by(files.ahead.max(1)) {
+        for meta in read_ahead(files, start, footer) {
+            let rows = usize::try_from(meta?.file_metadata().num_rows()).unwrap_or(0);
+            declared = declared.saturating_add(rows);
+        }
     }
     // (A damaged footer may declare any count: beyond 64 M rows the columns grow as read.)
     let mut items = IndexBuilder::rows(declared.min(1 << 26));
     let small_fields = fields.filter(|f| f.small().next().is_some());
     items.sample = small_fields.map(|f| SampleFields::new(f, false).with_columns());
-    for (n, path) in files.iter().enumerate() {
-        let n = u32::try_from(n).map_err(|_| StorageError::TooManyItems)?;
+    let class_read = labelled.then_some(class_from);
+    let read = |n: usize| read_file(files, n, class_read);
+    let reads = (0..count)
+        .step_by(files.ahead.max(1))
+        .flat_map(|start| read_ahead(files, start, read));
+    for (n, (path, file)) in files.named.iter().zip(reads).enumerate() {
         let bad = bad(path);
-        let reader = Pread::open(path).map_err(|e| StorageError::io(path, e))?;
-        let meta = reader.metadata(path)?;
+        let FileRead { meta, labels } = file?;
+        let n = u32::try_from(n).map_err(|_| StorageError::TooManyItems)?;
         let schema = meta.file_metadata().schema_descr();
         let hf = HfFeatures::of(&meta);
         // The image column is chosen in the first file; the others must hold it too.
@@ -193,10 +220,15 @@ fn index_files(
                 None => names = Some((path.clone(), file_names)),
             }
         }
+        // (Read with the footer when the class column was found, as the checks just did.)
+        let mut labels = match (class, labels) {
+            (Some(_), Some(read)) => Some(read.map_err(&bad)?.into_iter()),
+            _ => None,
+        };
         for g in 0..meta.num_row_groups() {
             let group = u32::try_from(g).map_err(|_| StorageError::TooManyItems)?;
-            let labels = match class {
-                Some(class) => read_labels(&reader, meta.row_group(g), class).map_err(&bad)?,
+            let labels = match labels.as_mut() {
+                Some(read) => read.next().unwrap_or_default(),
                 None => vec![Some(0); usize::try_from(meta.row_group(g).num_rows()).unwrap_or(0)],
             };
             for (row, label) in labels.into_iter().enumerate() {
@@ -234,7 +266,13 @@ fn index_files(
         roots: roots.canonical().to_vec(),
         reader: Default::default(),
     };
-    Ok(items.finish_rows(classes, files, rows))
+    Ok(items.finish_rows(classes, files.recorded.clone(), rows))
+}
+
+/// The bytes of leaf `leaf`'s column chunk in a row group.
+fn chunk_range(group: &RowGroupMetaData, leaf: usize) -> std::ops::Range<u64> {
+    let (start, len) = group.column(leaf).byte_range();
+    start..start.saturating_add(len)
 }
 
 /// What reading a row needs besides its location: the image column's name, and the allowed
@@ -269,7 +307,10 @@ fn open_file(
 ) -> Result<Arc<OpenFile>, StorageError> {
     let bad = bad(path);
     let file = info.reader.file(n, || {
-        let file = Pread::open(path).map_err(|e| StorageError::read(path, e))?;
+        let file = match info.reader.objects() {
+            Some(objects) => objects.open(n, path)?,
+            None => Input::open(path).map_err(|e| StorageError::read(path, e))?,
+        };
         let meta = file.metadata(path)?;
         let image =
             ImageColumn::find(meta.file_metadata().schema_descr(), &info.column).map_err(&bad)?;
@@ -351,6 +392,12 @@ fn read_path_row(
             "row {row} of row group {group}: its path is not UTF-8"
         ))
     })?;
+    if file.file.is_object() {
+        return Err(bad(format!(
+            "row {row} of row group {group} holds no image bytes, only the path `{stored}`: \
+             rows of an object store's Parquet files must hold their images"
+        )));
+    }
     let folder = path.parent().unwrap_or(Path::new("/"));
     let target = folder.join(stored);
     let canonical = Roots::from_canonical(info.roots.clone()).check(&target)?;
@@ -460,7 +507,7 @@ fn class_leaf(schema: &SchemaDescriptor, name: &str) -> Result<usize, String> {
 
 /// The class column's values in one row group (`None` where null).
 fn read_labels(
-    reader: &Arc<Pread>,
+    reader: &Arc<Input>,
     group: &RowGroupMetaData,
     leaf: usize,
 ) -> Result<Vec<Option<i64>>, String> {
@@ -473,7 +520,7 @@ fn read_labels(
 
 /// Every value of a non-repeated column in one row group, nulls as `None`.
 fn read_column<T: DataType>(
-    reader: &Arc<Pread>,
+    reader: &Arc<Input>,
     group: &RowGroupMetaData,
     leaf: usize,
     convert: fn(T::T) -> i64,
@@ -516,7 +563,7 @@ where
 /// The value of one row of a non-repeated binary column (`None` where null), reading the
 /// pages before it by their headers only.
 fn read_cell(
-    reader: &Arc<Pread>,
+    reader: &Arc<Input>,
     group: &RowGroupMetaData,
     leaf: usize,
     row: usize,
@@ -540,10 +587,14 @@ fn read_cell(
 }
 
 fn column_reader<T: DataType>(
-    reader: &Arc<Pread>,
+    reader: &Arc<Input>,
     group: &RowGroupMetaData,
     leaf: usize,
 ) -> Result<ColumnReaderImpl<T>, ParquetError> {
+    // An object's chunk with one GET (a local file's pages are read as they come).
+    reader
+        .prefetch(&[chunk_range(group, leaf)])
+        .map_err(ParquetError::General)?;
     let chunk = group.column(leaf);
     let rows = usize::try_from(group.num_rows()).unwrap_or(0);
     let pages = SerializedPageReader::new(reader.clone(), chunk, rows, None)?;
@@ -587,83 +638,6 @@ impl HfFeatures {
             .iter()
             .map(|n| n.as_str().map(str::to_owned))
             .collect()
-    }
-}
-
-/// A Parquet file read with positioned reads (`pread`), so that readers on several threads
-/// share no file offset.
-struct Pread {
-    file: Arc<File>,
-    len: u64,
-}
-
-impl Pread {
-    fn open(path: &Path) -> io::Result<Arc<Pread>> {
-        let file = File::open(path)?;
-        let len = file.metadata()?.len();
-        Ok(Arc::new(Pread {
-            file: Arc::new(file),
-            len,
-        }))
-    }
-
-    /// The file's footer, parsed without its statistics, which nothing here uses (its page
-    /// indexes are not read): a smaller, faster parse, and footers the reader keeps cost less.
-    fn metadata(&self, path: &Path) -> Result<ParquetMetaData, StorageError> {
-        let options = ParquetMetaDataOptions::new()
-            .with_column_stats_policy(ParquetStatisticsPolicy::SkipAll)
-            .with_encoding_stats_policy(ParquetStatisticsPolicy::SkipAll)
-            .with_size_stats_policy(ParquetStatisticsPolicy::SkipAll);
-        ParquetMetaDataReader::new()
-            .with_metadata_options(Some(options))
-            .parse_and_finish(self)
-            .map_err(|e| bad(path)(format!("its footer cannot be read: {e}")))
-    }
-}
-
-impl Length for Pread {
-    fn len(&self) -> u64 {
-        self.len
-    }
-}
-
-impl ChunkReader for Pread {
-    type T = BufReader<At>;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        Ok(BufReader::new(At {
-            file: self.file.clone(),
-            pos: start,
-        }))
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        if start
-            .checked_add(length as u64)
-            .is_none_or(|end| end > self.len)
-        {
-            return Err(ParquetError::EOF(format!(
-                "{length} bytes at {start} run past the end of the file ({} bytes; truncated?)",
-                self.len
-            )));
-        }
-        let mut buf = vec![0u8; length];
-        self.file.read_exact_at(&mut buf, start)?;
-        Ok(Bytes::from(buf))
-    }
-}
-
-/// A reader at a position of a shared file.
-struct At {
-    file: Arc<File>,
-    pos: u64,
-}
-
-impl Read for At {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.file.read_at(buf, self.pos)?;
-        self.pos += n as u64;
-        Ok(n)
     }
 }
 

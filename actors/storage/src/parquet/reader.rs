@@ -2,7 +2,8 @@
 //! cost about its own bytes rather than its row group's.
 //!
 //! - **Files**: each file's footer is parsed once and kept with the open file (at most
-//!   [`MAX_OPEN_FILES`] at a time, the oldest dropped first).
+//!   [`MAX_OPEN_FILES`] at a time, the oldest dropped first); the readers of a file being
+//!   opened wait for it.
 //! - **Row directories**: the first read of a row group reads its image column chunk whole
 //!   (one `pread`), lets the `parquet` crate decode it (page headers, dictionary page,
 //!   levels, encodings), and notes where each row's value lies (`pages.rs`): the page that holds its bytes
@@ -33,11 +34,10 @@ use std::sync::{Arc, Mutex};
 
 use parquet::data_type::ByteArray;
 use parquet::file::metadata::ParquetMetaData;
-use parquet::file::reader::ChunkReader;
 
 use super::pages::{self, Directory, Row, fewer_rows};
 use super::snappy;
-use super::{ImageColumn, Pread};
+use super::{ImageColumn, Input};
 
 /// Files whose footer and descriptor are kept at once.
 pub(super) const MAX_OPEN_FILES: usize = 256;
@@ -73,10 +73,13 @@ struct Counters {
 
 /// A file's descriptor and parsed footer.
 pub(super) struct OpenFile {
-    pub(super) file: Arc<Pread>,
+    pub(super) file: Arc<Input>,
     pub(super) meta: ParquetMetaData,
     pub(super) image: ImageColumn,
 }
+
+/// A file's state: `None` until it is opened (a failed open leaves it `None`).
+type FileSlot = Mutex<Option<Arc<OpenFile>>>;
 
 /// A row group's state: `None` until its first read; `Some(None)` when it cannot be located
 /// (its rows are read from its decoded column).
@@ -85,10 +88,18 @@ type Slot = Mutex<Option<Option<Arc<Directory>>>>;
 /// A row group's decoded image column: each row's bytes (`None`: null).
 type Decoded = Arc<Vec<Option<ByteArray>>>;
 
+/// How a dataset whose files are objects opens one (the `s3` source installs it when it
+/// opens the dataset; without one, the index's files are local paths).
+pub(crate) trait Objects: Send + Sync {
+    /// File number `n`, recorded in the index as `recorded` (its key).
+    fn open(&self, n: u32, recorded: &std::path::Path) -> Result<Arc<Input>, super::StorageError>;
+}
+
 /// The per-dataset read state (see the module docs).
 #[derive(Default)]
 pub(crate) struct Reader {
-    files: Mutex<Fifo<u32, Arc<OpenFile>>>,
+    objects: Mutex<Option<Arc<dyn Objects>>>,
+    files: Mutex<Fifo<u32, Arc<FileSlot>>>,
     groups: Mutex<Fifo<(u32, u32), Arc<Slot>>>,
     decoded: Mutex<Fifo<(u32, u32), Decoded>>,
     counters: Counters,
@@ -186,6 +197,17 @@ impl Reader {
         }
     }
 
+    /// Reads the dataset's files as objects from now on (files opened before are dropped).
+    pub(crate) fn set_objects(&self, objects: Arc<dyn Objects>) {
+        *lock(&self.objects) = Some(objects);
+        *lock(&self.files) = Fifo::default();
+    }
+
+    /// How the dataset's files are opened, when they are objects.
+    pub(super) fn objects(&self) -> Option<Arc<dyn Objects>> {
+        lock(&self.objects).clone()
+    }
+
     /// Drops the decoded rows kept, as a pass over a dataset larger than their budget does.
     pub(crate) fn drop_decoded(&self) {
         *lock(&self.decoded) = Fifo::default();
@@ -195,17 +217,20 @@ impl Reader {
         counter.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// File number `n`, opened by `open` (its footer parsed) on first use.
+    /// File number `n`, opened by `open` (its footer parsed) on first use; readers of a
+    /// file being opened wait for it rather than open it again (an object's footer is a GET).
     pub(super) fn file(
         &self,
         n: u32,
         open: impl FnOnce() -> Result<OpenFile, super::StorageError>,
     ) -> Result<Arc<OpenFile>, super::StorageError> {
-        if let Some(f) = lock(&self.files).get(&n) {
+        let slot = lock(&self.files).slot(n, 1, self.budgets.files);
+        let mut state = lock(&slot);
+        if let Some(f) = &*state {
             return Ok(f.clone());
         }
         let f = Arc::new(open()?);
-        lock(&self.files).insert(n, f.clone(), 1, self.budgets.files);
+        *state = Some(f.clone());
         Ok(f)
     }
 
@@ -218,17 +243,7 @@ impl Reader {
         row: u32,
     ) -> Result<Found, String> {
         let key = (n, group);
-        let slot = {
-            let mut groups = lock(&self.groups);
-            match groups.get(&key) {
-                Some(s) => s.clone(),
-                None => {
-                    let s = Arc::new(Slot::default());
-                    groups.insert(key, s.clone(), 0, self.budgets.directories);
-                    s
-                }
-            }
-        };
+        let slot = lock(&self.groups).slot(key, 0, self.budgets.directories);
         let directory = {
             let mut state = lock(&slot);
             match &*state {
@@ -351,6 +366,18 @@ impl<K, V> Default for Fifo<K, V> {
     }
 }
 
+impl<K: Hash + Eq + Clone, T: Default> Fifo<K, Arc<Mutex<T>>> {
+    /// The slot of `k`, inserted empty at `cost` when missing.
+    fn slot(&mut self, k: K, cost: usize, budget: usize) -> Arc<Mutex<T>> {
+        if let Some(s) = self.get(&k) {
+            return s.clone();
+        }
+        let s = Arc::new(Mutex::new(T::default()));
+        self.insert(k, s.clone(), cost, budget);
+        s
+    }
+}
+
 impl<K: Hash + Eq + Clone, V> Fifo<K, V> {
     fn get(&self, k: &K) -> Option<&V> {
         self.map.get(k).map(|(v, _)| v)
@@ -378,14 +405,6 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding one of these locks leaves consistent state (inserts and removes
     // are single operations): carry on with it.
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-impl Pread {
-    /// `len` bytes at `start`, which must lie within the file.
-    pub(super) fn read_range(&self, start: u64, len: usize) -> Result<Vec<u8>, String> {
-        let bytes = self.get_bytes(start, len).map_err(|e| e.to_string())?;
-        Ok(bytes.into())
-    }
 }
 
 #[cfg(test)]

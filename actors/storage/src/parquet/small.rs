@@ -27,8 +27,8 @@ use parquet::record::{Field, Row};
 use parquet::schema::types::{SchemaDescriptor, Type};
 
 use super::super::fields::{FieldKind, FieldSpec, Fields};
-use super::read_cell;
 use super::reader::OpenFile;
+use super::{chunk_range, read_cell};
 use crate::tar_shards::FieldValues;
 
 /// Where a small field's values are in a file.
@@ -123,6 +123,19 @@ pub(super) fn read(
     row: u32,
 ) -> Result<FieldValues, String> {
     let meta = file.meta.row_group(group as usize);
+    // An object's chunks of these columns, each with one GET, all at once.
+    let schema = meta.schema_descr();
+    let chunks: Vec<_> = columns
+        .iter()
+        .flat_map(|c| match c {
+            Column::Binary(leaf) => vec![*leaf],
+            Column::Record { name, .. } => (0..schema.num_columns())
+                .filter(|&i| schema.column(i).path().parts().first() == Some(name))
+                .collect(),
+        })
+        .map(|leaf| chunk_range(meta, leaf))
+        .collect();
+    file.file.prefetch(&chunks)?;
     columns
         .iter()
         .zip(fields.small())

@@ -229,6 +229,30 @@ fn a_row_with_only_a_path_is_read_from_under_the_roots() {
 }
 
 #[test]
+fn a_row_of_an_object_with_only_a_path_is_an_error_naming_the_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::write(tmp.path().join("a.jpg"), image(9)).unwrap();
+    let rows = [
+        row(3, 0),
+        Row {
+            bytes: None,
+            path: Some("a.jpg"),
+            label: Some(1),
+        },
+    ];
+    let file = fs::canonicalize(tmp.path()).unwrap().join("data.parquet");
+    write_hf(&file, &rows, 10, Compression::SNAPPY, None);
+    let store = Store::of(std::slice::from_ref(&file));
+    let ix = index_objects(&store, std::slice::from_ref(&file), None, Vec::new()).unwrap();
+    ix.rows_info().unwrap().reader.set_objects(Arc::new(store));
+    assert_eq!(ix.read(0).unwrap(), image(3));
+    // No file is read from the local disk for an object's row, even one that exists.
+    let e = ix.read(1).unwrap_err();
+    assert_eq!(e.code(), "bad_parquet");
+    assert!(e.to_string().contains("only the path `a.jpg`"), "{e}");
+}
+
+#[test]
 fn damaged_files_and_bad_labels_fail_indexing_with_their_reason() {
     let tmp = tempfile::tempdir().unwrap();
     let file = two_rows(tmp.path());
@@ -672,4 +696,215 @@ fn loader_threads_share_one_reader() {
     });
     let reads = ix.parquet_reads().unwrap();
     assert_eq!(reads.rows, 4 * u64::from(n));
+}
+
+/// Files read as objects: each a buffer served by ranges, counting the ranges asked for
+/// and their bytes (what an `s3` source's GETs would be).
+#[derive(Clone, Default)]
+struct Store {
+    objects: Arc<std::collections::HashMap<std::path::PathBuf, bytes::Bytes>>,
+    asked: Arc<std::sync::atomic::AtomicU64>,
+    bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// Every request fails as a store gone away does.
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct StoreRanges {
+    store: Store,
+    object: bytes::Bytes,
+}
+
+impl super::Ranges for StoreRanges {
+    fn get(&self, ranges: &[std::ops::Range<u64>]) -> Result<Vec<bytes::Bytes>, StorageError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.store.down.load(Relaxed) {
+            return Err(StorageError::Remote {
+                url: "memory".into(),
+                code: "unavailable",
+                message: "gave up after 3 attempts".into(),
+            });
+        }
+        self.store.asked.fetch_add(ranges.len() as u64, Relaxed);
+        ranges
+            .iter()
+            .map(|r| {
+                let got = self
+                    .object
+                    .get(r.start as usize..r.end as usize)
+                    .ok_or_else(|| StorageError::Remote {
+                        url: "memory".into(),
+                        code: "refused",
+                        message: format!("no bytes {r:?}"),
+                    })?;
+                self.store.bytes.fetch_add(got.len() as u64, Relaxed);
+                Ok(self.object.slice_ref(got))
+            })
+            .collect()
+    }
+}
+
+impl Store {
+    fn of(files: &[std::path::PathBuf]) -> Store {
+        let objects = files
+            .iter()
+            .map(|f| (f.clone(), bytes::Bytes::from(fs::read(f).unwrap())))
+            .collect();
+        Store {
+            objects: Arc::new(objects),
+            ..Store::default()
+        }
+    }
+
+    fn input(&self, file: &std::path::Path) -> Arc<super::Input> {
+        let object = self.objects[file].clone();
+        let len = object.len() as u64;
+        let ranges = StoreRanges {
+            store: self.clone(),
+            object,
+        };
+        super::Input::object(Box::new(ranges), len)
+    }
+
+    fn asked(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.asked.load(Relaxed), self.bytes.load(Relaxed))
+    }
+}
+
+impl super::Objects for Store {
+    fn open(&self, _n: u32, recorded: &std::path::Path) -> Result<Arc<super::Input>, StorageError> {
+        Ok(self.input(recorded))
+    }
+}
+
+/// Indexes `files` as objects of `store`.
+fn index_objects(
+    store: &Store,
+    files: &[std::path::PathBuf],
+    fields: Option<&crate::fields::Fields>,
+    roots: Vec<std::path::PathBuf>,
+) -> Result<DatasetIndex, StorageError> {
+    let open = |n: usize| Ok(store.input(&files[n]));
+    let inputs = super::Files {
+        recorded: files.to_vec(),
+        named: files.to_vec(),
+        open: &open,
+        ahead: 2,
+    };
+    let roots = crate::roots::Roots::from_canonical(roots);
+    let mut report = |_| {};
+    let mut progress = crate::Progress {
+        count: 0,
+        report: &mut report,
+    };
+    super::index_files(&inputs, fields, &roots, &mut progress)
+}
+
+#[test]
+fn objects_read_through_ranges_give_the_local_rows_at_a_request_per_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Files larger than the tail fetched for a footer: 4 groups of 10 rows of 5000 bytes.
+    let mut files = Vec::new();
+    let mut expected = Vec::new();
+    for f in 0..2u64 {
+        let rows: Vec<Row> = (0..40u64)
+            .map(|i| Row {
+                bytes: Some(noise(f * 1000 + i, 5000)),
+                path: None,
+                label: Some((i % 3) as i64),
+            })
+            .collect();
+        expected.extend(rows.iter().map(|r| r.bytes.clone().unwrap()));
+        let file = tmp.path().join(format!("train-{f}.parquet"));
+        write_hf(
+            &file,
+            &rows,
+            10,
+            Compression::SNAPPY,
+            Some(&["a", "b", "c"]),
+        );
+        files.push(fs::canonicalize(&file).unwrap());
+    }
+    let local = index_of(&spec(&[tmp.path()], None), tmp.path()).unwrap();
+    let store = Store::of(&files);
+    let roots = vec![fs::canonicalize(tmp.path()).unwrap()];
+    let ix = index_objects(&store, &files, None, roots).unwrap();
+    // The same index: rows, labels and class names.
+    assert_eq!(ix, local);
+    assert_eq!(ix.classes(), ["a", "b", "c"]);
+    // Indexing asked for each footer's tail (twice: rows counted, then read) and each label
+    // chunk outside it, never for an image.
+    let (asked, bytes) = store.asked();
+    assert!(asked <= 2 * 2 + 2 * 4, "{asked} requests");
+    let images: u64 = expected.iter().map(|e| e.len() as u64).sum();
+    assert!(bytes < images, "{bytes} bytes of {images}");
+    // Reads through the objects, nothing kept decoded: a row group's first read takes its
+    // chunk, each later row one request of about its own bytes.
+    let info = info_with(
+        &ix,
+        Budgets {
+            decoded: 0,
+            ..Budgets::default()
+        },
+    );
+    info.reader.set_objects(Arc::new(store.clone()));
+    let n = expected.len() as u32;
+    let read_all = || {
+        for id in shuffled(n) {
+            let got = read_with(&ix, &info, id);
+            assert_eq!(got, expected[id as usize], "item {id}");
+        }
+    };
+    read_all();
+    let before = store.asked();
+    read_all();
+    let after = store.asked();
+    assert!(after.0 - before.0 <= u64::from(n), "{before:?} {after:?}");
+    assert!(after.1 - before.1 < 2 * images, "{before:?} {after:?}");
+    assert_eq!(info.reader.reads().rows, 2 * u64::from(n));
+}
+
+#[test]
+fn a_truncated_object_fails_indexing_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = fs::canonicalize(two_rows(tmp.path())).unwrap();
+    let whole = fs::read(&file).unwrap();
+    for cut in [whole.len() / 2, 4] {
+        let mut store = Store::of(std::slice::from_ref(&file));
+        store.objects = Arc::new(
+            [(file.clone(), bytes::Bytes::from(whole[..cut].to_vec()))]
+                .into_iter()
+                .collect(),
+        );
+        match index_objects(&store, std::slice::from_ref(&file), None, Vec::new()) {
+            Err(StorageError::BadParquet { path, reason }) => {
+                assert_eq!(path, file, "{reason}");
+            }
+            other => panic!("cut at {cut}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_store_that_fails_is_the_error_of_indexing_and_of_reads_not_a_damaged_file() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let tmp = tempfile::tempdir().unwrap();
+    let file = fs::canonicalize(two_rows(tmp.path())).unwrap();
+    let store = Store::of(std::slice::from_ref(&file));
+    let files = std::slice::from_ref(&file);
+    store.down.store(true, Relaxed);
+    let e = index_objects(&store, files, None, Vec::new()).unwrap_err();
+    assert_eq!(e.code(), "s3_unavailable", "{e}");
+    store.down.store(false, Relaxed);
+    let ix = index_objects(&store, files, None, Vec::new()).unwrap();
+    ix.rows_info()
+        .unwrap()
+        .reader
+        .set_objects(Arc::new(store.clone()));
+    store.down.store(true, Relaxed);
+    let e = ix.read(0).unwrap_err();
+    assert_eq!(e.code(), "s3_unavailable", "{e}");
+    // The store back: the rows read.
+    store.down.store(false, Relaxed);
+    assert_eq!(ix.read(1).unwrap(), image(2));
 }

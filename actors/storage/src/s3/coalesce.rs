@@ -3,6 +3,8 @@
 //! neighbours (at most [`COALESCE_GAP`] apart) with one ranged GET, each request under a
 //! place among the requests in flight (`limit`).
 //!
+//! A Parquet row is no byte range known in advance: it is read on its own (`parquet`).
+//!
 //! With a disk tier, what it holds is read from it first (on the runtime's blocking threads,
 //! a few elements per task; a miss there, a damaged or vanished object, goes back to the
 //! queue for the store), and each element a request fetched is offered to it afterwards.
@@ -35,7 +37,12 @@ const TIER_READS_PER_TASK: usize = 8;
 /// Where an element's bytes are: a whole object, or a range of a shard.
 enum Due {
     Object(String),
-    Member { shard: u32, range: Range<u64> },
+    Member {
+        shard: u32,
+        range: Range<u64>,
+    },
+    /// A Parquet row, read by the local source's reader through ranged GETs.
+    Row,
 }
 
 fn due(source: &SourceInner, element: u32) -> Result<Due, StorageError> {
@@ -53,12 +60,7 @@ fn due(source: &SourceInner, element: u32) -> Result<Due, StorageError> {
             code: "refused",
             message: format!("element {element} is larger than a member may be"),
         }),
-        // No `s3` layout indexes Parquet rows (yet).
-        Some(Location::ParquetRow { .. }) => Err(StorageError::Remote {
-            url: source.dataset.url.to_string(),
-            code: "refused",
-            message: format!("element {element} is a Parquet row, not read from a store"),
-        }),
+        Some(Location::ParquetRow { .. }) => Ok(Due::Row),
         None => Err(StorageError::NoSuchItem {
             id: element,
             len: index.len(),
@@ -84,7 +86,11 @@ pub(super) async fn dispatch(
         if let Some(tier) = &remote.tier {
             due_now = from_tier(tier, due_now, &requeue);
         }
-        for group in groups(due_now) {
+        let (groups, rows) = groups(due_now);
+        for r in rows {
+            super::parquet::spawn_read(&remote, r);
+        }
+        for group in groups {
             let place = remote.limit.acquire().await;
             let now = std::time::Instant::now();
             for (r, _) in &group.members {
@@ -161,8 +167,10 @@ struct Group {
     members: Vec<(Request, Option<Range<usize>>)>,
 }
 
-fn groups(requests: Vec<Request>) -> Vec<Group> {
+/// The requests' groups, and the Parquet rows (each read on its own).
+fn groups(requests: Vec<Request>) -> (Vec<Group>, Vec<Request>) {
     let mut out = Vec::new();
+    let mut rows = Vec::new();
     // (source, shard, range, request) of tar members, to be coalesced.
     let mut members = Vec::new();
     for r in requests {
@@ -174,6 +182,7 @@ fn groups(requests: Vec<Request>) -> Vec<Group> {
                 members: vec![(r, None)],
             }),
             Ok(Due::Member { shard, range }) => members.push((shard, range, r)),
+            Ok(Due::Row) => rows.push(r),
             Err(e) => (r.done)(Err(e), 0),
         }
     }
@@ -222,7 +231,7 @@ fn groups(requests: Vec<Request>) -> Vec<Group> {
             }
         }
     }
-    out
+    (out, rows)
 }
 
 fn shard_of(r: &Request) -> Option<u32> {

@@ -12,6 +12,7 @@ use super::url::{S3Url, normalize_endpoint};
 use crate::StorageError;
 
 /// One bucket opened with the server's credentials.
+#[derive(Clone)]
 pub struct S3Dataset {
     pub(super) url: S3Url,
     pub(super) store: AmazonS3,

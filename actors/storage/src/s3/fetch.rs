@@ -114,6 +114,7 @@ impl ObjectStores {
             config,
             stats,
             tier,
+            row_reads: Arc::new(tokio::sync::Semaphore::new(super::parquet::ROW_READS)),
         });
         let (queue, rx) = mpsc::unbounded_channel();
         runtime.spawn(dispatch(rx, remote.clone(), queue.clone()));
@@ -146,6 +147,11 @@ impl ObjectStores {
 
     pub(super) fn remote(&self) -> &Remote {
         &self.remote
+    }
+
+    /// What the reads of an `s3` Parquet dataset hold: the stage's requests and its runtime.
+    pub(super) fn shared(&self) -> (Arc<Remote>, Handle) {
+        (self.remote.clone(), self.handle.clone())
     }
 
     /// Runs a future on the stage's runtime from a thread that is not async (indexing).
@@ -185,7 +191,8 @@ impl ObjectStores {
             report: progress,
         };
         let (index, mut objects) = super::index(self, &dataset, layout, fields, &mut counter)?;
-        if self.tier().is_some() {
+        // A Parquet row's GETs ask for the ETag (a changed object's pieces are other bytes).
+        if self.tier().is_some() || layout == S3Layout::Parquet {
             self.fill_etags(&dataset, &mut objects)?;
         }
         let index = crate::finish_index(index, &mut counter)?;
@@ -194,8 +201,9 @@ impl ObjectStores {
 
     /// Asks the store for the ETag of each object its listing gave none (some S3-compatible
     /// servers list none; AWS, MinIO, Ceph, Garage and R2 do): the disk tier keys objects by
-    /// ETag and stores nothing of an object without one. One HEAD per such object, 32 at
-    /// once, only on a server with a disk tier.
+    /// ETag and stores nothing of an object without one, and a Parquet row's GETs ask for
+    /// it. One HEAD per such object, 32 at once, only on a server with a disk tier or for
+    /// the `parquet` layout.
     fn fill_etags(
         &self,
         ds: &S3Dataset,
@@ -247,6 +255,11 @@ impl ObjectStores {
             endpoint.map_or_else(|| "aws".to_owned(), |e| e.trim_end_matches('/').to_owned()),
             parsed.bucket
         );
+        // A Parquet dataset's reads open its objects through the stage.
+        if let Some(info) = index.rows_info() {
+            let opener = super::parquet::Opener::new(self, &dataset, versions);
+            info.reader.set_objects(Arc::new(opener));
+        }
         static SOURCES: AtomicU64 = AtomicU64::new(0);
         let inner = Arc::new(SourceInner {
             id: SOURCES.fetch_add(1, Relaxed),

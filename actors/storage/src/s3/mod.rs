@@ -9,6 +9,9 @@
 //!   stream resumes with a ranged GET from where it stopped, on the same ETag).
 //! - `manifest`: the url names a `.csv`/`.jsonl`/`.json` object, read as a stream; its paths
 //!   are keys relative to its prefix (`..` may not climb above the bucket).
+//! - `parquet`: the `.parquet` objects under the url (or the one it names), as the local
+//!   `parquet` source reads files, through ranged GETs: footers and class columns at
+//!   indexing, a row group's image column chunk on its first read, then each row's piece.
 //!
 //! **Every key an index records lies under one of the server's `--allowed-s3` prefixes**,
 //! checked before any request and for each manifest entry. Credentials come only from the
@@ -20,7 +23,8 @@
 //!
 //! The parts: `url` (what a source names, checked for syntax), `allow` (the allow-list),
 //! `dataset` (a bucket opened with the credentials), `version` (what a re-index compares),
-//! the three layouts' indexers (`folder`, `tar_shards`, `manifest`, beside the local ones),
+//! the layouts' indexers (`folder`, `tar_shards`, `manifest`, beside the local ones, and
+//! `parquet`, which also opens the objects of a Parquet dataset's reads),
 //! `stream` (the indexers' blocking reader of an object), and the fetch stage that runs every
 //! request (`fetch`, `remote`, `coalesce`, and `limit`, the adaptive limit on requests in
 //! flight) with its counters (`stats`). This file holds the
@@ -34,6 +38,7 @@ mod fetch;
 mod folder;
 mod limit;
 mod manifest;
+mod parquet;
 mod remote;
 mod stats;
 mod stream;
@@ -63,6 +68,8 @@ pub enum S3Layout {
     ImageFolder,
     TarShards,
     Manifest,
+    /// Parquet files as the Hugging Face Hub stores image datasets (see `parquet`).
+    Parquet,
 }
 
 /// An indexed `s3` source: its index, and the objects it was made of, sorted by key.
@@ -84,6 +91,7 @@ fn index(
         S3Layout::ImageFolder => folder::index(stores, dataset, progress),
         S3Layout::TarShards => tar_shards::index(stores, dataset, fields, progress),
         S3Layout::Manifest => manifest::index(stores, dataset, fields, progress),
+        S3Layout::Parquet => parquet::index(stores, dataset, fields, progress),
     }
 }
 
@@ -118,6 +126,36 @@ fn list_all(
             _ => return Ok((objects, prefixes)),
         }
     }
+}
+
+/// The objects of a layout of files (`.tar` shards, `.parquet` files): those under the url
+/// whose key `is_file` accepts, hidden names skipped, sorted by key; or the one object the
+/// url names when `is_file` accepts its key. None is the url's `not_found`.
+fn files_of(
+    stores: &ObjectStores,
+    ds: &S3Dataset,
+    is_file: impl Fn(&str) -> bool,
+) -> Result<Vec<ObjectMeta>, StorageError> {
+    let one = is_file(&ds.url.key);
+    let (objects, _) = if one {
+        list_all(stores, ds, &ds.url.key, false)?
+    } else {
+        list_all(stores, ds, &ds.url.folder(), true)?
+    };
+    let mut found: Vec<ObjectMeta> = objects
+        .into_iter()
+        .filter(|o| {
+            let key = o.location.as_ref();
+            is_file(key)
+                && !crate::is_hidden(std::ffi::OsStr::new(last_component(key)))
+                && (!one || key == ds.url.key)
+        })
+        .collect();
+    found.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
+    if found.is_empty() {
+        return Err(ds.not_found(&ds.url.key));
+    }
+    Ok(found)
 }
 
 /// The last component of a key or prefix.

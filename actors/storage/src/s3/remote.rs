@@ -31,6 +31,8 @@ pub(super) struct Remote {
     pub(super) limit: Arc<InFlight>,
     /// The disk tier of encoded bytes, when the server has one.
     pub(super) tier: Option<Arc<crate::tier::DiskTier>>,
+    /// Places of the Parquet row reads running at once (`parquet::ROW_READS`).
+    pub(super) row_reads: Arc<tokio::sync::Semaphore>,
 }
 
 /// A failure worth trying again, or not.

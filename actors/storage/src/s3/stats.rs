@@ -17,7 +17,8 @@ pub enum Op {
     /// A whole object, or a range of one.
     Get,
     /// An object's metadata: its ETag, at indexing, when a listing gave none and the server
-    /// has a disk tier (whose keys need it).
+    /// has a disk tier (whose keys need it) or the layout is `parquet` (whose reads ask for
+    /// it).
     Head,
 }
 

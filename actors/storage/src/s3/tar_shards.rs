@@ -5,12 +5,10 @@
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
-use object_store::ObjectMeta;
-
 use super::stream::StreamRead;
-use super::{ObjectStores, ObjectVersion, S3Dataset, last_component, list_all};
+use super::{ObjectStores, ObjectVersion, S3Dataset, files_of};
 use crate::index::IndexBuilder;
-use crate::{DatasetIndex, Progress, StorageError, is_hidden, numeric_classes, tar_shards};
+use crate::{DatasetIndex, Progress, StorageError, numeric_classes, tar_shards};
 
 pub(super) fn index(
     stores: &ObjectStores,
@@ -18,26 +16,7 @@ pub(super) fn index(
     fields: Option<&crate::fields::Fields>,
     progress: &mut Progress<'_>,
 ) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
-    let is_tar = |k: &str| tar_shards::has_tar_extension(Path::new(k));
-    let (objects, _) = if is_tar(&ds.url.key) {
-        list_all(stores, ds, &ds.url.key, false)?
-    } else {
-        list_all(stores, ds, &ds.url.folder(), true)?
-    };
-    let mut shards: Vec<ObjectMeta> = objects
-        .into_iter()
-        .filter(|o| {
-            let key = o.location.as_ref();
-            let name = last_component(key);
-            is_tar(key)
-                && !is_hidden(std::ffi::OsStr::new(name))
-                && (key == ds.url.key || !is_tar(&ds.url.key))
-        })
-        .collect();
-    shards.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
-    if shards.is_empty() {
-        return Err(ds.not_found(&ds.url.key));
-    }
+    let shards = files_of(stores, ds, |k| tar_shards::has_tar_extension(Path::new(k)))?;
     let mut items = IndexBuilder::members();
     items.sample = fields.map(|f| crate::index::SampleFields::new(f, true));
     for (n, shard) in shards.iter().enumerate() {

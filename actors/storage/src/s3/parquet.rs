@@ -1,0 +1,231 @@
+//! The `parquet` layout in a bucket: the `.parquet` objects under the url (or the one it
+//! names), sorted by key, read by the local source's code (`crate::parquet`) through ranged
+//! GETs ([`ObjectRanges`], the `Ranges` of an object).
+//!
+//! - **Indexing** reads each object's footer (one GET of its last 64 KiB; a second when the
+//!   footer is larger) and its class column's chunks (one GET each, 64 row groups' at once),
+//!   [`OBJECTS_AHEAD`] objects at a time, with the local source's rules, errors
+//!   (`bad_parquet`, naming the object's url) and `fields`.
+//! - **Reads** run on the fetch stage: a row's read is a blocking task of the stage's
+//!   runtime (at most [`ROW_READS`] at once) that reads as the local source does (a row
+//!   group's first read GETs its image column's chunk whole and locates its rows; each later
+//!   row is one GET of about its own bytes), each GET under a place among the requests in
+//!   flight, counted by op, and asking for the ETag the index holds (`If-Match`): an object
+//!   changed since indexing is the element's error ("re-index the dataset"), never other
+//!   bytes. The dataset's reader opens objects through [`Opener`], which the source
+//!   installs in the index's read state.
+//! - **Fetch-ahead** applies as to any element: its read is queued like a fetch, and its
+//!   image bytes wait in the buffer for their load. **The disk tier does not apply**: it
+//!   keeps byte ranges of objects, and a row's image is no range of its object (it is a
+//!   value decompressed from a page), nor is its place known before its row group was first
+//!   read; a row read after that costs one GET of about its own bytes, as a tier's entry
+//!   would cost a read. Rows are neither looked up in the tier nor offered to it (nothing
+//!   of the tier's counts moves); they are counted by the `joader_parquet_*` metrics.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::Bytes;
+use tokio::runtime::Handle;
+
+use super::fetch::Request;
+use super::limit::Outcome;
+use super::remote::Remote;
+use super::{ObjectStores, ObjectVersion, S3Dataset, files_of};
+use crate::parquet::{self as local, Files, Input, Objects, Ranges};
+use crate::{DatasetIndex, Progress, StorageError};
+
+/// Objects whose footers and class columns indexing reads at once.
+const OBJECTS_AHEAD: usize = 16;
+
+/// Row reads running at once on the stage's blocking threads (each waits on its GETs).
+pub(super) const ROW_READS: usize = 64;
+
+thread_local! {
+    /// Bytes the store sent to this thread's GETs (a row read's, for its `Done`).
+    static SENT: Cell<u64> = const { Cell::new(0) };
+}
+
+fn has_parquet_extension(key: &str) -> bool {
+    Path::new(key)
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+}
+
+pub(super) fn index(
+    stores: &ObjectStores,
+    ds: &S3Dataset,
+    fields: Option<&crate::fields::Fields>,
+    progress: &mut Progress<'_>,
+) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
+    let found = files_of(stores, ds, has_parquet_extension)?;
+    let versions: Vec<ObjectVersion> = found.iter().map(ObjectVersion::of).collect();
+    let (remote, handle) = stores.shared();
+    let dataset = Arc::new(ds.clone());
+    let open = |n: usize| {
+        let v = &versions[n];
+        Ok(object(&remote, &handle, &dataset, v))
+    };
+    let files = Files {
+        recorded: versions.iter().map(|v| PathBuf::from(&v.key)).collect(),
+        named: versions
+            .iter()
+            .map(|v| PathBuf::from(ds.name(&v.key)))
+            .collect(),
+        open: &open,
+        ahead: OBJECTS_AHEAD,
+    };
+    // Nothing of a row's `path` is read from a bucket: no local roots.
+    let roots = crate::roots::Roots::from_canonical(Vec::new());
+    let index = local::index_files(&files, fields, &roots, progress)?;
+    Ok((index, versions))
+}
+
+/// Object `v` as a Parquet file's input.
+fn object(
+    remote: &Arc<Remote>,
+    handle: &Handle,
+    dataset: &Arc<S3Dataset>,
+    v: &ObjectVersion,
+) -> Arc<Input> {
+    let ranges = ObjectRanges {
+        remote: remote.clone(),
+        handle: handle.clone(),
+        dataset: dataset.clone(),
+        key: v.key.clone(),
+        etag: v.etag.clone(),
+    };
+    Input::object(Box::new(ranges), v.size)
+}
+
+/// Ranged GETs of one object, on the fetch stage's runtime, asking for its indexed ETag.
+struct ObjectRanges {
+    remote: Arc<Remote>,
+    handle: Handle,
+    dataset: Arc<S3Dataset>,
+    key: String,
+    etag: Option<String>,
+}
+
+impl Ranges for ObjectRanges {
+    fn get(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>, StorageError> {
+        let gets = ranges.iter().map(|r| {
+            get_range(
+                &self.remote,
+                &self.dataset,
+                &self.key,
+                r.clone(),
+                self.etag.as_deref(),
+            )
+        });
+        let got = self.handle.block_on(futures::future::try_join_all(gets))?;
+        SENT.set(SENT.get() + got.iter().map(|b| b.len() as u64).sum::<u64>());
+        Ok(got)
+    }
+}
+
+/// One ranged GET under a place among the requests in flight.
+async fn get_range(
+    remote: &Remote,
+    ds: &S3Dataset,
+    key: &str,
+    range: Range<u64>,
+    etag: Option<&str>,
+) -> Result<Bytes, StorageError> {
+    let place = remote.limit.acquire().await;
+    remote.stats.in_flight.fetch_add(1, Relaxed);
+    let asked = std::time::Instant::now();
+    let got = remote.get(ds, key, Some(range), etag).await;
+    remote.stats.in_flight.fetch_sub(1, Relaxed);
+    let outcome = match &got {
+        Ok(_) => Outcome::Served(asked.elapsed()),
+        Err(_) => Outcome::Other,
+    };
+    remote.limit.release(place, outcome);
+    remote
+        .stats
+        .limit
+        .store(remote.limit.limit() as u64, Relaxed);
+    got
+}
+
+/// Opens an `s3` dataset's Parquet objects for its reads (installed in the index's read
+/// state by the source).
+pub(super) struct Opener {
+    remote: Arc<Remote>,
+    handle: Handle,
+    dataset: Arc<S3Dataset>,
+    /// The indexed objects, by key.
+    versions: HashMap<String, ObjectVersion>,
+}
+
+impl Opener {
+    pub(super) fn new(
+        stores: &ObjectStores,
+        dataset: &S3Dataset,
+        versions: &[ObjectVersion],
+    ) -> Self {
+        let (remote, handle) = stores.shared();
+        Opener {
+            remote,
+            handle,
+            dataset: Arc::new(dataset.clone()),
+            versions: versions
+                .iter()
+                .map(|v| (v.key.clone(), v.clone()))
+                .collect(),
+        }
+    }
+}
+
+impl Objects for Opener {
+    fn open(&self, _n: u32, recorded: &Path) -> Result<Arc<Input>, StorageError> {
+        let key = recorded.to_string_lossy();
+        let v = self
+            .versions
+            .get(key.as_ref())
+            .ok_or_else(|| StorageError::BadParquet {
+                path: PathBuf::from(self.dataset.name(&key)),
+                reason: "not among the objects the dataset was indexed from: re-index the \
+                         dataset"
+                    .into(),
+            })?;
+        Ok(object(&self.remote, &self.handle, &self.dataset, v))
+    }
+}
+
+/// Reads a queued Parquet row on the stage's blocking threads (at most [`ROW_READS`] at
+/// once) and hands it its image bytes, with the bytes its GETs took from the store.
+pub(super) fn spawn_read(remote: &Arc<Remote>, r: Request) {
+    let remote = remote.clone();
+    tokio::spawn(async move {
+        // (The semaphore is never closed.)
+        let permit = remote.row_reads.clone().acquire_owned().await.ok();
+        remote.stats.queued(r.queued_at.elapsed());
+        tokio::task::spawn_blocking(move || {
+            SENT.set(0);
+            let read = r.source.index.read(r.element);
+            let sent = SENT.take();
+            drop(permit);
+            let sent = if read.is_ok() { sent } else { 0 };
+            (r.done)(read, sent);
+        });
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_parquet_extension;
+
+    #[test]
+    fn parquet_objects_are_named_by_their_extension() {
+        assert!(has_parquet_extension("data/train-00000-of-00002.parquet"));
+        assert!(has_parquet_extension("x.PARQUET"));
+        assert!(!has_parquet_extension("data/README.md"));
+        assert!(!has_parquet_extension("data/parquet"));
+    }
+}
