@@ -141,7 +141,7 @@ pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &App
         .filter_map(|(name, d)| Some((name.clone(), d.index.as_ref()?.parquet_reads()?)))
         .collect();
     type Field = fn(&ParquetReads) -> u64;
-    let parquet: [(&'static str, &'static str, Field); 5] = [
+    let parquet: [(&'static str, &'static str, Field); 7] = [
         (
             "joader_parquet_rows_read_total",
             "rows of a parquet dataset read (an image's bytes returned)",
@@ -166,6 +166,16 @@ pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &App
             "joader_parquet_decoded_row_hits_total",
             "rows of a parquet dataset served from the decoded rows kept (64 MiB)",
             |r| r.decoded_hits,
+        ),
+        (
+            "joader_parquet_record_groups_total",
+            "row groups' record columns (struct or list small fields) of a parquet dataset assembled whole",
+            |r| r.record_groups,
+        ),
+        (
+            "joader_parquet_record_hits_total",
+            "small-field values of a parquet dataset served from the record columns kept (32 MiB)",
+            |r| r.record_hits,
         ),
     ];
     for (name, help, field) in parquet {

@@ -339,7 +339,7 @@ pub(super) fn read_fields(
         let file = open_file(path, n, info, group)?;
         let columns =
             small::columns(file.meta.file_metadata().schema_descr(), fields).map_err(&bad)?;
-        small::read(&file, &columns, fields, group, row)
+        small::read(&info.reader, n, &file, &columns, fields, group, row)
             .map_err(|e| bad(format!("row {row} of row group {group}: {e}")))
     })
 }

@@ -45,6 +45,8 @@ pub(super) const MAX_OPEN_FILES: usize = 256;
 pub(super) const DIRECTORY_BUDGET: usize = 64 << 20;
 /// Bytes of decoded rows kept.
 pub(super) const DECODED_BUDGET: usize = 64 << 20;
+/// Bytes of small-field values assembled from record columns kept.
+pub(super) const RECORDS_BUDGET: usize = 32 << 20;
 
 /// What the reads of a dataset have cost so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,6 +62,11 @@ pub struct ParquetReads {
     pub groups_decoded: u64,
     /// Rows served from decoded rows kept.
     pub decoded_hits: u64,
+    /// Row groups' record columns (struct, list: a small field that is not one binary
+    /// column) assembled whole, once for the group's rows read while it is kept.
+    pub record_groups: u64,
+    /// Small-field values served from the record columns kept.
+    pub record_hits: u64,
 }
 
 #[derive(Default)]
@@ -69,6 +76,8 @@ struct Counters {
     bytes_decompressed: AtomicU64,
     groups_decoded: AtomicU64,
     decoded_hits: AtomicU64,
+    record_groups: AtomicU64,
+    record_hits: AtomicU64,
 }
 
 /// A file's descriptor and parsed footer.
@@ -88,6 +97,13 @@ type Slot = Mutex<Option<Option<Arc<Directory>>>>;
 /// A row group's decoded image column: each row's bytes (`None`: null).
 type Decoded = Arc<Vec<Option<ByteArray>>>;
 
+/// A row group's values of one small field read from a record column: each row's value as
+/// the field's bytes (`None`: null), or why it cannot be one.
+pub(super) type Records = Arc<Vec<Result<Option<Vec<u8>>, String>>>;
+
+/// A row group's record column values: `None` until assembled.
+type RecordSlot = Mutex<Option<Records>>;
+
 /// How a dataset whose files are objects opens one (the `s3` source installs it when it
 /// opens the dataset; without one, the index's files are local paths).
 pub(crate) trait Objects: Send + Sync {
@@ -102,6 +118,8 @@ pub(crate) struct Reader {
     files: Mutex<Fifo<u32, Arc<FileSlot>>>,
     groups: Mutex<Fifo<(u32, u32), Arc<Slot>>>,
     decoded: Mutex<Fifo<(u32, u32), Decoded>>,
+    /// By (file, group, small field's number).
+    records: Mutex<Fifo<(u32, u32, u32), Arc<RecordSlot>>>,
     counters: Counters,
     budgets: Budgets,
 }
@@ -112,6 +130,7 @@ pub(super) struct Budgets {
     pub(super) files: usize,
     pub(super) directories: usize,
     pub(super) decoded: usize,
+    pub(super) records: usize,
 }
 
 impl Default for Budgets {
@@ -120,6 +139,7 @@ impl Default for Budgets {
             files: MAX_OPEN_FILES,
             directories: DIRECTORY_BUDGET,
             decoded: DECODED_BUDGET,
+            records: RECORDS_BUDGET,
         }
     }
 }
@@ -194,6 +214,8 @@ impl Reader {
             bytes_decompressed: get(&c.bytes_decompressed),
             groups_decoded: get(&c.groups_decoded),
             decoded_hits: get(&c.decoded_hits),
+            record_groups: get(&c.record_groups),
+            record_hits: get(&c.record_hits),
         }
     }
 
@@ -277,6 +299,38 @@ impl Reader {
         };
         self.count(&self.counters.rows, 1);
         Ok(found)
+    }
+
+    /// The values of small field `field` in group `group` of file `n`, from those kept, or
+    /// assembled by `assemble` (the group's record column read whole once, rather than the
+    /// rows up to each one for every row read) and kept unless they alone exceed the budget;
+    /// readers of a group being assembled wait for it rather than assemble it again.
+    pub(super) fn records(
+        &self,
+        key: (u32, u32, u32),
+        assemble: impl FnOnce() -> Result<Records, String>,
+    ) -> Result<Records, String> {
+        let slot = lock(&self.records).slot(key, 0, self.budgets.records);
+        let mut state = lock(&slot);
+        if let Some(r) = &*state {
+            self.count(&self.counters.record_hits, 1);
+            return Ok(r.clone());
+        }
+        let records = assemble()?;
+        self.count(&self.counters.record_groups, 1);
+        let cost = records
+            .iter()
+            .map(|v| v.as_ref().map_or(0, |b| b.as_ref().map_or(0, Vec::len)) + 32)
+            .sum();
+        if cost <= self.budgets.records {
+            *state = Some(records.clone());
+            lock(&self.records).insert(key, slot.clone(), cost, self.budgets.records);
+        } else {
+            // Not kept: its empty slot still counts, so that such slots stay bounded.
+            let empty = size_of::<RecordSlot>();
+            lock(&self.records).insert(key, slot.clone(), empty, self.budgets.records);
+        }
+        Ok(records)
     }
 
     /// Keeps a group's decoded rows, unless they alone exceed the budget.

@@ -13,8 +13,11 @@
 //! The columns are checked when the dataset is indexed (present in every file, of a shape
 //! the field's kind can take); a null value is the element's error when it is read. A value
 //! is read by the `parquet` crate's column reader (binary columns: the pages before the row
-//! by their headers) or its record reader over the one column (the row group's rows up to
-//! this one assembled): fields are small beside the image, and read once per element.
+//! by their headers), or from the row group's values of a record column: the first read of
+//! a row of the group assembles the column's values of all its rows with the crate's record
+//! reader and keeps them in the dataset's read state (`reader.rs`, [`super::reader`]'s
+//! `RECORDS_BUDGET`, the oldest dropped first), so that the group's other rows cost a lookup
+//! instead of assembling every row before theirs again.
 
 use std::sync::Arc;
 
@@ -27,7 +30,7 @@ use parquet::record::{Field, Row};
 use parquet::schema::types::{SchemaDescriptor, Type};
 
 use super::super::fields::{FieldKind, FieldSpec, Fields};
-use super::reader::OpenFile;
+use super::reader::{OpenFile, Reader, Records};
 use super::{chunk_range, read_cell};
 use crate::tar_shards::FieldValues;
 
@@ -114,8 +117,11 @@ fn column(schema: &SchemaDescriptor, name: &str, spec: &FieldSpec) -> Result<Col
     })
 }
 
-/// The values of the small fields (`None`: null) of row `row` of group `group`.
+/// The values of the small fields (`None`: null) of row `row` of group `group` of file
+/// number `n`, record columns' through `reader`'s kept values.
 pub(super) fn read(
+    reader: &Reader,
+    n: u32,
     file: &OpenFile,
     columns: &[Column],
     fields: &Fields,
@@ -139,7 +145,8 @@ pub(super) fn read(
     columns
         .iter()
         .zip(fields.small())
-        .map(|(c, (name, spec))| {
+        .enumerate()
+        .map(|(i, (c, (name, spec)))| {
             let value = match c {
                 Column::Binary(leaf) => read_cell(&file.file, meta, *leaf, row as usize)
                     .map(|v| v.map(|b| b.data().to_vec()))
@@ -148,24 +155,30 @@ pub(super) fn read(
                     name: column,
                     dtype,
                     depth,
-                } => match record_field(file, group, column, row) {
-                    Ok(None | Some(Field::Null)) => Ok(None),
-                    Ok(Some(f)) => convert(&f, spec, *dtype, *depth).map(Some),
-                    Err(e) => Err(e),
-                },
+                } => reader
+                    .records((n, group, i as u32), || {
+                        records(file, group, column, spec, *dtype, *depth)
+                    })
+                    .and_then(|r| match r.get(row as usize) {
+                        Some(v) => v.clone(),
+                        None => Err("the row is missing (the file changed since indexing?)".into()),
+                    }),
             };
             value.map_err(|e| format!("field `{name}`: {e}"))
         })
         .collect()
 }
 
-/// The value of top-level column `column` in row `row` of group `group`, assembled.
-fn record_field(
+/// The values of top-level column `column` in every row of group `group`, assembled and
+/// converted to the bytes of field `spec` (a row's failure is its own, not the group's).
+fn records(
     file: &OpenFile,
     group: u32,
     column: &str,
-    row: u32,
-) -> Result<Option<Field>, String> {
+    spec: &FieldSpec,
+    dtype: Option<&str>,
+    depth: usize,
+) -> Result<Records, String> {
     let meta = file.meta.row_group(group as usize);
     let schema = file.meta.file_metadata().schema_descr();
     let Some(field) = schema
@@ -189,15 +202,17 @@ fn record_field(
         Arc::new(ReaderProperties::builder().build()),
     )
     .map_err(|e| e.to_string())?;
-    let mut rows = RowIter::from_row_group(Some(projection), &reader).map_err(|e| e.to_string())?;
-    let found: Option<Row> = rows
-        .nth(row as usize)
-        .transpose()
-        .map_err(|e| e.to_string())?;
-    let Some(found) = found else {
-        return Err("the row is missing (the file changed since indexing?)".into());
-    };
-    Ok(found.get_column_iter().next().map(|(_, f)| f.clone()))
+    let rows = RowIter::from_row_group(Some(projection), &reader).map_err(|e| e.to_string())?;
+    let values = rows
+        .map(|row: Result<Row, _>| {
+            let row = row.map_err(|e| e.to_string())?;
+            match row.get_column_iter().next().map(|(_, f)| f) {
+                None | Some(Field::Null) => Ok(None),
+                Some(f) => convert(f, spec, dtype, depth).map(Some),
+            }
+        })
+        .collect();
+    Ok(Arc::new(values))
 }
 
 /// An assembled value as a field's bytes: JSON text, or an `.npy` of numbers.

@@ -655,6 +655,7 @@ fn memory_stays_within_the_budgets_and_dropped_state_is_rebuilt() {
         files: 2,
         directories: 2000,
         decoded: 20_000,
+        ..Budgets::default()
     };
     let info = info_with(&ix, budgets);
     let n = expected.len() as u32;
