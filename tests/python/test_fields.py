@@ -1,6 +1,6 @@
 """Samples with several fields (issue 29) through a real `joader serve`: WebDataset shards
 written with Python's `tarfile` the way `webdataset.TarWriter` names members (image, txt,
-json, cls, npy), a CSV manifest with extra columns, and Parquet written by pyarrow as
+json, cls, npy), a CSV manifest with extra columns and `.npy` files named by its cells, and Parquet written by pyarrow as
 Hugging Face's `datasets` writes it (image struct, ClassLabel metadata, a row with only a
 path, string, struct and list columns), over the same JPEGs, give the same dict batches field
 by field; datasets without `fields`, and jobs that do not ask, get `(images,
@@ -50,7 +50,12 @@ CSV_FIELDS = {
     "label": {"kind": "class", "from": "label"},
     "caption": {"kind": "text", "from": "caption"},
     "meta": {"kind": "json", "from": "meta"},
+    # Cells naming files: the `.npy` array, and the same file passed through as bytes.
+    "emb": {"kind": "npy", "from": "emb", "shape": [4]},
+    "raw": {"kind": "bytes", "from": "raw"},
 }
+#: An `s3` manifest's cells are values only (`npy`/`bytes` files are refused there).
+S3_CSV_FIELDS = {k: v for k, v in CSV_FIELDS.items() if k not in ("emb", "raw")}
 
 PQ_FIELDS = {
     "image": {"kind": "image", "from": "image"},
@@ -186,11 +191,17 @@ def server() -> Iterator[Dict[str, Any]]:
     (data / "wds").mkdir()
     write_shard(data / "wds" / "shard-000000.tar", samples[:6])
     write_shard(data / "wds" / "shard-000001.tar", samples[6:])
+    # The manifest's arrays are files: even elements name them relative to the manifest's
+    # folder, odd ones absolutely.
+    (data / "emb").mkdir()
     with open(data / "manifest.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["path", "label", "caption", "meta"])
+        w.writerow(["path", "label", "caption", "meta", "emb", "raw"])
         for i, p in enumerate(images):
-            w.writerow([str(p), classes.index(p.parent.name), caption(i), json.dumps(meta(i))])
+            (data / "emb" / f"{i:04d}.npy").write_bytes(npy_bytes(emb(i)))
+            file = f"emb/{i:04d}.npy" if i % 2 == 0 else str(data / "emb" / f"{i:04d}.npy")
+            w.writerow([str(p), classes.index(p.parent.name), caption(i), json.dumps(meta(i)), file,
+                        f"./{file}" if i % 2 == 0 else file])
     write_parquet(data, images, classes)
     # Damaged values: bad .npy header (element 0), JSON that is not JSON (1), text that is not UTF-8 (2).
     bad = [dict(s) for s in samples[:4]]
@@ -200,6 +211,16 @@ def server() -> Iterator[Dict[str, Any]]:
     (data / "bad").mkdir()
     write_shard(data / "bad" / "bad.tar", bad)
     # A key without its .txt: the indexing fails naming it.
+    # A manifest whose element 1 names an array of another shape than declared, and whose
+    # element 3's file is removed once indexed.
+    (data / "emb_bad").mkdir()
+    with open(data / "bad.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "caption", "meta", "emb", "raw"])
+        for i, p in enumerate(images[:4]):
+            (data / "emb_bad" / f"{i}.npy").write_bytes(npy_bytes(emb(i)[:3] if i == 1 else emb(i)))
+            w.writerow([str(p), classes.index(p.parent.name), caption(i), json.dumps(meta(i)),
+                        f"emb_bad/{i}.npy", f"emb_bad/{i}.npy"])
     missing = [dict(s) for s in samples[:3]]
     del missing[1]["txt"]
     (data / "missing").mkdir()
@@ -218,7 +239,10 @@ def server() -> Iterator[Dict[str, Any]]:
         "pq_bad": create(url, "pq_bad", {"kind": "parquet", "paths": [str(data / "pq_bad")], "fields": PQ_FIELDS}),
         "missing": create(url, "missing", {"kind": "tar_shards", "paths": [str(data / "missing")],
                                            "fields": WDS_FIELDS}),
+        "csv_bad": create(url, "csv_bad", {"kind": "manifest", "path": str(data / "bad.csv"),
+                                           "fields": CSV_FIELDS}),
     }
+    (data / "emb_bad" / "3.npy").unlink()
     yield {"url": url, "instance": instance, "views": views, "data": data, "classes": classes,
            "images": images}
     proc.send_signal(signal.SIGTERM)
@@ -252,15 +276,17 @@ def test_the_layouts_give_the_same_fields(server: Dict[str, Any]) -> None:
     assert len(wds) == len(csv_items) == len(pq) == N
     for i, (a, b, c) in enumerate(zip(wds, csv_items, pq)):
         assert sorted(a) == ["caption", "emb", "image", "label", "meta"]
-        assert sorted(b) == ["caption", "image", "label", "meta"]
+        assert sorted(b) == ["caption", "emb", "image", "label", "meta", "raw"]
         assert sorted(c) == ["boxes", "caption", "emb", "image", "label", "meta"]
         assert a["caption"] == b["caption"] == c["caption"] == caption(i)
         assert a["meta"] == b["meta"] == c["meta"] == meta(i)
         assert int(a["label"]) == int(b["label"]) == int(c["label"]) == i // PER_CLASS
         assert a["image"].shape == (32, 40, 3)
         assert np.array_equal(a["image"], b["image"]) and np.array_equal(a["image"], c["image"])
-        assert a["emb"].dtype == c["emb"].dtype == np.float32
-        assert np.array_equal(a["emb"], emb(i)) and np.array_equal(c["emb"], emb(i))
+        assert a["emb"].dtype == b["emb"].dtype == c["emb"].dtype == np.float32
+        assert np.array_equal(a["emb"], emb(i)) and np.array_equal(b["emb"], emb(i))
+        assert np.array_equal(c["emb"], emb(i))
+        assert b["raw"] == npy_bytes(emb(i))
         # A list of lists: an (n, 4) array per element, n varying (not stacked); an empty
         # list keeps its two dimensions.
         assert c["boxes"].dtype == np.float32
@@ -305,8 +331,13 @@ def test_without_asking_a_job_gets_images_and_labels(server: Dict[str, Any]) -> 
         joader.Loader(server=server["url"], dataset="wds_plain", job="plain-caption", fields=["caption"])
 
 
-@pytest.mark.parametrize("dataset,bad", [("bad", [0, 1, 2]), ("pq_bad", [1, 2])])
-def test_bad_values_are_element_errors(server: Dict[str, Any], dataset: str, bad: List[int]) -> None:
+@pytest.mark.parametrize("dataset,bad", [
+    ("bad", {0: "bad_field", 1: "bad_field", 2: "bad_field"}),
+    ("pq_bad", {1: "bad_field", 2: "bad_field"}),
+    # A manifest's array file of another shape than declared, and one removed after indexing.
+    ("csv_bad", {1: "bad_field", 3: "not_found"}),
+])
+def test_bad_values_are_element_errors(server: Dict[str, Any], dataset: str, bad: Dict[int, str]) -> None:
     import joader
     with joader.Loader(server=server["url"], dataset=dataset, job=f"{dataset}-values", batch_size=2, epochs=1,
                        pipeline=PIPELINE, fields=True, on_error="skip", timeout=60) as loader:
@@ -317,11 +348,11 @@ def test_bad_values_are_element_errors(server: Dict[str, Any], dataset: str, bad
             assert batch["caption"] == [caption(i) for i in loader.last_ids.tolist()]
         failures = sorted(loader.failures, key=lambda f: f.element_id)
     assert sorted(got) == [i for i in range(4) if i not in bad]
-    assert [(f.element_id, f.code_name) for f in failures] == [(i, "bad_field") for i in bad]
+    assert [(f.element_id, f.code_name) for f in failures] == sorted(bad.items())
     # The server is alive, and lists why each failed.
     listed = get(server["url"], f"/v1/datasets/{dataset}/failures")
     text = json.dumps(listed)
-    assert "bad_field" in text, text
+    assert all(code in text for code in bad.values()), text
     assert get(server["url"], "/v1/datasets")
 
 
@@ -332,11 +363,12 @@ def test_a_missing_field_fails_the_indexing_naming_the_key(server: Dict[str, Any
 
 
 def test_declarations_a_source_cannot_hold_are_refused(server: Dict[str, Any]) -> None:
-    status, body = post(server["url"], "/v1/datasets", {"name": "csv-npy", "source": {
-        "kind": "manifest", "path": str(server["data"] / "manifest.csv"),
+    # An `s3` manifest's cells cannot name files (checked before anything is fetched).
+    status, body = post(server["url"], "/v1/datasets", {"name": "s3-csv-npy", "source": {
+        "kind": "s3", "url": "s3://bkt/m/manifest.csv", "layout": "manifest",
         "fields": {"image": {"kind": "image"}, "emb": {"kind": "npy"}}}})
     assert status == 400 and body["error"]["code"] == "invalid_request", body
-    assert "`emb`" in body["error"]["message"]
+    assert "`emb`" in body["error"]["message"] and "s3" in body["error"]["message"], body
     status, body = post(server["url"], "/v1/datasets", {"name": "no-image", "source": {
         "kind": "tar_shards", "paths": [str(server["data"] / "wds")],
         "fields": {"caption": {"kind": "text"}}}})
@@ -500,7 +532,7 @@ def s3(server: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
             "s3_wds": create(url, "s3_wds", {"kind": "s3", "url": "s3://bkt/wds/", "layout": "tar_shards",
                                              "fields": WDS_FIELDS}),
             "s3_csv": create(url, "s3_csv", {"kind": "s3", "url": "s3://bkt/m/manifest.csv",
-                                             "layout": "manifest", "fields": CSV_FIELDS}),
+                                             "layout": "manifest", "fields": S3_CSV_FIELDS}),
         }
         yield {"url": url, "views": views}
     finally:

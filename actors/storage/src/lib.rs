@@ -24,8 +24,9 @@
 //!   JSON lines (`{"path": ..., "label": ...}`, extra fields ignored; a `.json` file may also
 //!   be one JSON array of such objects). Relative paths resolve against the manifest's
 //!   folder. Items keep the manifest's order. With `fields`, columns (a CSV then has a
-//!   header) or keys name the image, the class and `text`/`json` fields, whose values are
-//!   kept in the index.
+//!   header) or keys name the image, the class and small fields: a `text`/`json` value is
+//!   the cell, kept in the index; an `npy`/`bytes` cell names a file, resolved as the
+//!   image's path is and read when the element is loaded.
 //! - `parquet`: Parquet files (or folders of them, not recursive) as the Hugging Face Hub
 //!   stores image datasets: an image column (Hugging Face's `{bytes, path}` struct, or
 //!   binary) and an integer class column (`label` unless a `class` field names another),
@@ -116,9 +117,12 @@ pub enum SourceSpec {
         path: PathBuf,
         /// The sample's fields, each `from` a CSV column (the CSV then needs a header) or a
         /// JSON key: one of kind `image` (default `path`), at most one `class` (default
-        /// `label`; without one every label is 0), and `text` or `json` fields (default:
-        /// the field's name). An entry missing a declared field fails the indexing, naming
-        /// its line. Default: `path` and `label`.
+        /// `label`; without one every label is 0), and `text` or `json` fields, whose values
+        /// are the cells, or `npy` or `bytes` fields, whose cells name files (relative to the
+        /// manifest's folder or absolute, under the allowed roots) read when the element is
+        /// loaded (default: the field's name). An entry missing a declared field, or whose
+        /// field's file is missing, fails the indexing, naming its line. Default: `path` and
+        /// `label`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         #[cfg_attr(
             feature = "openapi",
@@ -139,8 +143,8 @@ pub enum SourceSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         region: Option<String>,
         /// The sample's fields, as for the local layout of the same name (`tar_shards`:
-        /// member extensions; `manifest`: columns or keys; `parquet`: top-level columns); an
-        /// `image_folder` takes none.
+        /// member extensions; `manifest`: columns or keys, `text` and `json` only;
+        /// `parquet`: top-level columns); an `image_folder` takes none.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         #[cfg_attr(
             feature = "openapi",
@@ -565,9 +569,21 @@ impl DatasetIndex {
                 reason,
             })?
         } else {
-            let values = (0..small.len())
-                .map(|f| sample.value(id, f, small.len()).map(<[u8]>::to_vec))
-                .collect();
+            // A manifest's values; an `npy` or `bytes` value is where its file is.
+            let image = match self.location(id) {
+                Some(Location::File(p)) => Some(p),
+                _ => None,
+            };
+            let mut values = Vec::with_capacity(small.len());
+            for (f, (_, spec)) in small.iter().enumerate() {
+                let value = sample.value(id, f, small.len());
+                values.push(match (spec.kind, value, image) {
+                    (FieldKind::Npy | FieldKind::Bytes, Some(file), Some(image)) => {
+                        Some(manifest::read_field_file(image, file)?)
+                    }
+                    (_, value, _) => value.map(<[u8]>::to_vec),
+                });
+            }
             (stored, values)
         };
         let mut fields = Vec::with_capacity(small.len());
@@ -609,10 +625,12 @@ fn is_image_extension(ext: &str) -> bool {
 }
 
 impl SourceSpec {
-    /// Checks that the source kind can follow its `fields` declaration: `manifest` values
-    /// are text (`text`, `json`); `tar_shards` and `parquet` take every kind; an image folder
-    /// none (an `s3` source as its layout).
+    /// Checks that the source kind can follow its `fields` declaration: `tar_shards`,
+    /// `parquet` and a local `manifest` take every kind; an `s3` manifest `text` and `json`
+    /// (its `npy`/`bytes` cells would name objects, each a request of its own per element);
+    /// an image folder none (an `s3` source as its layout).
     pub fn check_fields(&self) -> Result<(), StorageError> {
+        let mut why = "";
         let (fields, supported, kind): (_, &[FieldKind], _) = match self {
             SourceSpec::TarShards { fields, .. }
             | SourceSpec::S3 {
@@ -629,12 +647,28 @@ impl SourceSpec {
                 ],
                 "tar_shards",
             ),
-            SourceSpec::Manifest { fields, .. }
-            | SourceSpec::S3 {
+            SourceSpec::Manifest { fields, .. } => (
+                fields,
+                &[
+                    FieldKind::Text,
+                    FieldKind::Json,
+                    FieldKind::Npy,
+                    FieldKind::Bytes,
+                ],
+                "manifest",
+            ),
+            SourceSpec::S3 {
                 layout: s3::S3Layout::Manifest,
                 fields,
                 ..
-            } => (fields, &[FieldKind::Text, FieldKind::Json], "manifest"),
+            } => {
+                why = ": an `s3` manifest's element is one object, fetched, kept on the disk \
+                       tier and fetched ahead as one; a file per field would be another \
+                       request per element outside all three. Keep the arrays as `.npy` \
+                       members of `tar_shards` or in a `parquet` column, or use a local \
+                       manifest";
+                (fields, manifest::TEXT_KINDS, "manifest")
+            }
             SourceSpec::S3 {
                 layout: s3::S3Layout::ImageFolder,
                 fields: Some(_),
@@ -667,7 +701,7 @@ impl SourceSpec {
             Some((name, k)) => Err(StorageError::BadFields {
                 reason: format!(
                     "field `{name}`: a `{kind}` source cannot hold fields of kind `{}` (it \
-                     holds {})",
+                     holds {}){why}",
                     k.name(),
                     supported
                         .iter()

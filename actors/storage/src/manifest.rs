@@ -2,12 +2,22 @@
 //!
 //! The manifest is read as a stream, one line (or JSON array element) at a time, straight
 //! into the index's columns: a 1.28 M-line manifest never exists as 1.28 M strings.
+//!
+//! With declared fields, a `text` or `json` field's value is its cell, kept in the index. An
+//! `npy` or `bytes` field's cell names a file, resolved and checked as the image's path is;
+//! the index keeps where the file is (never its bytes: a million embeddings would be
+//! gigabytes), and the file is read when the element is loaded ([`read_field_file`]). Where
+//! is written as the path from the image's canonical folder to the file's canonical path
+//! (`../emb/0001.npy` beside `imgs/0001.jpg`), which leaves out what the image's path, already
+//! in the index, says: in ImageNet's layout (`…/train/n01440764/n01440764_0.JPEG` beside
+//! `…/emb/n01440764/n01440764_0.npy`, 67-byte absolute paths) a field costs 46 bytes an item
+//! (its path and end offset) where its absolute path would take 75.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
@@ -72,7 +82,24 @@ pub(super) fn index_reader(
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
     let format = Format::of(path, path, "the object's name")?;
+    // An entry's path here is an object's key, which no load reads as a file.
+    if let Some((name, kind)) = fields.and_then(|f| f.unsupported(TEXT_KINDS)) {
+        return Err(StorageError::BadFields {
+            reason: format!(
+                "field `{name}`: an `s3` manifest cannot hold `{}` fields (files)",
+                kind.name()
+            ),
+        });
+    }
     parse(path, format, fields, reader, resolve, progress)
+}
+
+/// The kinds whose values are a manifest's cells; the others' cells name files.
+pub(super) const TEXT_KINDS: &[FieldKind] = &[FieldKind::Text, FieldKind::Json];
+
+/// True if a field of `kind` in a manifest names a file that holds its value.
+fn names_a_file(kind: FieldKind) -> bool {
+    matches!(kind, FieldKind::Npy | FieldKind::Bytes)
 }
 
 /// A manifest's format, which the extension of its name gives.
@@ -200,12 +227,22 @@ type JsonObject = serde_json::Map<String, serde_json::Value>;
 impl Entries<'_, '_> {
     fn add(&mut self, file: &str, label: RawLabel<'_>) -> Result<(), StorageError> {
         let canonical = (self.resolve)(file)?;
+        self.push(&canonical, file, label)
+    }
+
+    /// Adds the entry of `canonical` (what `resolve` gave for `file`).
+    fn push(
+        &mut self,
+        canonical: &Path,
+        file: &str,
+        label: RawLabel<'_>,
+    ) -> Result<(), StorageError> {
         let label = match label {
             RawLabel::Number(n) => numeric_label(n, &|| format!("manifest entry {file}"))?,
             RawLabel::Owned(ref name) => self.name_id(name),
             RawLabel::Name(name) => self.name_id(name),
         };
-        self.items.push_file(&canonical, label);
+        self.items.push_file(canonical, label);
         self.progress.tick()
     }
 
@@ -442,8 +479,11 @@ fn columns_entry(
         _ => return Err(missing(&columns.image)),
     };
     let mut values = Vec::with_capacity(columns.small.len());
-    for (name, _, column) in &columns.small {
+    for (name, kind, column) in &columns.small {
         match get(column) {
+            Some(Ok(v)) if names_a_file(*kind) && v.trim().is_empty() => {
+                return Err(missing(name));
+            }
             Some(Ok(v)) => values.push(v),
             Some(Err(reason)) => return Err(bad(n, format!("field `{name}`: {reason}"))),
             None => return Err(missing(name)),
@@ -464,12 +504,71 @@ fn columns_entry(
     if out.kinds.0 && out.kinds.1 {
         return Err(bad(n, "the manifest mixes numeric and text labels".into()));
     }
+    let path = path.trim();
+    let image = (out.resolve)(path)?;
+    let folder = image.parent().unwrap_or(Path::new("/"));
+    let mut stored = Vec::with_capacity(values.len());
+    for (v, (name, kind, _)) in values.iter().zip(&columns.small) {
+        if !names_a_file(*kind) {
+            stored.push(v.as_bytes().to_vec());
+            continue;
+        }
+        // Resolved and checked as the image's path is; a missing file names its entry.
+        let file = (out.resolve)(v.trim()).map_err(|e| match e {
+            StorageError::NotFound { .. } | StorageError::Io { .. } => {
+                bad(n, format!("field `{name}`: {e}"))
+            }
+            e => e,
+        })?;
+        stored.push(relative_path(folder, &file).into_os_string().into_vec());
+    }
     if let Some(sample) = out.items.sample.as_mut() {
-        for v in &values {
-            sample.push_value(v.as_bytes());
+        for v in &stored {
+            sample.push_value(v);
         }
     }
-    out.add(path.trim(), label)
+    out.push(&image, path, label)
+}
+
+/// The path from the canonical folder `from` to the canonical path `to`: `..` for each of
+/// `from`'s components past what they share, then the rest of `to`. Both being canonical
+/// (no symlink, no `.` or `..`), [`field_path`] finds `to` again without the file system.
+fn relative_path(from: &Path, to: &Path) -> PathBuf {
+    let (mut a, mut b) = (from.components().peekable(), to.components().peekable());
+    while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+        if x != y {
+            break;
+        }
+        a.next();
+        b.next();
+    }
+    let mut out: PathBuf = a.map(|_| Component::ParentDir).collect();
+    out.extend(b);
+    out
+}
+
+/// Where an `npy` or `bytes` field's file is, from its image's canonical path and the
+/// relative path the index holds (see [`relative_path`]).
+fn field_path(image: &Path, relative: &[u8]) -> PathBuf {
+    let mut out = image.parent().unwrap_or(Path::new("/")).to_owned();
+    for c in Path::new(std::ffi::OsStr::from_bytes(relative)).components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Reads the file of an `npy` or `bytes` field of the entry whose image is `image` (its
+/// canonical path), `relative` as the index holds it: a file gone or unreadable since the
+/// indexing is the element's error.
+pub(super) fn read_field_file(image: &Path, relative: &[u8]) -> Result<Vec<u8>, StorageError> {
+    let path = field_path(image, relative);
+    std::fs::read(&path).map_err(|e| StorageError::read(&path, e))
 }
 
 /// One JSON object of a manifest with declared fields: `text` fields are strings, `json`
@@ -669,9 +768,254 @@ fn json_reason(e: &serde_json::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
+    use std::fs;
+    use std::path::{Path, PathBuf};
 
-    use super::{Format, split_csv_line};
+    use super::{Format, field_path, relative_path, split_csv_line};
+    use crate::{DatasetIndex, SourceSpec, StorageError};
+
+    /// A `(n,)` float32 `.npy` file (format 1.0, its header padded to 64 bytes).
+    fn npy_f32(values: &[f32]) -> Vec<u8> {
+        let mut h = format!(
+            "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+            values.len()
+        );
+        while !(10 + h.len() + 1).is_multiple_of(64) {
+            h.push(' ');
+        }
+        h.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        b.extend_from_slice(h.as_bytes());
+        for v in values {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    fn write(path: &Path, bytes: &[u8]) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, bytes).unwrap();
+    }
+
+    /// A manifest source of `path` with an image, a class, an `npy` field `emb` of shape
+    /// `[2]` and a `bytes` field `raw`.
+    fn spec(path: &Path) -> SourceSpec {
+        serde_json::from_value(serde_json::json!({
+            "kind": "manifest", "path": path, "fields": {
+                "image": {"kind": "image", "from": "path"},
+                "label": {"kind": "class"},
+                "emb": {"kind": "npy", "shape": [2]},
+                "raw": {"kind": "bytes", "from": "blob"},
+            }
+        }))
+        .unwrap()
+    }
+
+    fn index(spec: &SourceSpec, roots: &[PathBuf]) -> Result<DatasetIndex, StorageError> {
+        crate::index(spec, roots, &mut |_| {})
+    }
+
+    /// A dataset folder: `m/imgs/{a,b}.jpg`, `m/emb/{a,b}.npy`, `m/raw/{a,b}.bin`, and a file
+    /// outside it, `other/x.npy`.
+    fn dataset(tmp: &Path) -> PathBuf {
+        let m = tmp.join("m");
+        for (k, name) in ["a", "b"].iter().enumerate() {
+            write(
+                &m.join(format!("imgs/{name}.jpg")),
+                format!("jpeg {name}").as_bytes(),
+            );
+            write(
+                &m.join(format!("emb/{name}.npy")),
+                &npy_f32(&[k as f32, 0.5]),
+            );
+            write(&m.join(format!("raw/{name}.bin")), &[k as u8, 0xff, 0]);
+        }
+        write(&tmp.join("other/x.npy"), &npy_f32(&[7.0, 8.0]));
+        m
+    }
+
+    /// Items 0 and 1 of `ix` hold a's and b's files.
+    fn check_items(ix: &DatasetIndex) {
+        assert_eq!(ix.len(), 2);
+        for (id, name) in [(0u32, "a"), (1, "b")] {
+            let s = ix.split(id, ix.read(id).unwrap()).unwrap();
+            assert_eq!(s.image, format!("jpeg {name}").into_bytes());
+            let got: Vec<(&str, &[u8])> = s
+                .fields
+                .iter()
+                .map(|f| (f.name.as_str(), f.value.as_slice()))
+                .collect();
+            let (emb, raw) = (npy_f32(&[id as f32, 0.5]), [id as u8, 0xff, 0]);
+            assert_eq!(got, [("emb", emb.as_slice()), ("raw", raw.as_slice())]);
+            assert!(s.fields[0].fixed_shape);
+        }
+    }
+
+    #[test]
+    fn npy_and_bytes_cells_name_files_read_at_load() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = dataset(tmp.path());
+        let roots = [tmp.path().to_owned()];
+        let abs = |p: &str| m.join(p).display().to_string();
+        // Relative to the manifest's folder or absolute, in CSV and JSON lines.
+        let csv = format!(
+            "path,label,emb,blob\nimgs/a.jpg,1,emb/a.npy,{}\n{},0,\"{}\",./raw/../raw/b.bin\n",
+            abs("raw/a.bin"),
+            abs("imgs/b.jpg"),
+            abs("emb/b.npy"),
+        );
+        write(&m.join("m.csv"), csv.as_bytes());
+        let jsonl = format!(
+            "{{\"path\":\"imgs/a.jpg\",\"label\":1,\"emb\":\"emb/a.npy\",\"blob\":\"{}\"}}\n\
+             {{\"path\":\"imgs/b.jpg\",\"label\":0,\"emb\":\"{}\",\"blob\":\"raw/b.bin\"}}\n",
+            abs("raw/a.bin"),
+            abs("emb/b.npy"),
+        );
+        write(&m.join("m.jsonl"), jsonl.as_bytes());
+        for name in ["m.csv", "m.jsonl"] {
+            let ix = index(&spec(&m.join(name)), &roots).unwrap();
+            check_items(&ix);
+            // The index holds where the files are, not their bytes: the path from the
+            // image's folder.
+            let sample = ix.sample_fields().unwrap();
+            assert_eq!(sample.value(0, 0, 2), Some(&b"../emb/a.npy"[..]), "{name}");
+            assert_eq!(sample.value(1, 1, 2), Some(&b"../raw/b.bin"[..]), "{name}");
+            check_items(&DatasetIndex::from_bytes(&ix.to_bytes()).unwrap());
+        }
+        // A file outside the allowed roots, named absolutely or through `..`, is refused.
+        let outside = tmp.path().join("other/x.npy").display().to_string();
+        for cell in [outside.as_str(), "../other/x.npy"] {
+            let csv = format!("path,label,emb,blob\nimgs/a.jpg,1,{cell},raw/a.bin\n");
+            write(&m.join("o.csv"), csv.as_bytes());
+            let e = index(&spec(&m.join("o.csv")), std::slice::from_ref(&m)).unwrap_err();
+            assert_eq!(e.code(), "outside_roots", "{cell}: {e}");
+        }
+        // Under the roots, the same file is fine.
+        let ix = index(&spec(&m.join("o.csv")), &roots).unwrap();
+        let s = ix.split(0, ix.read(0).unwrap()).unwrap();
+        assert_eq!(s.fields[0].value, npy_f32(&[7.0, 8.0]));
+    }
+
+    #[test]
+    fn missing_files_and_cells_fail_the_indexing_naming_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = dataset(tmp.path());
+        let roots = [tmp.path().to_owned()];
+        let cases = [
+            // A file that does not exist: the line and the field.
+            (
+                "path,label,emb,blob\nimgs/a.jpg,1,emb/a.npy,raw/a.bin\nimgs/b.jpg,0,emb/zz.npy,raw/b.bin\n",
+                "m.csv",
+                "bad_manifest",
+                ["line 3", "`emb`", "emb/zz.npy"],
+            ),
+            (
+                "{\"path\":\"imgs/a.jpg\",\"label\":1,\"emb\":\"emb/a.npy\",\"blob\":\"raw/nope.bin\"}\n",
+                "m.jsonl",
+                "bad_manifest",
+                ["line 1", "`raw`", "raw/nope.bin"],
+            ),
+            // An empty cell is a missing field.
+            (
+                "path,label,emb,blob\nimgs/a.jpg,1, ,raw/a.bin\n",
+                "e.csv",
+                "missing_field",
+                ["line 2", "`emb`", ""],
+            ),
+            (
+                "{\"path\":\"imgs/a.jpg\",\"label\":1,\"emb\":\"emb/a.npy\",\"blob\":\"\"}\n",
+                "e.jsonl",
+                "missing_field",
+                ["line 1", "`raw`", ""],
+            ),
+            // So is a missing column; a JSON value that is no path is refused.
+            (
+                "path,label,emb\nimgs/a.jpg,1,emb/a.npy\n",
+                "c.csv",
+                "missing_field",
+                ["line 2", "`raw`", ""],
+            ),
+            (
+                "{\"path\":\"imgs/a.jpg\",\"label\":1,\"emb\":[1,2],\"blob\":\"raw/a.bin\"}\n",
+                "n.jsonl",
+                "bad_manifest",
+                ["line 1", "`emb`", "not a string"],
+            ),
+        ];
+        for (text, name, code, words) in cases {
+            write(&m.join(name), text.as_bytes());
+            let e = index(&spec(&m.join(name)), &roots).unwrap_err();
+            assert_eq!(e.code(), code, "{name}: {e}");
+            for w in words {
+                assert!(e.to_string().contains(w), "{name}: {e} lacks {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_gone_or_malformed_at_load_is_the_elements_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = dataset(tmp.path());
+        let roots = [tmp.path().to_owned()];
+        write(
+            &m.join("m.csv"),
+            b"path,label,emb,blob\nimgs/a.jpg,1,emb/a.npy,raw/a.bin\nimgs/b.jpg,0,emb/b.npy,raw/b.bin\n",
+        );
+        let ix = index(&spec(&m.join("m.csv")), &roots).unwrap();
+        // Removed after indexing: `not_found`, naming the file; the other element reads.
+        fs::remove_file(m.join("raw/a.bin")).unwrap();
+        let e = ix.split(0, ix.read(0).unwrap()).unwrap_err();
+        assert_eq!(e.code(), "not_found", "{e}");
+        assert!(e.to_string().contains("raw/a.bin"), "{e}");
+        assert!(ix.split(1, ix.read(1).unwrap()).is_ok());
+        // Replaced by a folder: unreadable.
+        fs::create_dir(m.join("raw/a.bin")).unwrap();
+        let e = ix.split(0, ix.read(0).unwrap()).unwrap_err();
+        assert_eq!(e.code(), "read_failed", "{e}");
+        // Rewritten with another shape than declared: checked as every `npy` value.
+        fs::write(m.join("emb/b.npy"), npy_f32(&[1.0, 2.0, 3.0])).unwrap();
+        let e = ix.split(1, ix.read(1).unwrap()).unwrap_err();
+        assert_eq!(e.code(), "bad_field", "{e}");
+        assert!(e.to_string().contains("`emb`"), "{e}");
+    }
+
+    #[test]
+    fn an_s3_manifest_holds_no_files() {
+        let fields: crate::fields::Fields = serde_json::from_value(serde_json::json!({
+            "image": {"kind": "image"}, "emb": {"kind": "npy"}
+        }))
+        .unwrap();
+        let e = super::index_reader(
+            Path::new("s3://bkt/m.csv"),
+            Some(&fields),
+            &b"path,emb\na.jpg,a.npy\n"[..],
+            &mut |k| Ok(PathBuf::from(k)),
+            &mut crate::Progress {
+                count: 0,
+                report: &mut |_| {},
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "bad_fields");
+        assert!(e.to_string().contains("`emb`"), "{e}");
+    }
+
+    #[test]
+    fn field_paths_are_relative_to_the_image_folder() {
+        for (image, file, rel) in [
+            ("/d/imgs/a.jpg", "/d/emb/a.npy", "../emb/a.npy"),
+            ("/d/imgs/a.jpg", "/d/imgs/a.npy", "a.npy"),
+            ("/d/a.jpg", "/d/x/y/a.npy", "x/y/a.npy"),
+            ("/d/x/y/a.jpg", "/e/a.npy", "../../../e/a.npy"),
+            ("/a.jpg", "/a.npy", "a.npy"),
+        ] {
+            let (image, file) = (Path::new(image), Path::new(file));
+            let r = relative_path(image.parent().unwrap(), file);
+            assert_eq!(r, Path::new(rel));
+            assert_eq!(field_path(image, r.as_os_str().as_encoded_bytes()), file);
+        }
+    }
 
     #[test]
     fn the_extension_gives_the_format() {
