@@ -945,25 +945,13 @@ fn neighbouring_tar_members_are_read_with_one_request_and_the_bytes_stay_right()
 /// read from the store exactly once per scenario (the union of the jobs' subsets).
 #[test]
 fn bench_e2e_with_source_s3_prints_the_s3_rows_beside_the_disk_rows() {
-    let Some(bin) = s3s_fs("bench_e2e_with_source_s3_prints_the_s3_rows_beside_the_disk_rows")
-    else {
+    let Some((dir, o)) = bench_s3(
+        "bench_e2e_with_source_s3_prints_the_s3_rows_beside_the_disk_rows",
+        &[],
+    ) else {
         return;
     };
-    let dir = TempDir::new("bench-s3");
-    let (data, out) = (dir.0.join("data"), dir.0.join("out"));
-    let o = crate::common::joader(&[
-        "bench",
-        "e2e",
-        "--quick",
-        "--source",
-        "s3",
-        "--s3s-fs",
-        bin.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let out = dir.0.join("out");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let md = std::fs::read_to_string(out.join("e2e.md")).unwrap();
     for row in [
@@ -993,6 +981,86 @@ fn bench_e2e_with_source_s3_prints_the_s3_rows_beside_the_disk_rows() {
         scenarios += 1;
     }
     assert_eq!(scenarios, 3, "{section}");
+}
+
+/// Runs `joader bench e2e --quick --source s3` with `extra` flags, its data and output in a
+/// temporary folder (`data`, `out`): the folder and the command's output, or `None` when the
+/// test is skipped for want of `s3s-fs`.
+fn bench_s3(test: &str, extra: &[&str]) -> Option<(TempDir, std::process::Output)> {
+    let bin = s3s_fs(test)?;
+    let dir = TempDir::new("bench-s3");
+    let (data, out) = (dir.0.join("data"), dir.0.join("out"));
+    let mut args = vec![
+        "bench",
+        "e2e",
+        "--quick",
+        "--source",
+        "s3",
+        "--s3s-fs",
+        bin.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let o = crate::common::joader(&args);
+    Some((dir, o))
+}
+
+/// `joader bench e2e --quick --source s3 --only "sync K=1" --s3-latency-ms 5 --store-cpus 1`:
+/// the S3 rows measured through the delay proxy with the store on a CPU of its own, every
+/// figure present, the store read exactly once per element of the union; on a machine of one
+/// CPU the flag is refused, saying why.
+#[test]
+fn bench_e2e_s3_with_the_store_on_its_own_cpu() {
+    let extra = [
+        "--only",
+        "sync K=1",
+        "--s3-latency-ms",
+        "5",
+        "--store-cpus",
+        "1",
+    ];
+    let Some((dir, o)) = bench_s3("bench_e2e_s3_with_the_store_on_its_own_cpu", &extra) else {
+        return;
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--store-cpus 1"));
+        return;
+    }
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let md = std::fs::read_to_string(dir.0.join("out").join("e2e.md")).unwrap();
+    assert!(
+        md.contains("store (s3s-fs, delay proxy) on CPU ")
+            && md.contains("joader and the jobs on CPU "),
+        "{md}"
+    );
+    let row = crate::parquet::cells(&md, "| sync K=1 | 5 ms |");
+    let figures: Vec<f64> = row[3..row.len() - 1]
+        .iter()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    // disk and s3 samples/s, CPU per sample, bytes read = the union (read / union 1.00).
+    assert!(figures[0] > 0.0 && figures[1] > 0.0, "{row:?}");
+    assert!(figures[3] > 0.0 && figures[4] > 0.0, "{row:?}");
+    assert_eq!(figures[6], figures[7], "{row:?}");
+    // --store-cpus is for --source s3 (refused before any data is made).
+    let refused = dir.0.join("refused");
+    let o = crate::common::joader(&[
+        "bench",
+        "e2e",
+        "--quick",
+        "--store-cpus",
+        "1",
+        "--data",
+        refused.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--store-cpus is for --source s3"));
+    assert!(!refused.exists());
 }
 
 /// A store 30 ms away (the bench's delaying proxy between the server and `s3s-fs`, every

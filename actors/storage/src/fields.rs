@@ -435,21 +435,39 @@ fn npy_header(b: &[u8]) -> Result<(&str, Vec<u64>), String> {
     Ok((kind, dims))
 }
 
+/// An `.npy` file (format 1.0) with header dict `header`, padded to 64 bytes as NumPy pads
+/// it, then `data` (tests).
+#[cfg(test)]
+pub(crate) fn npy_file(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut h = header.to_owned();
+    while !(10 + h.len() + 1).is_multiple_of(64) {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    b.extend_from_slice(h.as_bytes());
+    b.extend_from_slice(data);
+    b
+}
+
+/// A `(n,)` float32 `.npy` file of `values` (tests).
+#[cfg(test)]
+pub(crate) fn npy_f32(values: &[f32]) -> Vec<u8> {
+    let header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        values.len()
+    );
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    npy_file(&header, &data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn npy(header: &str, data: usize) -> Vec<u8> {
-        let mut h = header.to_owned();
-        while !(10 + h.len() + 1).is_multiple_of(64) {
-            h.push(' ');
-        }
-        h.push('\n');
-        let mut b = b"\x93NUMPY\x01\x00".to_vec();
-        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
-        b.extend_from_slice(h.as_bytes());
-        b.extend(std::iter::repeat_n(0u8, data));
-        b
+        npy_file(header, &vec![0u8; data])
     }
 
     #[test]

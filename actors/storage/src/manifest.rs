@@ -772,26 +772,8 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use super::{Format, field_path, relative_path, split_csv_line};
+    use crate::fields::npy_f32;
     use crate::{DatasetIndex, SourceSpec, StorageError};
-
-    /// A `(n,)` float32 `.npy` file (format 1.0, its header padded to 64 bytes).
-    fn npy_f32(values: &[f32]) -> Vec<u8> {
-        let mut h = format!(
-            "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
-            values.len()
-        );
-        while !(10 + h.len() + 1).is_multiple_of(64) {
-            h.push(' ');
-        }
-        h.push('\n');
-        let mut b = b"\x93NUMPY\x01\x00".to_vec();
-        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
-        b.extend_from_slice(h.as_bytes());
-        for v in values {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        b
-    }
 
     fn write(path: &Path, bytes: &[u8]) {
         fs::create_dir_all(path.parent().unwrap()).unwrap();

@@ -5,6 +5,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use super::*;
+use crate::fields::npy_f32;
 
 /// Distinct bytes per file, so that reads can be compared.
 fn content(tag: &str) -> Vec<u8> {
@@ -729,24 +730,6 @@ fn tar_spec(dir: &Path, fields: serde_json::Value) -> SourceSpec {
         "kind": "tar_shards", "paths": [dir], "fields": fields
     }))
     .unwrap()
-}
-
-fn npy_f32(values: &[f32]) -> Vec<u8> {
-    let mut h = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
-        values.len()
-    );
-    while !(10 + h.len() + 1).is_multiple_of(64) {
-        h.push(' ');
-    }
-    h.push('\n');
-    let mut b = b"\x93NUMPY\x01\x00".to_vec();
-    b.extend_from_slice(&(h.len() as u16).to_le_bytes());
-    b.extend_from_slice(h.as_bytes());
-    for v in values {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    b
 }
 
 #[test]
