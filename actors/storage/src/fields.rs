@@ -435,10 +435,9 @@ fn npy_header(b: &[u8]) -> Result<(&str, Vec<u64>), String> {
     Ok((kind, dims))
 }
 
-/// An `.npy` file (format 1.0) with header dict `header`, padded to 64 bytes as NumPy pads
-/// it, then `data` (tests).
-#[cfg(test)]
-pub(crate) fn npy_file(header: &str, data: &[u8]) -> Vec<u8> {
+/// The start of an `.npy` file (format 1.0): the magic and the header dict `header`, padded
+/// to 64 bytes as NumPy pads it; the array's data follow.
+pub(crate) fn npy_start(header: &str) -> Vec<u8> {
     let mut h = header.to_owned();
     while !(10 + h.len() + 1).is_multiple_of(64) {
         h.push(' ');
@@ -447,6 +446,13 @@ pub(crate) fn npy_file(header: &str, data: &[u8]) -> Vec<u8> {
     let mut b = b"\x93NUMPY\x01\x00".to_vec();
     b.extend_from_slice(&(h.len() as u16).to_le_bytes());
     b.extend_from_slice(h.as_bytes());
+    b
+}
+
+/// An `.npy` file of header dict `header` and `data` (tests).
+#[cfg(test)]
+pub(crate) fn npy_file(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut b = npy_start(header);
     b.extend_from_slice(data);
     b
 }

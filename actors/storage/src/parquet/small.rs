@@ -293,14 +293,8 @@ fn npy(dtype: &str, shape: &[u64], values: &[Number]) -> Vec<u8> {
         1 => format!("({},)", dims[0]),
         _ => format!("({})", dims.join(", ")),
     };
-    let mut header = format!("{{'descr': '{dtype}', 'fortran_order': False, 'shape': {shape}, }}");
-    while !(10 + header.len() + 1).is_multiple_of(64) {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
+    let header = format!("{{'descr': '{dtype}', 'fortran_order': False, 'shape': {shape}, }}");
+    let mut out = super::super::fields::npy_start(&header);
     for v in values {
         let (f, i) = match *v {
             Number::F(f) => (f, f as i64),
