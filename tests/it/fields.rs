@@ -6,9 +6,10 @@
 use crate::common::{TempDir, joader};
 use crate::parquet::cells;
 
-/// Both declarations' rows with every figure; what is exact is checked: four jobs of one
-/// dataset decode no element for more than one of them, and an item with fields reads its
-/// key's whole range, more bytes than its image alone.
+/// Both declarations' rows with every figure, for the WebDataset shards and for the Parquet
+/// files; what is exact is checked: four jobs of one dataset decode no element for more than
+/// one of them, and an item with fields reads its key's whole range, more bytes than its image
+/// alone (shards).
 #[test]
 fn bench_e2e_fields_prints_its_rows() {
     let dir = TempDir::new("bench-fields");
@@ -36,8 +37,17 @@ fn bench_e2e_fields_prints_its_rows() {
         read.push(figures[4]);
     }
     assert!(read[1] > read[0], "{md}");
-    assert!(
-        md.contains("with fields / without, mean of the rounds: throughput"),
+    for declaration in ["parquet image + class", "parquet + caption + struct"] {
+        let row = cells(&md, &format!("| joader serve, {declaration} | 1 |"));
+        let figures: Vec<f64> = row[3..8].iter().map(|c| c.parse().unwrap()).collect();
+        assert!(figures.iter().all(|f| *f > 0.0), "{declaration}: {row:?}");
+        assert!(figures[2] <= 1.0, "{declaration}: {row:?}");
+    }
+    assert_eq!(
+        md.matches("with fields / without, mean of the rounds: throughput")
+            .count(),
+        2,
         "{md}"
     );
+    assert!(md.contains("the same Parquet files: a string column and a struct column"));
 }

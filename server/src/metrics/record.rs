@@ -168,14 +168,14 @@ pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &App
             |r| r.decoded_hits,
         ),
         (
-            "joader_parquet_record_groups_total",
-            "row groups' record columns (struct or list small fields) of a parquet dataset assembled whole",
-            |r| r.record_groups,
+            "joader_parquet_field_groups_total",
+            "row groups' small-field columns of a parquet dataset read whole (once while their values are kept)",
+            |r| r.field_groups,
         ),
         (
-            "joader_parquet_record_hits_total",
-            "small-field values of a parquet dataset served from the record columns kept (32 MiB)",
-            |r| r.record_hits,
+            "joader_parquet_field_hits_total",
+            "small-field values of a parquet dataset served from the row groups' values kept (32 MiB)",
+            |r| r.field_hits,
         ),
     ];
     for (name, help, field) in parquet {

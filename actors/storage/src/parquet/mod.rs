@@ -586,6 +586,37 @@ fn read_cell(
     Ok(if present { values.pop() } else { None })
 }
 
+/// Every row's value of binary leaf `leaf` in a row group (`None`: null), read in one pass
+/// over its pages.
+pub(super) fn read_cells(
+    reader: &Arc<Input>,
+    group: &RowGroupMetaData,
+    leaf: usize,
+) -> Result<Vec<Option<ByteArray>>, ParquetError> {
+    let mut column = column_reader::<ByteArrayType>(reader, group, leaf)?;
+    let rows = usize::try_from(group.num_rows()).unwrap_or(0);
+    let max_def = group.schema_descr().column(leaf).max_def_level();
+    let mut out = Vec::with_capacity(rows);
+    while out.len() < rows {
+        let (mut defs, mut values) = (Vec::new(), Vec::new());
+        let (records, _, _) =
+            column.read_records(rows - out.len(), Some(&mut defs), None, &mut values)?;
+        if records == 0 {
+            return Err(ParquetError::General(
+                "the row group has fewer rows than its metadata says (the file changed since \
+                 indexing?)"
+                    .into(),
+            ));
+        }
+        let mut values = values.into_iter();
+        for k in 0..records {
+            let present = max_def == 0 || defs.get(k) == Some(&max_def);
+            out.push(if present { values.next() } else { None });
+        }
+    }
+    Ok(out)
+}
+
 fn column_reader<T: DataType>(
     reader: &Arc<Input>,
     group: &RowGroupMetaData,

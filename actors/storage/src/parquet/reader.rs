@@ -45,8 +45,8 @@ pub(super) const MAX_OPEN_FILES: usize = 256;
 pub(super) const DIRECTORY_BUDGET: usize = 64 << 20;
 /// Bytes of decoded rows kept.
 pub(super) const DECODED_BUDGET: usize = 64 << 20;
-/// Bytes of small-field values assembled from record columns kept.
-pub(super) const RECORDS_BUDGET: usize = 32 << 20;
+/// Bytes of small-field values kept (row groups' values of the fields' columns).
+pub(super) const FIELDS_BUDGET: usize = 32 << 20;
 
 /// What the reads of a dataset have cost so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,11 +62,11 @@ pub struct ParquetReads {
     pub groups_decoded: u64,
     /// Rows served from decoded rows kept.
     pub decoded_hits: u64,
-    /// Row groups' record columns (struct, list: a small field that is not one binary
-    /// column) assembled whole, once for the group's rows read while it is kept.
-    pub record_groups: u64,
-    /// Small-field values served from the record columns kept.
-    pub record_hits: u64,
+    /// Row groups' small-field columns read whole (a binary column in one pass, a struct or
+    /// list assembled), once for the group's rows read while their values are kept.
+    pub field_groups: u64,
+    /// Small-field values served from those kept.
+    pub field_hits: u64,
 }
 
 #[derive(Default)]
@@ -76,8 +76,8 @@ struct Counters {
     bytes_decompressed: AtomicU64,
     groups_decoded: AtomicU64,
     decoded_hits: AtomicU64,
-    record_groups: AtomicU64,
-    record_hits: AtomicU64,
+    field_groups: AtomicU64,
+    field_hits: AtomicU64,
 }
 
 /// A file's descriptor and parsed footer.
@@ -97,12 +97,12 @@ type Slot = Mutex<Option<Option<Arc<Directory>>>>;
 /// A row group's decoded image column: each row's bytes (`None`: null).
 type Decoded = Arc<Vec<Option<ByteArray>>>;
 
-/// A row group's values of one small field read from a record column: each row's value as
-/// the field's bytes (`None`: null), or why it cannot be one.
-pub(super) type Records = Arc<Vec<Result<Option<Vec<u8>>, String>>>;
+/// A row group's values of one small field: each row's value as the field's bytes (`None`:
+/// null), or why it cannot be one.
+pub(super) type FieldValuesOfGroup = Arc<Vec<Result<Option<Vec<u8>>, String>>>;
 
-/// A row group's record column values: `None` until assembled.
-type RecordSlot = Mutex<Option<Records>>;
+/// A row group's values of one small field: `None` until read.
+type FieldSlot = Mutex<Option<FieldValuesOfGroup>>;
 
 /// How a dataset whose files are objects opens one (the `s3` source installs it when it
 /// opens the dataset; without one, the index's files are local paths).
@@ -119,7 +119,7 @@ pub(crate) struct Reader {
     groups: Mutex<Fifo<(u32, u32), Arc<Slot>>>,
     decoded: Mutex<Fifo<(u32, u32), Decoded>>,
     /// By (file, group, small field's number).
-    records: Mutex<Fifo<(u32, u32, u32), Arc<RecordSlot>>>,
+    fields: Mutex<Fifo<(u32, u32, u32), Arc<FieldSlot>>>,
     counters: Counters,
     budgets: Budgets,
 }
@@ -130,7 +130,7 @@ pub(super) struct Budgets {
     pub(super) files: usize,
     pub(super) directories: usize,
     pub(super) decoded: usize,
-    pub(super) records: usize,
+    pub(super) fields: usize,
 }
 
 impl Default for Budgets {
@@ -139,7 +139,7 @@ impl Default for Budgets {
             files: MAX_OPEN_FILES,
             directories: DIRECTORY_BUDGET,
             decoded: DECODED_BUDGET,
-            records: RECORDS_BUDGET,
+            fields: FIELDS_BUDGET,
         }
     }
 }
@@ -214,8 +214,8 @@ impl Reader {
             bytes_decompressed: get(&c.bytes_decompressed),
             groups_decoded: get(&c.groups_decoded),
             decoded_hits: get(&c.decoded_hits),
-            record_groups: get(&c.record_groups),
-            record_hits: get(&c.record_hits),
+            field_groups: get(&c.field_groups),
+            field_hits: get(&c.field_hits),
         }
     }
 
@@ -301,36 +301,44 @@ impl Reader {
         Ok(found)
     }
 
-    /// The values of small field `field` in group `group` of file `n`, from those kept, or
-    /// assembled by `assemble` (the group's record column read whole once, rather than the
-    /// rows up to each one for every row read) and kept unless they alone exceed the budget;
-    /// readers of a group being assembled wait for it rather than assemble it again.
-    pub(super) fn records(
+    /// True if the values of small field `key.2` in group `key.1` of file `key.0` are kept.
+    pub(super) fn has_field_values(&self, key: (u32, u32, u32)) -> bool {
+        // The slot is locked after the map is let go: `field_values` holds a slot while it
+        // inserts into the map.
+        let slot = lock(&self.fields).get(&key).cloned();
+        slot.is_some_and(|slot| lock(&slot).is_some())
+    }
+
+    /// The values of small field `key.2` in group `key.1` of file `key.0`, from those kept,
+    /// or read by `read` (the group's column read whole once, rather than the rows up to each
+    /// one for every row read) and kept unless they alone exceed the budget; readers of a
+    /// group being read wait for it rather than read it again.
+    pub(super) fn field_values(
         &self,
         key: (u32, u32, u32),
-        assemble: impl FnOnce() -> Result<Records, String>,
-    ) -> Result<Records, String> {
-        let slot = lock(&self.records).slot(key, 0, self.budgets.records);
+        read: impl FnOnce() -> Result<FieldValuesOfGroup, String>,
+    ) -> Result<FieldValuesOfGroup, String> {
+        let slot = lock(&self.fields).slot(key, 0, self.budgets.fields);
         let mut state = lock(&slot);
         if let Some(r) = &*state {
-            self.count(&self.counters.record_hits, 1);
+            self.count(&self.counters.field_hits, 1);
             return Ok(r.clone());
         }
-        let records = assemble()?;
-        self.count(&self.counters.record_groups, 1);
-        let cost = records
+        let values = read()?;
+        self.count(&self.counters.field_groups, 1);
+        let cost = values
             .iter()
             .map(|v| v.as_ref().map_or(0, |b| b.as_ref().map_or(0, Vec::len)) + 32)
             .sum();
-        if cost <= self.budgets.records {
-            *state = Some(records.clone());
-            lock(&self.records).insert(key, slot.clone(), cost, self.budgets.records);
+        if cost <= self.budgets.fields {
+            *state = Some(values.clone());
+            lock(&self.fields).insert(key, slot.clone(), cost, self.budgets.fields);
         } else {
             // Not kept: its empty slot still counts, so that such slots stay bounded.
-            let empty = size_of::<RecordSlot>();
-            lock(&self.records).insert(key, slot.clone(), empty, self.budgets.records);
+            let empty = size_of::<FieldSlot>();
+            lock(&self.fields).insert(key, slot.clone(), empty, self.budgets.fields);
         }
-        Ok(records)
+        Ok(values)
     }
 
     /// Keeps a group's decoded rows, unless they alone exceed the budget.

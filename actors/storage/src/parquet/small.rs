@@ -12,12 +12,12 @@
 //!
 //! The columns are checked when the dataset is indexed (present in every file, of a shape
 //! the field's kind can take); a null value is the element's error when it is read. A value
-//! is read by the `parquet` crate's column reader (binary columns: the pages before the row
-//! by their headers), or from the row group's values of a record column: the first read of
-//! a row of the group assembles the column's values of all its rows with the crate's record
-//! reader and keeps them in the dataset's read state (`reader.rs`, [`super::reader`]'s
-//! `RECORDS_BUDGET`, the oldest dropped first), so that the group's other rows cost a lookup
-//! instead of assembling every row before theirs again.
+//! is read from the row group's values of its column: the first read of a row of the group
+//! reads the column's values of all its rows (a binary column with the crate's column reader,
+//! in one pass over its pages; any other assembled with its record reader) and keeps them in
+//! the dataset's read state (`reader.rs`, `FIELDS_BUDGET`, the oldest dropped first), so that
+//! the group's other rows cost a lookup instead of reading or assembling every row before
+//! theirs again.
 
 use std::sync::Arc;
 
@@ -30,8 +30,8 @@ use parquet::record::{Field, Row};
 use parquet::schema::types::{SchemaDescriptor, Type};
 
 use super::super::fields::{FieldKind, FieldSpec, Fields};
-use super::reader::{OpenFile, Reader, Records};
-use super::{chunk_range, read_cell};
+use super::reader::{FieldValuesOfGroup, OpenFile, Reader};
+use super::{chunk_range, read_cells};
 use crate::tar_shards::FieldValues;
 
 /// Where a small field's values are in a file.
@@ -129,11 +129,15 @@ pub(super) fn read(
     row: u32,
 ) -> Result<FieldValues, String> {
     let meta = file.meta.row_group(group as usize);
-    // An object's chunks of these columns, each with one GET, all at once.
+    // The columns whose values for the group are not kept: an object's chunks of these,
+    // each with one GET, all at once.
     let schema = meta.schema_descr();
+    let key = |i: usize| (n, group, i as u32);
     let chunks: Vec<_> = columns
         .iter()
-        .flat_map(|c| match c {
+        .enumerate()
+        .filter(|(i, _)| !reader.has_field_values(key(*i)))
+        .flat_map(|(_, c)| match c {
             Column::Binary(leaf) => vec![*leaf],
             Column::Record { name, .. } => (0..schema.num_columns())
                 .filter(|&i| schema.column(i).path().parts().first() == Some(name))
@@ -141,30 +145,37 @@ pub(super) fn read(
         })
         .map(|leaf| chunk_range(meta, leaf))
         .collect();
-    file.file.prefetch(&chunks)?;
+    if !chunks.is_empty() {
+        file.file.prefetch(&chunks)?;
+    }
     columns
         .iter()
         .zip(fields.small())
         .enumerate()
         .map(|(i, (c, (name, spec)))| {
-            let value = match c {
-                Column::Binary(leaf) => read_cell(&file.file, meta, *leaf, row as usize)
-                    .map(|v| v.map(|b| b.data().to_vec()))
+            let values = reader.field_values(key(i), || match c {
+                Column::Binary(leaf) => read_cells(&file.file, meta, *leaf)
+                    .map(|cells| {
+                        Arc::new(
+                            cells
+                                .into_iter()
+                                .map(|v| Ok(v.map(|b| b.data().to_vec())))
+                                .collect(),
+                        )
+                    })
                     .map_err(|e| e.to_string()),
                 Column::Record {
                     name: column,
                     dtype,
                     depth,
-                } => reader
-                    .records((n, group, i as u32), || {
-                        records(file, group, column, spec, *dtype, *depth)
-                    })
-                    .and_then(|r| match r.get(row as usize) {
-                        Some(v) => v.clone(),
-                        None => Err("the row is missing (the file changed since indexing?)".into()),
-                    }),
-            };
-            value.map_err(|e| format!("field `{name}`: {e}"))
+                } => records(file, group, column, spec, *dtype, *depth),
+            });
+            values
+                .and_then(|r| match r.get(row as usize) {
+                    Some(v) => v.clone(),
+                    None => Err("the row is missing (the file changed since indexing?)".into()),
+                })
+                .map_err(|e| format!("field `{name}`: {e}"))
         })
         .collect()
 }
@@ -178,7 +189,7 @@ fn records(
     spec: &FieldSpec,
     dtype: Option<&str>,
     depth: usize,
-) -> Result<Records, String> {
+) -> Result<FieldValuesOfGroup, String> {
     let meta = file.meta.row_group(group as usize);
     let schema = file.meta.file_metadata().schema_descr();
     let Some(field) = schema
