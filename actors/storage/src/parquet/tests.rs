@@ -909,3 +909,55 @@ fn a_store_that_fails_is_the_error_of_indexing_and_of_reads_not_a_damaged_file()
     store.down.store(false, Relaxed);
     assert_eq!(ix.read(1).unwrap(), image(2));
 }
+
+/// Loader threads reading rows and their small fields at once (a struct column as `json`,
+/// kept per row group): every thread gets the values a lone reader gets, each group's column
+/// is read once while kept, and no two threads wait on each other for good (the test fails
+/// after a minute instead of hanging).
+#[test]
+fn loader_threads_share_the_fields_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_layouts(tmp.path());
+    let fields = serde_json::json!({
+        "img": {"kind": "image", "from": "image"},
+        "label": {"kind": "class"},
+        "whole": {"kind": "json", "from": "image"},
+    });
+    let ix = index_of(&spec(&[tmp.path()], Some(fields.clone())), tmp.path()).unwrap();
+    let n = ix.len() as u32;
+    let fields_of = |ix: &DatasetIndex, id: u32| {
+        let sample = ix.split(id, ix.read(id).unwrap()).unwrap();
+        sample
+            .fields
+            .into_iter()
+            .map(|f| f.value)
+            .collect::<Vec<_>>()
+    };
+    // A lone reader on a copy of the index (its own read state).
+    let alone = index_of(&spec(&[tmp.path()], Some(fields)), tmp.path()).unwrap();
+    let expected: Vec<_> = (0..n).map(|id| fields_of(&alone, id)).collect();
+    let (done, finished) = std::sync::mpsc::channel();
+    let ix = Arc::new(ix);
+    let expected = Arc::new(expected);
+    for t in 0..4u32 {
+        let (ix, expected, done) = (ix.clone(), expected.clone(), done.clone());
+        std::thread::spawn(move || {
+            for id in shuffled(n).map(|i| (i + t * 5) % n) {
+                assert_eq!(fields_of(&ix, id), expected[id as usize], "item {id}");
+            }
+            done.send(()).unwrap();
+        });
+    }
+    for _ in 0..4 {
+        finished
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("a reader thread failed or is stuck");
+    }
+    let reads = ix.parquet_reads().unwrap();
+    assert!(reads.field_groups >= 1, "{reads:?}");
+    assert_eq!(
+        reads.field_groups + reads.field_hits,
+        4 * u64::from(n),
+        "{reads:?}"
+    );
+}
