@@ -82,7 +82,7 @@ pub mod server {
     /// Rendering `/metrics` and sampling the dashboard's history.
     pub static METRICS: Stage = Stage::new("metrics");
     /// Object-store requests: the fetch stage's runtime threads (requests, bodies, the disk
-    /// tier's reads, fetch-ahead's bookkeeping).
+    /// tier's reads, fetch-ahead's bookkeeping) and the disk tier's writer thread.
     pub static FETCH: Stage = Stage::new("fetch");
 }
 

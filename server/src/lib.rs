@@ -77,7 +77,12 @@ pub async fn run(
                 .with_environment();
         let tier = match &config.disk_cache {
             Some(dir) => {
-                let tier = joader_storage::tier::DiskTier::open(dir, config.disk_cache_bytes)?;
+                // Its writer thread's CPU is the object-store stage's.
+                let tier = joader_storage::tier::DiskTier::open_with(
+                    dir,
+                    config.disk_cache_bytes,
+                    || dataplane::stages::set_base(&dataplane::stages::server::FETCH),
+                )?;
                 tracing::info!(dir = %dir.display(), bytes = config.disk_cache_bytes, objects = tier.stats().objects.load(std::sync::atomic::Ordering::Relaxed), "disk cache opened");
                 Some(Arc::new(tier))
             }

@@ -180,6 +180,16 @@ impl DiskTier {
     /// headers (damaged ones are removed; the most recently written are kept when there are
     /// more than `capacity` holds). Starts the writer thread.
     pub fn open(dir: &Path, capacity: u64) -> Result<DiskTier, TierError> {
+        Self::open_with(dir, capacity, || {})
+    }
+
+    /// [`DiskTier::open`], the writer thread running `on_thread_start` first (the server names
+    /// its CPU accounting stage).
+    pub fn open_with(
+        dir: &Path,
+        capacity: u64,
+        on_thread_start: impl FnOnce() + Send + 'static,
+    ) -> Result<DiskTier, TierError> {
         if capacity == 0 {
             return Err(TierError::Empty);
         }
@@ -227,7 +237,10 @@ impl DiskTier {
         let writer = inner.clone();
         let writer = std::thread::Builder::new()
             .name("joader-tier".into())
-            .spawn(move || writer.write_all(rx))
+            .spawn(move || {
+                on_thread_start();
+                writer.write_all(rx)
+            })
             .map_err(io)?;
         Ok(DiskTier {
             inner,

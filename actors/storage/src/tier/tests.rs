@@ -23,6 +23,20 @@ fn payload(n: u32) -> Bytes {
 }
 
 #[test]
+fn the_writer_thread_runs_the_start_hook_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = DiskTier::open_with(dir.path(), 1 << 20, move || {
+        let name = std::thread::current().name().map(str::to_owned);
+        tx.send(name).unwrap();
+    })
+    .unwrap();
+    let name = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+    assert_eq!(name.as_deref(), Some("joader-tier"));
+    drop(t);
+}
+
+#[test]
 fn stored_objects_are_read_back_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     {
