@@ -646,6 +646,7 @@ class Loader:
         each item's boxes moved from the stored image to the delivered one (see
         `joader.boxes.move_field`)."""
         moved: Dict[str, Any] = {}
+        crops: Optional[List[Tuple[Any, bool, Any]]] = None
         for name, spec in self._boxes.items():
             boxes_spec = spec["boxes"]
             with_ = [] if isinstance(boxes_spec, str) else [w for w in boxes_spec.get("with") or []
@@ -653,15 +654,12 @@ class Loader:
             if name not in small or (name not in values and not with_):
                 continue
             items = values[name] if name in values else _field_values(*small[name])
-            aug = self.transform if isinstance(self.transform, RandomResizedCrop) else None
+            if crops is None:
+                crops = self._crops(d, len(items))
             sources, cached = d["source_sizes"], d["cached_sizes"]
             new_items, keeps = [], []
             for i, item in enumerate(items):
-                window, flip, size = None, False, None
-                if aug is not None:
-                    top, left, h, w, flip = aug.draw(int(cached[i][0]), int(cached[i][1]), self.seed,
-                                                     int(d["epochs"][i]), int(d["positions"][i]))
-                    window, size = (top, left, h, w), (aug.height, aug.width)
+                window, flip, size = crops[i]
                 new, keep, n = boxes_module.move_field(item, spec, sources[i], cached[i], self._pipeline,
                                                        window, flip, size)
                 new_items.append(new)
@@ -672,6 +670,24 @@ class Loader:
                 vals = moved.get(w, values[w])
                 moved[w] = [boxes_module.keep_entries(v, k, n, w) for v, (k, n) in zip(vals, keeps)]
         return moved
+
+    def _crops(self, d: Dict[str, Any], n: int) -> List[Tuple[Any, bool, Any]]:
+        """Each item's crop window, flip and output size (``(None, False, None)`` without a
+        crop): a padded batch's own, else drawn natively as the crop drew them, once per batch
+        for every boxes field."""
+        aug = self.transform if isinstance(self.transform, RandomResizedCrop) else None
+        if aug is None:
+            return [(None, False, None)] * n
+        size = (aug.height, aug.width)
+        if "boxes" in d and "flips" in d:
+            return [(tuple(int(v) for v in d["boxes"][i]), bool(d["flips"][i]), size) for i in range(n)]
+        cached = d["cached_sizes"]
+        out = []
+        for i in range(n):
+            top, left, h, w, flip = aug.draw(int(cached[i][0]), int(cached[i][1]), self.seed,
+                                             int(d["epochs"][i]), int(d["positions"][i]))
+            out.append(((top, left, h, w), flip, size))
+        return out
 
     def _start(self, resume: Optional[Dict[str, Any]]) -> None:
         """Registers the job (resumed from ``resume``) and starts the prefetch of this rank's ring."""

@@ -301,12 +301,15 @@ impl Reader {
         Ok(found)
     }
 
-    /// True if the values of small field `key.2` in group `key.1` of file `key.0` are kept.
-    pub(super) fn has_field_values(&self, key: (u32, u32, u32)) -> bool {
+    /// The values of small field `key.2` in group `key.1` of file `key.0` when they are kept
+    /// (counted as a hit), else `None`.
+    pub(super) fn kept_field_values(&self, key: (u32, u32, u32)) -> Option<FieldValuesOfGroup> {
         // The slot is locked after the map is let go: `field_values` holds a slot while it
         // inserts into the map.
-        let slot = lock(&self.fields).get(&key).cloned();
-        slot.is_some_and(|slot| lock(&slot).is_some())
+        let slot = lock(&self.fields).get(&key).cloned()?;
+        let kept = lock(&slot).clone()?;
+        self.count(&self.counters.field_hits, 1);
+        Some(kept)
     }
 
     /// The values of small field `key.2` in group `key.1` of file `key.0`, from those kept,

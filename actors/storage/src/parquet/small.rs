@@ -133,11 +133,14 @@ pub(super) fn read(
     // each with one GET, all at once.
     let schema = meta.schema_descr();
     let key = |i: usize| (n, group, i as u32);
+    let mut kept: Vec<_> = (0..columns.len())
+        .map(|i| reader.kept_field_values(key(i)))
+        .collect();
     let chunks: Vec<_> = columns
         .iter()
-        .enumerate()
-        .filter(|(i, _)| !reader.has_field_values(key(*i)))
-        .flat_map(|(_, c)| match c {
+        .zip(&kept)
+        .filter(|(_, k)| k.is_none())
+        .flat_map(|(c, _)| match c {
             Column::Binary(leaf) => vec![*leaf],
             Column::Record { name, .. } => (0..schema.num_columns())
                 .filter(|&i| schema.column(i).path().parts().first() == Some(name))
@@ -153,23 +156,26 @@ pub(super) fn read(
         .zip(fields.small())
         .enumerate()
         .map(|(i, (c, (name, spec)))| {
-            let values = reader.field_values(key(i), || match c {
-                Column::Binary(leaf) => read_cells(&file.file, meta, *leaf)
-                    .map(|cells| {
-                        Arc::new(
-                            cells
-                                .into_iter()
-                                .map(|v| Ok(v.map(|b| b.data().to_vec())))
-                                .collect(),
-                        )
-                    })
-                    .map_err(|e| e.to_string()),
-                Column::Record {
-                    name: column,
-                    dtype,
-                    depth,
-                } => records(file, group, column, spec, *dtype, *depth),
-            });
+            let values = match kept[i].take() {
+                Some(values) => Ok(values),
+                None => reader.field_values(key(i), || match c {
+                    Column::Binary(leaf) => read_cells(&file.file, meta, *leaf)
+                        .map(|cells| {
+                            Arc::new(
+                                cells
+                                    .into_iter()
+                                    .map(|v| Ok(v.map(|b| b.data().to_vec())))
+                                    .collect(),
+                            )
+                        })
+                        .map_err(|e| e.to_string()),
+                    Column::Record {
+                        name: column,
+                        dtype,
+                        depth,
+                    } => records(file, group, column, spec, *dtype, *depth),
+                }),
+            };
             values
                 .and_then(|r| match r.get(row as usize) {
                     Some(v) => v.clone(),
