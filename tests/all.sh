@@ -16,13 +16,13 @@ if ! command -v nasm >/dev/null || ! command -v chromium >/dev/null || ! command
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nasm chromium prometheus >/dev/null
 fi
-# The decode tests fetch real photos from the scikit-image and scikit-learn wheels with pip
-# (into the build's temporary folder) and compare against Pillow when it is installed.
-python3 -m pip --version >/dev/null
-# The tests that need them fail (instead of skipping) when they are missing: the Rust tests,
-# and the Python suites through `need` in their conftest.py (torch, scikit-learn, Pillow: the
-# steps below install them, torch with torchvision in one pip command; a failed install fails
-# the run).
+
+echo "== python: one environment, synced to tests/requirements.lock before any test (tests/pyenv.sh)"
+# Every step below, the Rust tests that run python3 included, sees this environment's python3
+# first on PATH and nothing of the system's site-packages. No test installs anything.
+source tests/pyenv.sh
+# The tests that need a tool fail (instead of skipping) when it is missing: the Rust tests,
+# and the Python suites through `need` in their conftest.py.
 export JOADER_REQUIRE_TOOLS=1
 
 echo "== s3s-fs, the real S3 server of the s3 source's tests (built once, kept in the target dir)"
@@ -37,17 +37,20 @@ echo "== formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-echo "== rust tests"
+echo "== builds: the joader binary, the data plane's fixture writer, the Python package (into the environment)"
+# Everything any test runs is built before the first test, so that the order of the steps
+# below does not matter.
 cargo build --quiet -p joader-tools --bin joader
+bash dataplane/python/ci.sh --build
+
+echo "== rust tests"
 cargo test --workspace
 
-echo "== REST API fuzzing: schemathesis against the real server (installs schemathesis when missing)"
+echo "== REST API fuzzing: schemathesis against the real server"
 JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" bash tests/schemathesis.sh
 
-echo "== python package (installs maturin, numpy, pytest, mypy, and torch with torchvision, when missing)"
+echo "== python package: built into the environment, type-checked, its tests"
 bash dataplane/python/ci.sh
 
-echo "== python client against the real server, and the Kubernetes manifests (installs scikit-learn and Pillow for the training-parity test, kubernetes-validate for the manifests)"
-python3 -c "import sklearn, PIL" 2>/dev/null || python3 -m pip install -q scikit-learn pillow
-python3 -c "import kubernetes_validate" 2>/dev/null || python3 -m pip install -q kubernetes-validate
+echo "== python client against the real server, and the Kubernetes manifests"
 JOADER_BIN="$CARGO_TARGET_DIR/debug/joader" python3 -m pytest -q -p no:cacheprovider tests/python

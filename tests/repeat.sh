@@ -17,6 +17,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+# The Python runs and the Rust tests that call python3 use the test command's environment.
+source tests/pyenv.sh || exit 1
 
 hog=0
 py_expr=""

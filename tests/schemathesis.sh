@@ -3,8 +3,9 @@
 # document the server itself serves (`/v1/openapi.json`). Checks: every answer has a status
 # its operation documents and a body that matches the documented schema, no 5xx except a
 # 503 where the operation documents one (503 means transient: see the ErrorCode schema), a
-# method a path does not have is a 405, and the server is still up afterwards. Installs
-# schemathesis with pip when it is missing.
+# method a path does not have is a 405, and the server is still up afterwards. schemathesis
+# comes from the test command's Python environment (tests/pyenv.sh; sourced here when this
+# script runs alone).
 #
 #   bash tests/schemathesis.sh            # uses $CARGO_TARGET_DIR/debug/joader (built if absent)
 #   ST_MAX_EXAMPLES=200 bash tests/schemathesis.sh   # a longer run
@@ -15,11 +16,13 @@ BIN="${JOADER_BIN:-$CARGO_TARGET_DIR/debug/joader}"
 # Examples per operation in the fuzzing phase: 150 make a run of about 15 s.
 MAX_EXAMPLES="${ST_MAX_EXAMPLES:-150}"
 
+source tests/pyenv.sh
 # The CLI's flags and config keys are those of schemathesis 4.
 version="$(python3 -c 'import importlib.metadata as m; print(m.version("schemathesis"))' \
     2>/dev/null || true)"
 if [ "${version%%.*}" != 4 ]; then
-    python3 -m pip install -q "schemathesis>=4.32,<5"
+    echo "schemathesis 4 is not in the environment ($(command -v python3)): found '${version}'" >&2
+    exit 1
 fi
 [ -x "$BIN" ] || cargo build --quiet -p joader-tools --bin joader
 

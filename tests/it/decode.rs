@@ -8,10 +8,9 @@ use joader_tools::bench::photos::{self, Encoding};
 
 use crate::common::{TempDir, joader};
 
-/// The photos, fetched once into the build's temporary folder (never a dataset folder).
+/// The photos that the installed scikit-image and scikit-learn ship.
 fn real_photos() -> Vec<photos::Photo> {
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("joader-photos");
-    photos::fetch(&cache).expect("fetch the photos of the scikit-image and scikit-learn wheels")
+    photos::fetch().expect("read the photos of the installed scikit-image and scikit-learn")
 }
 
 fn pixels(o: Output) -> (Vec<u8>, u32, u32) {

@@ -5,8 +5,9 @@
 //! damaged files and rows are error records or failed
 //! indexing, and the server lives on.
 //!
-//! `tests/all.sh` sets `JOADER_REQUIRE_TOOLS=1`; the test installs `pyarrow` with pip when
-//! it is missing, and fails (never skips) when it cannot under that variable.
+//! `pyarrow` comes from the test command's Python environment (`tests/requirements.in`); no
+//! test installs it. `tests/all.sh` sets `JOADER_REQUIRE_TOOLS=1`, under which a missing
+//! `pyarrow` fails the test (never skips it).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -77,25 +78,23 @@ pq.write_table(table(junk), os.path.join(out, "junk", "data.parquet"), row_group
 print(len(rows))
 "#;
 
-/// True when `pyarrow` can be imported, after installing it with pip if needed. Without it
-/// the test fails under `JOADER_REQUIRE_TOOLS=1`, else says that it skips.
+/// True when `python3` imports `pyarrow`. Without it the test fails under
+/// `JOADER_REQUIRE_TOOLS=1`, else says that it skips.
 pub(crate) fn pyarrow(test: &str) -> bool {
-    let importable = || {
-        Command::new("python3")
-            .args(["-c", "import pyarrow"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if importable() {
-        return true;
-    }
-    let pip = Command::new("python3")
-        .args(["-m", "pip", "install", "-q", "pyarrow"])
+    let import = Command::new("python3")
+        .args(["-c", "import pyarrow"])
         .output();
-    if importable() {
+    if import.as_ref().is_ok_and(|o| o.status.success()) {
         return true;
     }
-    let why = format!("{test} needs pyarrow, and pip could not install it: {pip:?}");
+    let why = format!(
+        "{test} needs pyarrow, which python3 cannot import (source tests/pyenv.sh for the test \
+         command's environment): {}",
+        match &import {
+            Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+            Err(e) => e.to_string(),
+        }
+    );
     if std::env::var("JOADER_REQUIRE_TOOLS").is_ok_and(|v| v == "1") {
         panic!("{why}; JOADER_REQUIRE_TOOLS=1 forbids skipping");
     }

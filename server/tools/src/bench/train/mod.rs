@@ -77,9 +77,6 @@ pub struct TrainArgs {
     /// Where the generated dataset goes (its `train` folder, `train-quick` with --quick).
     #[arg(long, default_value = "joader-bench-data")]
     pub bench_data: PathBuf,
-    /// Where the photos come from (fetched once by `pip download`, as for `bench decode`).
-    #[arg(long)]
-    pub photo_cache: Option<PathBuf>,
     /// Images of the generated dataset (default 3600; with --quick 120).
     #[arg(long)]
     pub images: Option<u32>,
@@ -210,10 +207,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 &root,
                 args.images.unwrap_or(n),
                 args.classes.unwrap_or(classes),
-                &args
-                    .photo_cache
-                    .clone()
-                    .unwrap_or_else(crate::bench::photos::default_cache),
             )?;
             eprintln!(
                 "dataset: {} ({:.1} s)",
