@@ -181,9 +181,9 @@ fn bench_cluster_quick_prints_every_figure() {
 }
 
 /// `joader bench e2e --quick --only "gpu lock"`: the GPU-lock scenario runs on real photos
-/// (fetched like the decode tests' photos) with a `joader serve` child and prints its section,
-/// every figure present; with two jobs of one dataset sampled together the server decodes at
-/// most once per element per job pair, with room for what the small cache evicts.
+/// (those of the installed scikit-image and scikit-learn) with a `joader serve` child and
+/// prints its section, every figure present; two jobs of one dataset sampled together share
+/// their decodes, far below what two unshared jobs decode.
 #[test]
 fn bench_e2e_gpu_lock_prints_its_section() {
     let dir = TempDir::new("bench-gpu-lock");
@@ -214,8 +214,13 @@ fn bench_e2e_gpu_lock_prints_its_section() {
             .unwrap_or_else(|e| panic!("{line}: {e}"))
     };
     assert!(md.contains("### GPU lock: 2 jobs"), "{md}");
+    // 2 jobs x 2 epochs of 240 images, a cache of 36% of them. Shared decodes: each image
+    // once in the first epoch and the misses of the second, (240 + 0.64 x 240) / 960 = 0.41.
+    // Without sharing each job decodes its own first epoch and its misses of the second:
+    // (480 + 0.64 x 480) / 960 = 0.82. The bound lies between, with room for what the
+    // small cache evicts early.
     let decodes = figure("decodes per delivered image");
-    assert!(decodes > 0.0 && decodes < 1.0, "{md}");
+    assert!(decodes > 0.0 && decodes <= 0.6, "{md}");
     assert!(figure("server CPU ms per decode") > 0.0, "{md}");
     assert!(figure("bare pipeline CPU ms per image") > 0.0, "{md}");
     assert!(figure("bare pipeline on") > 0.0, "{md}");
