@@ -55,11 +55,13 @@ pub(super) fn index(
 ) -> Result<DatasetIndex, StorageError> {
     let manifest = roots.check(path)?;
     let format = Format::of(&manifest, path, "the file name")?;
+    let base = manifest.parent().unwrap_or(Path::new("/")).to_owned();
+    let size = size_hint(&manifest, &base).map_err(|e| StorageError::io(path, e))?;
     let file = File::open(&manifest).map_err(|e| StorageError::io(path, e))?;
     let reader = BufReader::with_capacity(1 << 16, file);
     let mut resolver = Resolver {
         roots,
-        base: manifest.parent().unwrap_or(Path::new("/")).to_owned(),
+        base,
         dirs: HashMap::new(),
     };
     parse(
@@ -69,7 +71,41 @@ pub(super) fn index(
         reader,
         &mut |file| resolver.resolve(file),
         progress,
+        size,
     )
+}
+
+/// The index's column sizes a local manifest needs at most: (entries, bytes of their paths).
+/// Entries are at most its lines; a path is at most its line with the manifest's folder (as
+/// it resolves) before it. One read of the file, which the parse reads again from the page
+/// cache: about 1 % of the indexing time, against the copies of columns grown by doubling.
+fn size_hint(manifest: &Path, base: &Path) -> std::io::Result<SizeHint> {
+    let mut reader = BufReader::with_capacity(1 << 16, File::open(manifest)?);
+    let (mut lines, mut bytes) = (1usize, 0usize);
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            break;
+        }
+        lines += buf.iter().filter(|&&b| b == b'\n').count();
+        bytes += buf.len();
+        let n = buf.len();
+        reader.consume(n);
+    }
+    let folder = std::fs::canonicalize(base)
+        .map_or(0, |c| c.as_os_str().len())
+        .max(base.as_os_str().len());
+    Ok(SizeHint {
+        items: lines,
+        path_bytes: bytes.saturating_add(lines.saturating_mul(folder + 1)),
+    })
+}
+
+/// What [`IndexBuilder::files_with_capacity`] is given.
+#[derive(Clone, Copy, Debug, Default)]
+struct SizeHint {
+    items: usize,
+    path_bytes: usize,
 }
 
 /// Indexes a manifest read from `reader` (named `path`, whose extension gives the format),
@@ -91,7 +127,15 @@ pub(super) fn index_reader(
             ),
         });
     }
-    parse(path, format, fields, reader, resolve, progress)
+    parse(
+        path,
+        format,
+        fields,
+        reader,
+        resolve,
+        progress,
+        SizeHint::default(),
+    )
 }
 
 /// The kinds whose values are a manifest's cells; the others' cells name files.
@@ -140,13 +184,14 @@ fn parse(
     mut reader: impl BufRead,
     resolve: &mut dyn FnMut(&str) -> Result<PathBuf, StorageError>,
     progress: &mut Progress<'_>,
+    size: SizeHint,
 ) -> Result<DatasetIndex, StorageError> {
     let bad = |line: u64, reason: String| StorageError::BadManifest {
         path: path.to_owned(),
         line,
         reason,
     };
-    let mut items = IndexBuilder::files();
+    let mut items = IndexBuilder::files_with_capacity(size.items, size.path_bytes);
     items.sample = fields.map(|f| SampleFields::new(f, false));
     let mut entries = Entries {
         items,
