@@ -63,6 +63,7 @@ pub(super) fn index(
         roots,
         base,
         dirs: HashMap::new(),
+        last: None,
     };
     parse(
         path,
@@ -345,11 +346,20 @@ impl Entries<'_, '_> {
 
 /// Canonicalizes entries against the roots, remembering canonical folders: the entry of a
 /// file that is no symlink is its folder's canonical path joined with its name, one `lstat`
-/// instead of resolving every component of every entry.
+/// instead of resolving every component of every entry. Entries of one folder usually come
+/// together (ImageNet's manifests list a class's files in a row): for those the folder is
+/// recognized by comparing bytes with the last one (no hash of its path), whether it lies
+/// under the roots was decided once, and the `lstat` is made relative to an open descriptor
+/// of the folder (the kernel walks one component, not the whole path: the walks were a
+/// quarter of the indexing time of a 1.28 M-entry manifest).
 struct Resolver<'a> {
     roots: &'a Roots,
     base: PathBuf,
-    dirs: HashMap<PathBuf, PathBuf>,
+    /// Folders met, by their path as written: their canonical path, and whether it lies
+    /// under the roots.
+    dirs: HashMap<PathBuf, (PathBuf, bool)>,
+    /// The folder of the last entry, and a descriptor of it once a second entry of it came.
+    last: Option<(PathBuf, PathBuf, bool, Option<std::fs::File>)>,
 }
 
 impl Resolver<'_> {
@@ -377,16 +387,49 @@ impl Resolver<'_> {
         if !raw.ends_with(name.as_bytes()) || dir.as_os_str().is_empty() {
             return None;
         }
-        if !self.dirs.contains_key(dir) {
-            let canonical = std::fs::canonicalize(dir).ok()?;
-            if self.dirs.len() >= MAX_CACHED_DIRS {
-                self.dirs.clear();
-            }
-            self.dirs.insert(dir.to_owned(), canonical);
+        let same = self
+            .last
+            .as_ref()
+            .is_some_and(|(d, ..)| d.as_os_str().as_bytes() == dir.as_os_str().as_bytes());
+        if !same {
+            let (canonical, inside) = self.folder(dir)?;
+            self.last = Some((dir.to_owned(), canonical, inside, None));
         }
-        let candidate = self.dirs.get(dir)?.join(name);
-        let meta = std::fs::symlink_metadata(&candidate).ok()?;
-        (!meta.file_type().is_symlink() && self.roots.contains(&candidate)).then_some(candidate)
+        let (_, canonical, inside, fd) = self.last.as_mut()?;
+        // A plain name in a folder under the roots lies under the roots.
+        if !*inside {
+            return None;
+        }
+        let is_link = if same {
+            if fd.is_none() {
+                *fd = Some(std::fs::File::open(&*canonical).ok()?);
+            }
+            let st = rustix::fs::statat(fd.as_ref()?, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                .ok()?;
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink
+        } else {
+            std::fs::symlink_metadata(canonical.join(name))
+                .ok()?
+                .file_type()
+                .is_symlink()
+        };
+        (!is_link).then(|| canonical.join(name))
+    }
+
+    /// The canonical path of the folder `dir` and whether it lies under the roots (kept for
+    /// the next entries of it).
+    fn folder(&mut self, dir: &Path) -> Option<(PathBuf, bool)> {
+        if let Some(known) = self.dirs.get(dir) {
+            return Some(known.clone());
+        }
+        let canonical = std::fs::canonicalize(dir).ok()?;
+        let inside = self.roots.contains(&canonical);
+        if self.dirs.len() >= MAX_CACHED_DIRS {
+            self.dirs.clear();
+        }
+        self.dirs
+            .insert(dir.to_owned(), (canonical.clone(), inside));
+        Some((canonical, inside))
     }
 }
 
