@@ -584,7 +584,10 @@ class Loader:
         #: The field names of the dataset's image and class, and the small fields yielded
         #: (``fields``), or None for ``(images, labels)`` batches.
         self.fields: Optional[List[str]] = None
-        self._image_name, self._label_name = "image", "label"
+        #: The image's and the class's field names: "image" and "label" for a dataset that
+        #: declares no fields; a declaration's own names, and no class unless it declares one.
+        self._image_name: str = "image"
+        self._label_name: Optional[str] = "label"
         #: The declared boxes fields, by name (their declarations), moved with the pixels.
         self._boxes: Dict[str, Dict[str, Any]] = {}
         if fields:
@@ -601,6 +604,9 @@ class Loader:
         view = _post_json(f"{self._server.rstrip('/')}/v1/datasets/{urllib.parse.quote(dataset)}", None,
                           self._request_timeout, self._token, method="GET")
         declared: Dict[str, Any] = (view.get("source") or {}).get("fields") or {}
+        if declared:
+            # A field named "label" that is not the class is a field like any other.
+            self._label_name = None
         for name, spec in declared.items():
             if spec.get("kind") == "image":
                 self._image_name = name
@@ -608,7 +614,7 @@ class Loader:
                 self._label_name = name
         small = [n for n, spec in sorted(declared.items()) if spec.get("kind") not in ("image", "class")]
         self._boxes = {n: spec for n, spec in declared.items() if spec.get("boxes") is not None}
-        known = [self._image_name, self._label_name] + small
+        known = [self._image_name] + ([self._label_name] if self._label_name else []) + small
         if fields is True:
             self.fields = known
             return
@@ -632,7 +638,7 @@ class Loader:
         for name in self.fields:
             if name == self._image_name:
                 out[name] = images
-            elif name == self._label_name:
+            elif self._label_name is not None and name == self._label_name:
                 out[name] = labels
             elif name in values:
                 out[name] = moved.get(name, values[name])

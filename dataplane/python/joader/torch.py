@@ -112,18 +112,20 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
     def _dict(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         """A dict batch with tensors: the images and labels through `_pair`, arrays as tensors."""
         image, label = self.loader._image_name, self.loader._label_name
+        has_label = label is not None and label in batch
         out: Dict[str, Any] = {}
-        if image in batch or label in batch:
-            n = len(batch[label]) if label in batch else len(batch[image])
-            labels = batch.get(label, np.zeros((n,), np.int64))
+        if image in batch or has_label:
+            n = len(batch[label]) if label is not None and has_label else len(batch[image])
+            labels = batch[label] if label is not None and has_label else np.zeros((n,), np.int64)
             images = batch.get(image)
             if images is None:
+                assert label is not None
                 y = torch.from_numpy(labels)
                 out[label] = self._send(y, self.device) if self.device is not None else y
             else:
                 x, y = self._pair(images, labels)
                 out[image] = x
-                if label in batch:
+                if label is not None and has_label:
                     out[label] = y
         for name, value in batch.items():
             if name in (image, label):
