@@ -233,6 +233,10 @@ def server() -> Iterator[Dict[str, Any]]:
     views = {
         "wds": create(url, "wds", {"kind": "tar_shards", "paths": [str(data / "wds")], "fields": WDS_FIELDS}),
         "wds_plain": create(url, "wds_plain", {"kind": "tar_shards", "paths": [str(data / "wds")]}),
+        # No class: a small text field that happens to be named "label".
+        "wds_text_label": create(url, "wds_text_label", {"kind": "tar_shards", "paths": [str(data / "wds")],
+                                                         "fields": {"image": {"kind": "image", "from": "jpg"},
+                                                                    "label": {"kind": "text", "from": "txt"}}}),
         "csv": create(url, "csv", {"kind": "manifest", "path": str(data / "manifest.csv"), "fields": CSV_FIELDS}),
         "pq": create(url, "pq", {"kind": "parquet", "paths": [str(data / "pq")], "fields": PQ_FIELDS}),
         "bad": create(url, "bad", {"kind": "tar_shards", "paths": [str(data / "bad")], "fields": WDS_FIELDS}),
@@ -329,6 +333,84 @@ def test_without_asking_a_job_gets_images_and_labels(server: Dict[str, Any]) -> 
     assert sorted(plain[0]) == ["image", "label"]
     with pytest.raises(ValueError, match="no field 'caption'"):
         joader.Loader(server=server["url"], dataset="wds_plain", job="plain-caption", fields=["caption"])
+
+
+def test_a_field_named_label_is_its_values_not_a_class(server: Dict[str, Any]) -> None:
+    """A dataset that declares no class has none: its text field `label` comes back with its
+    own values, once, never as the class's numbers (zeros here)."""
+    import joader
+    with joader.Loader(server=server["url"], dataset="wds_text_label", job="text-label-names",
+                       fields=True) as loader:
+        assert loader.fields == ["image", "label"]
+    items = epoch(server, "wds_text_label", "text-label", fields=True)
+    assert [sorted(it) for it in items] == [["image", "label"]] * N
+    assert [it["label"] for it in items] == [caption(i) for i in range(N)]
+    torch = need("torch", "joader.torch's dict batches")
+    import joader.torch
+    ds = joader.torch.JoaderDataset(server=server["url"], dataset="wds_text_label", job="text-label-torch",
+                                    batch_size=N, epochs=1, pipeline=PIPELINE, fields=True, timeout=60)
+    (batch,) = list(ds)
+    assert isinstance(batch["image"], torch.Tensor) and batch["image"].shape[0] == N
+    assert sorted(batch["label"]) == sorted(caption(i) for i in range(N))
+
+
+#: Every Arrow integer and float type, as a Parquet list column, and the dtype its `.npy`
+#: values keep (pyarrow stores the small integers as INT32 with their logical type).
+NUMBER_TYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                "float16", "float32", "float64"]
+
+
+def number_values(dtype: str, i: int) -> np.ndarray:
+    """Three values of `dtype` for row i, at the type's limits where it has any."""
+    info = np.iinfo(dtype) if dtype.startswith(("int", "uint")) else np.finfo(dtype)
+    return np.array([info.min if dtype.startswith("int") else 0, i, info.max], dtype=dtype)
+
+
+def test_parquet_number_columns_keep_their_dtype(server: Dict[str, Any]) -> None:
+    """Each integer and float column comes back as an array of its own dtype and values
+    (Hugging Face's `Sequence(Value("uint8"))` columns among them); columns of integers that
+    are not numbers (dates, timestamps, decimals) are refused at indexing, naming what they
+    hold."""
+    import decimal
+    import joader
+    pa = need("pyarrow", "the parquet layout")
+    pq = need("pyarrow.parquet", "the parquet layout")
+    data: Path = server["data"]
+    folder = data / "pq_types"
+    folder.mkdir(exist_ok=True)
+    images = server["images"]
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("image", image_type)] + [(t, pa.list_(getattr(pa, t)())) for t in NUMBER_TYPES])
+    rows = [{"image": {"bytes": p.read_bytes(), "path": p.name},
+             **{t: number_values(t, i) for t in NUMBER_TYPES}} for i, p in enumerate(images)]
+    table = pa.Table.from_pydict({name: [r[name] for r in rows] for name in schema.names}, schema=schema)
+    pq.write_table(table, folder / "numbers.parquet", row_group_size=4)
+    fields = {"image": {"kind": "image", "from": "image"}, **{t: {"kind": "npy", "from": t} for t in NUMBER_TYPES}}
+    create(server["url"], "pq_types", {"kind": "parquet", "paths": [str(folder)], "fields": fields})
+    items = epoch(server, "pq_types", "pq-types", fields=True)
+    assert len(items) == N
+    for i, item in enumerate(items):
+        for t in NUMBER_TYPES:
+            got = item[t]
+            assert got.dtype == np.dtype(t), (t, got.dtype)
+            np.testing.assert_array_equal(got, number_values(t, i), err_msg=t)
+    # Integers that are not numbers: refused when the dataset is indexed.
+    for name, typ, value, what in [("day", pa.date32(), 19000, "dates"),
+                                   ("at", pa.timestamp("ms"), 1_700_000_000_000, "timestamps"),
+                                   ("price", pa.decimal128(9, 2), decimal.Decimal("1.25"), "decimals")]:
+        bad_folder = data / f"pq_{name}"
+        bad_folder.mkdir(exist_ok=True)
+        bad_schema = pa.schema([("image", image_type), (name, pa.list_(typ))])
+        pq.write_table(pa.Table.from_pydict({"image": [rows[0]["image"]], name: [[value]]}, schema=bad_schema),
+                       bad_folder / "bad.parquet")
+        status, body = post(server["url"], "/v1/datasets", {
+            "name": f"pq_{name}", "source": {"kind": "parquet", "paths": [str(bad_folder)], "fields": {
+                "image": {"kind": "image", "from": "image"}, name: {"kind": "npy", "from": name}}}})
+        if status < 300:
+            body = wait_indexed(server["url"], f"pq_{name}")
+        text = json.dumps(body)
+        assert "failed" in text or status >= 400, body
+        assert f"column `{name}`" in text and what in text, body
 
 
 @pytest.mark.parametrize("dataset,bad", [

@@ -91,21 +91,15 @@ fn column(schema: &SchemaDescriptor, name: &str, spec: &FieldSpec) -> Result<Col
         return Ok(Column::Binary(i));
     }
     let dtype = match leaves.as_slice() {
-        [i] => match schema.column(*i).physical_type() {
-            PhysicalType::FLOAT => Some("<f4"),
-            PhysicalType::DOUBLE => Some("<f8"),
-            PhysicalType::INT32 => Some("<i4"),
-            PhysicalType::INT64 => Some("<i8"),
-            _ => None,
-        },
-        _ => None,
+        [i] => number_dtype(&schema.column(*i)),
+        _ => Err("not binary, nor a list of numbers".to_owned()),
     };
-    match spec.kind {
-        FieldKind::Json => {}
-        FieldKind::Npy if dtype.is_some() => {}
-        FieldKind::Npy => return bad("not binary, nor a list of numbers"),
+    let dtype = match (spec.kind, dtype) {
+        (FieldKind::Json, dtype) => dtype.ok(),
+        (FieldKind::Npy, Ok(dtype)) => Some(dtype),
+        (FieldKind::Npy, Err(why)) => return bad(&why),
         _ => return bad("not a binary or string column"),
-    }
+    };
     let depth = match leaves.as_slice() {
         [i] => usize::try_from(schema.column(*i).max_rep_level()).unwrap_or(0),
         _ => 0,
@@ -115,6 +109,58 @@ fn column(schema: &SchemaDescriptor, name: &str, spec: &FieldSpec) -> Result<Col
         dtype,
         depth,
     })
+}
+
+/// The `.npy` dtype of a column of numbers, as Arrow (and so `datasets` and pyarrow) stores
+/// them: the physical type and its logical (or older converted) type, so that a `uint8`
+/// column is `|u1`, not the `INT32` it is stored as. Integers that are not numbers (dates,
+/// times, timestamps, decimals) are refused, naming what they are.
+fn number_dtype(c: &parquet::schema::types::ColumnDescriptor) -> Result<&'static str, String> {
+    use parquet::basic::{ConvertedType as C, LogicalType as L};
+    let not_numbers = |what: &str| Err(format!("it holds {what}, not numbers"));
+    match c.logical_type_ref() {
+        Some(L::Integer(t)) => {
+            return match (t.bit_width, t.is_signed) {
+                (8, true) => Ok("|i1"),
+                (8, false) => Ok("|u1"),
+                (16, true) => Ok("<i2"),
+                (16, false) => Ok("<u2"),
+                (32, true) => Ok("<i4"),
+                (32, false) => Ok("<u4"),
+                (64, true) => Ok("<i8"),
+                (64, false) => Ok("<u8"),
+                (bits, _) => Err(format!("an integer of {bits} bits")),
+            };
+        }
+        Some(L::Float16) => return Ok("<f2"),
+        Some(L::Date) => return not_numbers("dates"),
+        Some(L::Time(_)) => return not_numbers("times of day"),
+        Some(L::Timestamp(_)) => return not_numbers("timestamps"),
+        Some(L::Decimal(_)) => return not_numbers("decimals"),
+        Some(_) | None => {}
+    }
+    match c.converted_type() {
+        C::INT_8 => return Ok("|i1"),
+        C::UINT_8 => return Ok("|u1"),
+        C::INT_16 => return Ok("<i2"),
+        C::UINT_16 => return Ok("<u2"),
+        C::UINT_32 => return Ok("<u4"),
+        C::UINT_64 => return Ok("<u8"),
+        C::DATE => return not_numbers("dates"),
+        C::TIME_MILLIS | C::TIME_MICROS => return not_numbers("times of day"),
+        C::TIMESTAMP_MILLIS | C::TIMESTAMP_MICROS => return not_numbers("timestamps"),
+        C::DECIMAL => return not_numbers("decimals"),
+        C::INTERVAL => return not_numbers("intervals"),
+        _ => {}
+    }
+    match c.physical_type() {
+        PhysicalType::FLOAT => Ok("<f4"),
+        PhysicalType::DOUBLE => Ok("<f8"),
+        PhysicalType::INT32 => Ok("<i4"),
+        PhysicalType::INT64 => Ok("<i8"),
+        PhysicalType::INT96 => not_numbers("timestamps (INT96)"),
+        _ => Err("not binary, nor a list of numbers".to_owned()),
+    }
 }
 
 /// The values of the small fields (`None`: null) of row `row` of group `group` of file
@@ -259,6 +305,7 @@ fn convert(
 enum Number {
     F(f64),
     I(i64),
+    U(u64),
 }
 
 /// Appends the numbers of a (nested) list to `values`, checking that lists at one depth all
@@ -270,10 +317,17 @@ fn flatten(
     values: &mut Vec<Number>,
 ) -> Result<(), String> {
     let n = match f {
+        Field::Float16(v) => Number::F(f64::from(v.to_f32())),
         Field::Float(v) => Number::F(f64::from(*v)),
         Field::Double(v) => Number::F(*v),
+        Field::Byte(v) => Number::I(i64::from(*v)),
+        Field::Short(v) => Number::I(i64::from(*v)),
         Field::Int(v) => Number::I(i64::from(*v)),
         Field::Long(v) => Number::I(*v),
+        Field::UByte(v) => Number::U(u64::from(*v)),
+        Field::UShort(v) => Number::U(u64::from(*v)),
+        Field::UInt(v) => Number::U(u64::from(*v)),
+        Field::ULong(v) => Number::U(*v),
         Field::ListInternal(list) => {
             let items = list.elements();
             match shape.get(depth) {
@@ -302,8 +356,8 @@ fn flatten(
     Ok(())
 }
 
-/// An `.npy` file (format 1.0) of `values` with `shape` and `dtype` (`<f4`, `<f8`, `<i4`,
-/// `<i8`).
+/// An `.npy` file (format 1.0) of `values` with `shape` and `dtype` (one of
+/// [`number_dtype`]'s: the column's own type, so each value is written as it was stored).
 fn npy(dtype: &str, shape: &[u64], values: &[Number]) -> Vec<u8> {
     let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
     let shape = match dims.len() {
@@ -313,14 +367,23 @@ fn npy(dtype: &str, shape: &[u64], values: &[Number]) -> Vec<u8> {
     let header = format!("{{'descr': '{dtype}', 'fortran_order': False, 'shape': {shape}, }}");
     let mut out = super::super::fields::npy_start(&header);
     for v in values {
-        let (f, i) = match *v {
-            Number::F(f) => (f, f as i64),
-            Number::I(i) => (i as f64, i),
+        // A column's values are all of its type: the casts below are exact.
+        let (f, i, u) = match *v {
+            Number::F(f) => (f, f as i64, f as u64),
+            Number::I(i) => (i as f64, i, i as u64),
+            Number::U(u) => (u as f64, u as i64, u),
         };
         match dtype {
+            "<f2" => out.extend_from_slice(&half::f16::from_f64(f).to_le_bytes()),
             "<f4" => out.extend_from_slice(&(f as f32).to_le_bytes()),
             "<f8" => out.extend_from_slice(&f.to_le_bytes()),
+            "|i1" => out.extend_from_slice(&(i as i8).to_le_bytes()),
+            "<i2" => out.extend_from_slice(&(i as i16).to_le_bytes()),
             "<i4" => out.extend_from_slice(&(i as i32).to_le_bytes()),
+            "|u1" => out.extend_from_slice(&(u as u8).to_le_bytes()),
+            "<u2" => out.extend_from_slice(&(u as u16).to_le_bytes()),
+            "<u4" => out.extend_from_slice(&(u as u32).to_le_bytes()),
+            "<u8" => out.extend_from_slice(&u.to_le_bytes()),
             _ => out.extend_from_slice(&i.to_le_bytes()),
         }
     }
@@ -340,5 +403,32 @@ mod tests {
         assert_eq!(&b[b.len() - 4..], &4.0f32.to_le_bytes());
         assert_eq!(npy_shape(&npy("<i8", &[3], &values[..3])).unwrap(), [3]);
         assert_eq!(npy_shape(&npy("<f8", &[0], &[])).unwrap(), [0]);
+    }
+
+    /// Each dtype writes its values at its own width, unsigned 64-bit ones above i64::MAX
+    /// included.
+    #[test]
+    fn every_number_type_keeps_its_width() {
+        let data = |dtype: &str, values: &[Number]| {
+            let b = npy(dtype, &[values.len() as u64], values);
+            b[b.len() - values.len() * dtype[2..].parse::<usize>().unwrap()..].to_vec()
+        };
+        assert_eq!(data("|u1", &[Number::U(0), Number::U(255)]), [0, 255]);
+        assert_eq!(
+            data("|i1", &[Number::I(-128), Number::I(127)]),
+            [0x80, 0x7f]
+        );
+        assert_eq!(data("<u2", &[Number::U(65535)]), 65535u16.to_le_bytes());
+        assert_eq!(data("<i2", &[Number::I(-2)]), (-2i16).to_le_bytes());
+        assert_eq!(
+            data("<u4", &[Number::U(u64::from(u32::MAX))]),
+            u32::MAX.to_le_bytes()
+        );
+        assert_eq!(data("<u8", &[Number::U(u64::MAX)]), u64::MAX.to_le_bytes());
+        assert_eq!(data("<i8", &[Number::I(i64::MIN)]), i64::MIN.to_le_bytes());
+        assert_eq!(
+            data("<f2", &[Number::F(1.5)]),
+            half::f16::from_f32(1.5).to_le_bytes()
+        );
     }
 }
