@@ -199,10 +199,14 @@ fn ten_thousand_short_jobs_leave_the_server_state_as_it_was() {
     let st = wait_idle(&c, &server.url);
     let after_10k = retained_kib(pid);
     eprintln!("RssAnon after 1,000 jobs: {after_1k} KiB; after 10,000: {after_10k} KiB; {st}");
+    // Idle readings of one server differ by up to 5.4 MiB either way (the allocator's pages
+    // of threads that served the last requests; runs alone read 18.8/17.1, 24.0/18.6 and
+    // 19.5/18.1 MiB after 1,000/10,000 jobs), and by 6.4 MiB beside the other tests on a
+    // loaded machine: 8 MiB over 9,000 jobs still fails a leak of 1 KiB a job.
     assert!(
-        after_10k <= after_1k + 5 * 1024,
+        after_10k <= after_1k + 8 * 1024,
         "anonymous RSS grew from {after_1k} KiB after 1,000 jobs to {after_10k} KiB after \
-         10,000 (more than 5 MiB)"
+         10,000 (more than 8 MiB: over 0.9 KiB a job)"
     );
     // The dataset and its sampler remain: a new job runs as before.
     short_job(&c, 10_002);
