@@ -288,8 +288,8 @@ fn file_of(value: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn indexes_round_trip_and_an_older_format_asks_for_indexing_again() {
+    /// A folder with a two-entry manifest, its index and a ready dataset `d` of it.
+    fn dataset() -> (tempfile::TempDir, DatasetIndex, DatasetRecord) {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.jpg"), b"a").unwrap();
         std::fs::write(dir.path().join("m.csv"), "a.jpg,3\na.jpg,1\n").unwrap();
@@ -306,6 +306,12 @@ mod tests {
             created_unix: 1,
             changes: None,
         };
+        (dir, index, rec)
+    }
+
+    #[test]
+    fn indexes_round_trip_and_an_older_format_asks_for_indexing_again() {
+        let (dir, index, rec) = dataset();
         let data = dir.path().join("data");
         {
             let catalog = Catalog::open(&data).unwrap();
@@ -355,22 +361,7 @@ mod tests {
 
     #[test]
     fn an_index_lives_in_one_file_that_follows_its_dataset() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a.jpg"), b"a").unwrap();
-        std::fs::write(dir.path().join("m.csv"), "a.jpg,3\na.jpg,1\n").unwrap();
-        let source = SourceSpec::Manifest {
-            path: dir.path().join("m.csv"),
-            fields: None,
-        };
-        let index = joader_storage::index(&source, &[dir.path().to_owned()], &mut |_| {}).unwrap();
-        let rec = DatasetRecord {
-            name: "d".into(),
-            source,
-            state: "ready".into(),
-            error: None,
-            created_unix: 1,
-            changes: None,
-        };
+        let (dir, index, rec) = dataset();
         let data = dir.path().join("data");
         let catalog = Catalog::open(&data).unwrap();
         catalog.put(&rec, Some(&index)).unwrap();
