@@ -53,8 +53,10 @@ _joader_pyenv() {
         return 0
     fi
 
-    if [ ! -x "$env/bin/python3" ]; then
+    if [ ! -x "$env/bin/python3" ] || ! "$env/bin/python3" -c "" 2>/dev/null; then
+        # New, or left half made, or its interpreter gone: made anew.
         echo "pyenv.sh: creating $env from $py"
+        rm -rf "$env"
         "$uv" venv --quiet --python "$py" "$env" || return 1
     fi
     sum="$(cat "$lock" <("$env/bin/python3" -VV) | sha256sum | cut -d' ' -f1)"
