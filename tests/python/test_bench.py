@@ -80,7 +80,7 @@ def test_bench_e2e_quick_runs_every_system_and_the_cached_step(tmp_path: Path) -
     assert float(cached[1]) == 1.0, md
 
 
-SYSTEMS = ("synthetic", "joader", "pytorch")
+SYSTEMS = ("synthetic", "joader", "joader-device", "pytorch")
 
 
 def test_bench_train_quick_reports_every_system_over_one_window(tmp_path: Path) -> None:
@@ -111,23 +111,25 @@ def test_bench_train_quick_reports_every_system_over_one_window(tmp_path: Path) 
         if system == "pytorch":
             # The DataLoader decodes in its worker processes.
             assert all(c[2] > 0 for c in cpu), md
-        if system == "joader":
-            decodes[k] = float(cells[10])
-            assert 0 < decodes[k] <= 1.0, md
+        if system in ("joader", "joader-device"):
+            decodes.setdefault(system, {})[k] = float(cells[10])
+            assert 0 < decodes[system][k] <= 1.0, md
             assert cells[7].endswith("%") and float(cells[8]) > 0, md
         else:
             assert cells[7] == "-" and cells[8] == "-", md
     # No system outruns the synthetic limit (a ready batch each step) beyond noise.
     for k in (1, 2):
         limit = float(rows[(k, "synthetic")][3])
-        for system in ("joader", "pytorch"):
+        for system in ("joader", "joader-device", "pytorch"):
             assert float(rows[(k, system)][3]) <= 1.5 * limit, md
     # Two jobs of one dataset share their decodes: per delivered image, well under what one
     # job alone needs (without sharing the two would be equal).
-    assert decodes[2] <= 0.75 * decodes[1], md
+    for system in ("joader", "joader-device"):
+        assert decodes[system][2] <= 0.75 * decodes[system][1], md
     # Without CUDA there is no GPU to read.
     assert all(c[6] == "n/a" for c in rows.values()) or "no CUDA" not in md, md
     # joader's CPU per stage: figures, or a row saying the side does not export them.
     for k in (1, 2):
-        for side in ("server", "client"):
-            assert re.search(rf"^\| {k} \| {side} \| ", md, re.M), md
+        for system in ("joader", "joader-device"):
+            for side in ("server", "client"):
+                assert re.search(rf"^\| {k} \| {system} \| {side} \| ", md, re.M), md

@@ -34,6 +34,19 @@ def need(module: str, why: str) -> Any:
     pytest.skip(missing)
 
 
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+#: The devices the device path's tests run on: the CPU always, CUDA where a GPU is present (a
+#: machine without one skips those cases, saying so: CI never has one).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not _cuda(), reason="no CUDA device here"))]
+
+
 def fixture_binary() -> str:
     env = os.environ.get("JOADER_FIXTURE")
     if env:

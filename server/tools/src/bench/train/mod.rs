@@ -36,8 +36,11 @@ use jobs::{JobCpu, ServerSide, Stages, run_jobs};
 pub enum System {
     /// A ready pinned batch copied to the device every step: the GPU's own limit.
     Synthetic,
-    /// `joader.torch.JoaderDataset` against a `joader serve` child.
+    /// `joader.torch.JoaderDataset` against a `joader serve` child, cropping in the client.
     Joader,
+    /// The same with `device=` the training device: padded batches cropped, flipped and
+    /// resized there (`joader.torch.augment_padded`, `roi_align`).
+    JoaderDevice,
     /// PyTorch's DataLoader over torchvision's ImageFolder with PIL.
     Pytorch,
 }
@@ -47,8 +50,14 @@ impl System {
         match self {
             System::Synthetic => "synthetic",
             System::Joader => "joader",
+            System::JoaderDevice => "joader-device",
             System::Pytorch => "pytorch",
         }
+    }
+
+    /// Reads from a `joader serve` child.
+    pub(super) fn is_joader(self) -> bool {
+        matches!(self, System::Joader | System::JoaderDevice)
     }
 }
 
@@ -67,7 +76,7 @@ pub struct TrainArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "synthetic,joader,pytorch"
+        default_value = "synthetic,joader,joader-device,pytorch"
     )]
     pub systems: Vec<System>,
     /// An ImageFolder to train on (only read). Without it the bench generates `--images`
@@ -179,7 +188,7 @@ struct Row {
 pub fn run(args: TrainArgs) -> Result<()> {
     let started = Instant::now();
     let probe = probe()?;
-    if args.systems.contains(&System::Joader) && !probe.joader {
+    if args.systems.iter().any(|s| s.is_joader()) && !probe.joader {
         bail!("python3 cannot import joader: pip install ./dataplane/python");
     }
     let cuda = probe.cuda && !args.cpu;
@@ -298,7 +307,7 @@ fn nvml_index() -> u32 {
 
 fn run_system(setup: &Setup, system: System, k: usize) -> Result<Row> {
     let server = match system {
-        System::Joader => {
+        System::Joader | System::JoaderDevice => {
             let s = ServerProc::start(
                 "train",
                 std::slice::from_ref(&setup.root),

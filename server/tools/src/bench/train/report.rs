@@ -84,7 +84,8 @@ pub(super) fn markdown(s: &Setup, rows: &[Row]) -> String {
          the first job has done {} steps more; a job's images/s are the images of its steps that ended in the window over the window, \
          so the jobs' figures add up to the total. synthetic: a ready pinned uint8 batch copied to the device every step (the limit); \
          joader: joader.torch.JoaderDataset, the server caching the shorter side resized to 256, RandomResizedCrop(224) + flip in the \
-         client, pin_memory; pytorch: DataLoader over ImageFolder, cores/K workers per job, persistent, pin_memory, prefetch_factor 4, \
+         client, pin_memory; joader-device: the same with device= the training device (padded batches, the crop, flip and resize \
+         there through roi_align); pytorch: DataLoader over ImageFolder, cores/K workers per job, persistent, pin_memory, prefetch_factor 4, \
          PIL's RandomResizedCrop(224) + flip. Every system normalizes uint8 batches on the device. CPU in cores over the window (/proc): \
          the server process, and per job its training thread (the main thread) + its other threads + its worker processes. \
          Decodes per delivered image: the server's decodes over its deliveries to the jobs for the whole run (pytorch: each job decodes \
@@ -109,7 +110,9 @@ pub(super) fn markdown(s: &Setup, rows: &[Row]) -> String {
             .collect();
         let mut models = r.models.clone();
         models.dedup();
-        let cache = (r.system == System::Joader)
+        let cache = r
+            .system
+            .is_joader()
             .then(|| s.cache_bytes as f64 / s.decoded_bytes.max(1) as f64);
         out.push_str(&format!(
             "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |\n",
@@ -133,24 +136,36 @@ pub(super) fn markdown(s: &Setup, rows: &[Row]) -> String {
             opt(r.decodes_per_image, |v| format!("{v:.2}")),
         ));
     }
-    let joader: Vec<&Row> = rows.iter().filter(|r| r.system == System::Joader).collect();
+    let joader: Vec<&Row> = rows.iter().filter(|r| r.system.is_joader()).collect();
     if !joader.is_empty() {
         out.push_str(
             "\njoader's CPU per stage per delivered image (images the jobs took in the window), from the server's \
              joader_stage_cpu_seconds_total and the clients' Loader.stage_cpu():\n\n\
-             | K | where | stage | CPU ms per delivered image |\n|---:|---|---|---:|\n",
+             | K | system | where | stage | CPU ms per delivered image |\n|---:|---|---|---|---:|\n",
         );
         for r in joader {
             for (side, stages) in [("server", &r.server_stages), ("client", &r.client_stages)] {
                 match stages {
                     Some(st) => {
                         for (stage, ms) in st {
-                            out.push_str(&format!("| {} | {side} | {stage} | {ms:.3} |\n", r.k));
+                            out.push_str(&format!(
+                                "| {} | {} | {side} | {stage} | {ms:.3} |\n",
+                                r.k,
+                                r.system.name()
+                            ));
                         }
                         let total: f64 = st.values().sum();
-                        out.push_str(&format!("| {} | {side} | all stages | {total:.3} |\n", r.k));
+                        out.push_str(&format!(
+                            "| {} | {} | {side} | all stages | {total:.3} |\n",
+                            r.k,
+                            r.system.name()
+                        ));
                     }
-                    None => out.push_str(&format!("| {} | {side} | not exported | - |\n", r.k)),
+                    None => out.push_str(&format!(
+                        "| {} | {} | {side} | not exported | - |\n",
+                        r.k,
+                        r.system.name()
+                    )),
                 }
             }
         }
@@ -197,6 +212,7 @@ pub(super) fn chart(rows: &[Row], path: &Path) -> Result<()> {
     let palette = [
         RGBColor(127, 127, 127),
         RGBColor(31, 119, 180),
+        RGBColor(44, 160, 44),
         RGBColor(255, 127, 14),
     ];
     let w = 0.8 / systems.len().max(1) as f64;

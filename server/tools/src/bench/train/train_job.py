@@ -2,7 +2,7 @@
 # utilization sampler (NVML through pynvml).
 #
 # argv[1] is a JSON object: role ("job" or "monitor"), system ("synthetic", "joader",
-# "pytorch"), model (a torchvision model name, or "tiny": a small conv net defined here), batch,
+# "joader-device", "pytorch"), model (a torchvision model name, or "tiny": a small conv net defined here), batch,
 # classes, seed, job (its name), server (joader's URL), root (the ImageFolder), workers (the
 # DataLoader's), threads (torch's CPU threads without CUDA: the bench gives 1), cuda (train on the GPU: bf16
 # autocast, channels_last), gpu (the NVML index of the monitor).
@@ -103,7 +103,7 @@ elif system == "synthetic":
     ready_y = torch.randint(0, classes, (batch,), generator=g)
     if cuda:
         ready_x, ready_y = ready_x.pin_memory(), ready_y.pin_memory()
-elif system != "joader":
+elif system not in ("joader", "joader-device"):
     sys.exit(f"unknown system {system!r}")
 
 print("ready", flush=True)
@@ -128,12 +128,14 @@ def watch_stdin() -> None:
 threading.Thread(target=watch_stdin, daemon=True).start()
 
 ds = None
-if system == "joader":
+if system in ("joader", "joader-device"):
     import joader
     import joader.torch
+    # joader-device: padded uint8 batches go to the device, which crops, flips and resizes them.
     ds = joader.torch.JoaderDataset(server=cfg["server"], dataset="d", job=cfg["job"], batch_size=batch, seed=seed,
                                     epochs=None, pipeline={"kind": "decode", "resize_shorter": 256},
-                                    transform=joader.RandomResizedCrop(224), prefetch=2, pin_memory=cuda)
+                                    transform=joader.RandomResizedCrop(224), prefetch=2, pin_memory=cuda,
+                                    device=device if system == "joader-device" else None)
 
 
 it = None
@@ -146,7 +148,7 @@ def next_batch():
         return ready_x, ready_y
     while True:
         if it is None:
-            it = iter(ds if system == "joader" else loader)
+            it = iter(loader if system == "pytorch" else ds)
         try:
             return next(it)
         except StopIteration:

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The GPU checks of the device path and `joader bench train`, in one prepared run: what only a
+# machine with CUDA can show (CI never has one). Two steps:
+#
+#   bash server/tools/gpu/check.sh prepare   # here: builds what travels into .gpu/ (ignored)
+#   bash server/tools/gpu/check.sh run       # there: writes everything to $OUT (or ./gpu-out)
+#   bash server/tools/gpu/check.sh ab A.whl B.whl   # there: two builds of the Python package
+#
+# `ab` measures a change of the Python package before and after in one call: the tests with B,
+# then `joader bench train` (ResNet-18, K = 1 and K = 4, joader and joader-device; the
+# synthetic limit once) with A and with B in turn, on the same machine and data.
+#
+# `prepare` builds the stripped release `joader`, the stripped fixture writer of the Python
+# tests and the abi3 wheel of the Python package (about 30 MiB together). `run` expects a
+# python3 with torch, torchvision, pytest, numpy, scikit-learn and scikit-image (the photos),
+# as the GPU machine's image has them, installs the wheel into a folder of its own, and runs,
+# each under a time limit, logging as it goes (a limit cut short loses only its own step):
+#   1. the device path's tests and the torch tests (CUDA cases included where a GPU is there);
+#   2. `joader bench train` with ResNet-18 at K = 1 and K = 4 (synthetic limit, joader with the
+#      crop in the client, joader with the crop on the device, the tuned DataLoader);
+#   3. `joader bench dataplane` on that machine's CPU;
+#   4. `joader bench decode` on 300 of the training images (the bare pipeline's rate);
+#   5. with time left, the ResNet-18 + ResNet-50 mix at K = 4.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+cd "$root"
+dev="$root/.gpu"
+
+prepare() {
+  set -e
+  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+  rm -rf "$dev" && mkdir -p "$dev"
+  cargo build --release -q -p joader-tools --bin joader
+  cargo build -q -p dataplane --bin dataplane-fixture
+  strip -o "$dev/joader" target/release/joader
+  strip -o "$dev/dataplane-fixture" target/debug/dataplane-fixture
+  source tests/pyenv.sh
+  python3 -m maturin build --release --quiet -m dataplane/python/Cargo.toml -o "$dev"
+  du -sh "$dev"/*
+}
+
+run() {
+  out="${OUT:-$root/gpu-out}"
+  mkdir -p "$out"
+  exec > >(tee "$out/log.txt") 2>&1
+  export PYTHONUNBUFFERED=1
+  start=$SECONDS
+  step() { echo; echo "=== $* (at $((SECONDS - start)) s)"; }
+  step machine
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  lscpu | grep -E 'Model name|^CPU\(s\)|Thread|MHz' ; nproc; free -g | head -2
+  python3 -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__, "cuda", torch.cuda.is_available())'
+  step install
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/joader-site "$dev"/joader-*.whl || exit 1
+  export PYTHONPATH=/tmp/joader-site JOADER_FIXTURE="$dev/dataplane-fixture" PATH="$dev:$PATH"
+  python3 -c 'import joader, joader.torch; print("joader", joader.__file__)' || exit 1
+
+  step "1. the device path's and torch's tests"
+  (cd dataplane/python/tests && timeout 100 python3 -m pytest -q -p no:cacheprovider -rA \
+    test_device.py test_torch.py) 2>&1 | tee "$out/pytest.txt" | grep -Ev '^(PASSED|SKIPPED) ' || true
+
+  step "2. bench train, ResNet-18, K = 1 then K = 4"
+  for k in 1 4; do
+    timeout $([ "$k" = 1 ] && echo 150 || echo 190) joader bench train --model resnet18 --jobs "$k" --steps "${GPU_STEPS:-100}" \
+      --bench-data /tmp/joader-bench-data --out "/tmp/joader-gpu/train-k$k" || echo "bench train K=$k: exit $?"
+    cp /tmp/joader-gpu/train-k$k/train.md "$out/train-k$k.md" 2>/dev/null
+  done
+
+  step "3. bench dataplane (this machine's CPU)"
+  timeout 30 joader bench dataplane || echo "bench dataplane: exit $?"
+
+  step "4. bench decode on 300 of the training images"
+  sub=/tmp/joader-decode-sub && rm -rf "$sub" && mkdir -p "$sub"
+  find /tmp/joader-bench-data/train -name '*.jpg' | sort | head -300 | xargs -r cp -t "$sub"
+  timeout 40 joader bench decode --from "$sub" --min-seconds 1 || echo "bench decode: exit $?"
+
+  if [ $((SECONDS - start)) -lt "${GPU_MIX_BEFORE:-330}" ]; then
+    step "5. the ResNet-18 + ResNet-50 mix at K = 4"
+    timeout $((480 - (SECONDS - start))) joader bench train --models resnet18,resnet50 --jobs 4 --steps 60 \
+      --systems synthetic,joader,joader-device --bench-data /tmp/joader-bench-data --out /tmp/joader-gpu/train-mix \
+      || echo "bench train mix: exit $?"
+    cp /tmp/joader-gpu/train-mix/train.md "$out/train-mix.md" 2>/dev/null
+  else
+    step "5. skipped: too little time left"
+  fi
+  cp /tmp/joader-gpu/train-k4/train.png "$out/train-k4.png" 2>/dev/null
+  step done
+}
+
+ab() {
+  out="${OUT:-$root/gpu-out}"
+  mkdir -p "$out"
+  exec > >(tee "$out/log.txt") 2>&1
+  export PYTHONUNBUFFERED=1 JOADER_FIXTURE="$dev/dataplane-fixture" PATH="$dev:$PATH"
+  start=$SECONDS
+  step() { echo; echo "=== $* (at $((SECONDS - start)) s)"; }
+  step "machine; A = $1, B = $2"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  lscpu | grep -E 'Model name|^CPU\(s\)'
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/joader-site-a "$1" || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/joader-site-b "$2" || exit 1
+  step "the device path's and torch's tests with B"
+  (cd dataplane/python/tests && PYTHONPATH=/tmp/joader-site-b timeout 100 python3 -m pytest -q -p no:cacheprovider \
+    -rA test_device.py test_torch.py) 2>&1 | tee "$out/pytest.txt" | grep -Ev '^(PASSED|SKIPPED) ' || true
+  for k in 1 4; do
+    for v in a b; do
+      step "bench train K=$k with $v"
+      systems=joader,joader-device
+      [ "$v" = a ] && systems=synthetic,$systems
+      PYTHONPATH=/tmp/joader-site-$v timeout 150 joader bench train --model resnet18 --jobs "$k" \
+        --steps "${GPU_STEPS:-100}" --systems "$systems" --bench-data /tmp/joader-bench-data \
+        --out "/tmp/joader-gpu/$v-k$k" || echo "bench train K=$k $v: exit $?"
+      cp "/tmp/joader-gpu/$v-k$k/train.md" "$out/$v-k$k.md" 2>/dev/null
+    done
+  done
+  step done
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) run ;;
+  ab) ab "$2" "$3" ;;
+  *) echo "usage: $0 prepare|run|ab A.whl B.whl" >&2; exit 2 ;;
+esac
