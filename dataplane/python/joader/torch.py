@@ -25,6 +25,22 @@ from . import Loader, Padded, RandomResizedCrop, merge_states
 SAMPLING_RATIO = 0
 
 
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of CPU tensor ``t`` (same shape and strides) in page-locked memory from torch's
+    pinned-memory allocator, copied on the calling thread alone. ``t.pin_memory()`` copies on
+    torch's intra-op threads, whose OpenMP workers then spin-wait for the next parallel region:
+    on a 16-core H100 machine that spin cost 2-4 cores per training process at 20-40 batches a
+    second, CPU the server's decoders needed (`joader bench train`, docs/benchmarks.md). The
+    allocator keeps the block until the CUDA copies from it have completed, so
+    ``x.to("cuda", non_blocking=True)`` is safe whatever happens to ``x`` afterwards."""
+    if t.is_contiguous() or t.permute(*np.argsort(t.stride())[::-1].tolist()).is_contiguous():
+        out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, pin_memory=True)
+    else:
+        out = torch.empty(t.size(), dtype=t.dtype, pin_memory=True)
+    np.copyto(out.numpy(), t.numpy())
+    return out
+
+
 # type-arg: IterableDataset is generic; misc: without torch installed (ci.sh when its
 # install timed out) the base class is Any.
 class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignore]
@@ -37,7 +53,7 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
 
     ``pin_memory=True`` (with CUDA present) copies each batch once into
     page-locked memory from torch's pinned-memory allocator, as DataLoader's
-    ``pin_memory`` does; that allocator keeps a block until the CUDA copies
+    ``pin_memory`` does, on the iterating thread alone (`pinned`); that allocator keeps a block until the CUDA copies
     from it have completed, so ``x.cuda(non_blocking=True)`` is safe. Without
     CUDA it warns and changes nothing.
 
@@ -106,7 +122,7 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
             x = x.permute(0, 3, 1, 2)
         y = torch.from_numpy(labels)
         if self.pin_memory:
-            x, y = x.pin_memory(), y.pin_memory()
+            x, y = pinned(x), pinned(y)
         return x, y
 
     def _dict(self, batch: Dict[str, Any]) -> Dict[str, Any]:
@@ -156,7 +172,7 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
 
     def _send(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
         if self.pin_memory and device.type == "cuda":
-            return t.pin_memory().to(device, non_blocking=True)
+            return pinned(t).to(device, non_blocking=True)
         return t.to(device)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -204,7 +220,7 @@ def augment_padded(
     device = torch.device(device)
     x = torch.from_numpy(batch.pixels)
     if pin_memory and device.type == "cuda":
-        x = x.pin_memory().to(device, non_blocking=True)
+        x = pinned(x).to(device, non_blocking=True)
     else:
         x = x.to(device)
     b = np.asarray(batch.boxes, dtype=np.float32)
