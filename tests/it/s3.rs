@@ -1159,3 +1159,152 @@ fn an_epoch_through_a_store_30_ms_away_is_exact() {
         (metric(&j, "joader_s3_in_flight") == 0.0).then_some(())
     });
 }
+
+/// Reads one epoch of `dataset` with the raw pipeline: the summary and the payloads delivered.
+fn read_with_errors(j: &Joader, job: &str, dataset: &str) -> (Value, BTreeMap<u32, Vec<u8>>) {
+    let dump = TempDir::new(job);
+    let s = finish(consumer(
+        &j.server.url,
+        &json!({"name": job, "dataset": dataset, "batch_size": 8, "epochs": 1,
+                "pipeline": {"kind": "raw"}}),
+        &["--dump", dump.0.to_str().unwrap()],
+    ));
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(&dump.0).unwrap() {
+        let path = entry.unwrap().path();
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let element: u32 = stem.rsplit('-').next().unwrap().parse().unwrap();
+        out.insert(element, std::fs::read(&path).unwrap());
+    }
+    (s, out)
+}
+
+#[test]
+fn an_object_rewritten_in_place_is_an_element_error_in_every_layout_with_or_without_a_tier() {
+    let test =
+        "an_object_rewritten_in_place_is_an_element_error_in_every_layout_with_or_without_a_tier";
+    let Some(bin) = s3s_fs(test) else {
+        return;
+    };
+    let s3 = S3Server::start(bin, "s3_rewritten");
+    let bucket = s3.bucket();
+    let n = write_layouts(&bucket);
+    let disk = TempDir::new("s3_rewritten_disk");
+    let tier_dir = disk.0.join("tier");
+    let tier = [
+        "--allowed-s3",
+        "s3://bkt",
+        "--disk-cache",
+        tier_dir.to_str().unwrap(),
+        "--disk-cache-bytes",
+        "64MiB",
+    ];
+    let servers = [
+        (
+            "plain",
+            joader(
+                "s3_rewritten_plain",
+                &bucket,
+                &["--allowed-s3", "s3://bkt"],
+                &credentials(&s3),
+            ),
+        ),
+        (
+            "tier",
+            joader("s3_rewritten_tier", &bucket, &tier, &credentials(&s3)),
+        ),
+    ];
+    let layouts = [
+        (
+            "folder",
+            json!({"kind": "image_folder", "path": bucket.join("folder")}),
+            json!({"kind": "s3", "url": "s3://bkt/folder/", "layout": "image_folder"}),
+        ),
+        (
+            "shards",
+            json!({"kind": "tar_shards", "paths": [bucket.join("shards")]}),
+            json!({"kind": "s3", "url": "s3://bkt/shards", "layout": "tar_shards"}),
+        ),
+        (
+            "manifest",
+            json!({"kind": "manifest", "path": bucket.join("lists/list.csv")}),
+            json!({"kind": "s3", "url": "s3://bkt/lists/list.csv", "layout": "manifest"}),
+        ),
+    ];
+    // What each element holds as indexed (local copies of the same objects, read before the
+    // rewrite), and every dataset indexed before it.
+    let mut want = BTreeMap::new();
+    for (name, local, remote) in &layouts {
+        let (_, j) = &servers[0];
+        create(j, &format!("local-{name}"), local.clone());
+        assert_eq!(settled(j, &format!("local-{name}"))["state"], "ready");
+        want.insert(
+            *name,
+            read_raw(j, &format!("lj-{name}"), &format!("local-{name}")).0,
+        );
+        for (_, j) in &servers {
+            create(j, &format!("s3-{name}"), remote.clone());
+            assert_eq!(settled(j, &format!("s3-{name}"))["state"], "ready");
+        }
+    }
+    // Rewritten in place with the same length: the first image of the folder (read by the
+    // folder and the manifest) and a byte inside the first member of the first shard.
+    let mut first_class: Vec<PathBuf> = std::fs::read_dir(bucket.join("folder"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    first_class.sort();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&first_class[0])
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let image = std::fs::read(&files[0]).unwrap();
+    std::fs::write(
+        &files[0],
+        image.iter().map(|b| b ^ 0x5a).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let shard = bucket.join("shards/part-000.tar");
+    let mut tar = std::fs::read(&shard).unwrap();
+    tar[600] ^= 0x5a;
+    std::fs::write(&shard, &tar).unwrap();
+    let shard0 = n / 3 + 1;
+    for (server, j) in &servers {
+        for (name, _, _) in &layouts {
+            let what = format!("{server} server, {name}");
+            let (s, got) =
+                read_with_errors(j, &format!("r-{server}-{name}"), &format!("s3-{name}"));
+            // Every element delivered holds what was indexed; the others are error records
+            // that say why.
+            for (element, bytes) in &got {
+                assert!(
+                    bytes == &want[name][element].1,
+                    "{what}: element {element} was delivered with other bytes than indexed"
+                );
+            }
+            let errors: Vec<u32> = s["errors"][0]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e[0].as_u64().unwrap() as u32)
+                .collect();
+            let expected = if *name == "shards" { shard0 } else { 1 };
+            assert_eq!(errors.len(), expected, "{what}: {s}");
+            let mut ids = epoch_ids(&s, 0);
+            ids.extend(&errors);
+            assert_permutation(&ids, n, &what);
+            let failures = j
+                .server
+                .client()
+                .ok("GET", &format!("/v1/datasets/s3-{name}/failures"), None)
+                .unwrap();
+            assert!(
+                failures
+                    .to_string()
+                    .contains("changed since the dataset was indexed"),
+                "{what}: {failures}"
+            );
+        }
+    }
+}

@@ -263,8 +263,9 @@ async fn run(remote: &Remote, group: Group) -> Outcome {
     if members.len() > 1 {
         remote.stats.coalesced.fetch_add(1, Relaxed);
     }
-    // A fill of the tier asks for the ETag its key names.
-    let if_match = remote.tier.as_ref().and_then(|_| source.etag(&key));
+    // Every read asks for the ETag the index holds (and compares the answer's): an object
+    // rewritten in place since indexing is an element error, never other bytes.
+    let if_match = source.etag(&key);
     let asked = std::time::Instant::now();
     match remote.get(&source.dataset, &key, range, if_match).await {
         Ok(bytes) => {

@@ -191,19 +191,18 @@ impl ObjectStores {
             report: progress,
         };
         let (index, mut objects) = super::index(self, &dataset, layout, fields, &mut counter)?;
-        // A Parquet row's GETs ask for the ETag (a changed object's pieces are other bytes).
-        if self.tier().is_some() || layout == S3Layout::Parquet {
-            self.fill_etags(&dataset, &mut objects)?;
-        }
+        // Every read asks for the indexed ETag (an object rewritten in place is an element
+        // error, never other bytes), so every object needs one.
+        self.fill_etags(&dataset, &mut objects)?;
         let index = crate::finish_index(index, &mut counter)?;
         Ok(S3Index { index, objects })
     }
 
     /// Asks the store for the ETag of each object its listing gave none (some S3-compatible
-    /// servers list none; AWS, MinIO, Ceph, Garage and R2 do): the disk tier keys objects by
-    /// ETag and stores nothing of an object without one, and a Parquet row's GETs ask for
-    /// it. One HEAD per such object, 32 at once, only on a server with a disk tier or for
-    /// the `parquet` layout.
+    /// servers, s3s-fs among them, list none; AWS, MinIO, Ceph, Garage and R2 do): every read
+    /// asks for the indexed ETag and compares the answer's, and the disk tier keys objects by
+    /// it. One HEAD per such object, 32 at once; an object whose HEAD gives none either is
+    /// read unchecked (and never stored in the tier).
     fn fill_etags(
         &self,
         ds: &S3Dataset,

@@ -163,7 +163,7 @@ impl Remote {
     }
 
     /// `range` of the object `key` (the whole object for `None`). With `if_match` (the ETag
-    /// the index holds; disk tier fills), the request carries `If-Match` and an answer of
+    /// the index holds: every element read), the request carries `If-Match` and an answer of
     /// another ETag is refused too (a store that ignores the header): a changed object is an
     /// element error, never bytes stored under the old key.
     pub(super) async fn get(
