@@ -158,7 +158,8 @@ function makeChart(id, data, series, y) {
         y: { range: y.range },
       },
       axes: [
-        { ...axis, size: 22, gap: 3, space: 40, incrs: [1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600], values: clockLabels },
+        // space: a label ("14:49:50", about 50 px at 11 px) plus a gap, so that none overlap.
+        { ...axis, size: 22, gap: 3, space: 70, incrs: [1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600], values: clockLabels },
         { ...axis, size: y.size || 48, gap: 4, incrs: y.incrs, values: (u, vs) => vs.map(y.fmt) },
       ],
       series: [
@@ -263,7 +264,9 @@ function renderJobs(jobs) {
         '<td class="num">' + (job.epoch + 1) + " / " + epochs + "</td>" +
         '<td><div class="progress"><div class="bar"><div style="width:' + (100 * frac).toFixed(1) + '%"></div></div><span>' +
         fmtCount(job.position + 1) + " / " + fmtCount(job.subset_size) + "</span></div></td>" +
-        '<td class="num rate">' + fmtRate(job.samples_per_s) + "</td>" +
+        // A running job's recent rate; an ended job's mean over its own run, labelled so.
+        '<td class="num rate"' + (job.samples_per_s_over === "run" ? ' title="mean over the job\'s run, from its first credit to its last acknowledgement"' : "") + ">" +
+        fmtRate(job.samples_per_s) + (job.samples_per_s_over === "run" ? ' <span class="unit">(run mean)</span>' : "") + "</td>" +
         "<td>" + spark(ts, jobRateSeries(job.name), colorOf(job.name)) + "</td>" +
         '<td class="num">' + fmtPct(job.hits + job.misses ? job.hit_ratio : null) + "</td>" +
         '<td class="num">' + fmtStore(job) + "</td>" +

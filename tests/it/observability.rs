@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::common::{
-    DEADLINE, TempDir, TestServer, consumer, finish, unique_instance, wait_acknowledged,
+    DEADLINE, TempDir, TestServer, consumer, finish, unique_instance, wait_acknowledged, wait_for,
 };
 
 const CLASSES: u32 = 3;
@@ -1056,5 +1056,66 @@ fn stage_cpu_adds_up_to_the_process_cpu() {
     assert!(
         delta["decode"] + delta["resize"] > 0.5 * sum,
         "a decoding workload spends most of its CPU time decoding and resizing: {report}"
+    );
+}
+
+#[test]
+fn a_finished_job_reports_its_mean_over_its_own_run() {
+    let env = start("finished_rates", &[]);
+    let url = env.server.url.clone();
+    // Three jobs paced at 500, 200 and 111 samples/s (at most: the pace is a sleep per batch
+    // on top of the reading), six epochs of 31 records each.
+    let paces = [("fast", 2000u64), ("mid", 5000), ("slow", 9000)];
+    let consumers: Vec<_> = paces
+        .iter()
+        .map(|(name, us)| {
+            consumer(
+                &url,
+                &json!({"name": name, "dataset": "imgs", "batch_size": 4, "epochs": 6}),
+                &["--sample-us", &us.to_string()],
+            )
+        })
+        .collect();
+    for c in consumers {
+        finish(c);
+    }
+    // Read long after they ended: a lifetime average up to the reading would have fallen.
+    let c = env.server.client();
+    for (name, _) in paces {
+        wait_acknowledged(&c, name, 6 * ITEMS);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let jobs = wait_for("every job to have ended", || {
+        let listed = c.ok("GET", "/v1/jobs", None).ok()?;
+        let jobs = listed["jobs"].as_array()?.clone();
+        (jobs.len() == 3 && jobs.iter().all(|j| j["samples_per_s_over"] == "run")).then_some(jobs)
+    });
+    let (_, samples) = scrape(&env);
+    let mut rates = Vec::new();
+    for (name, us) in paces {
+        let j = jobs.iter().find(|j| j["name"] == name).unwrap();
+        let rate = j["samples_per_s"].as_f64().unwrap();
+        let nominal = 1e6 / us as f64;
+        assert!(
+            rate <= nominal * 1.05 && rate >= nominal * 0.4,
+            "{name}: {rate} samples/s reported for a pace of {nominal}: {j}"
+        );
+        assert_eq!(j["run_samples_per_s"].as_f64().unwrap(), rate, "{j}");
+        let labels = [("job_name", name), ("dataset", "imgs")];
+        let gauge = value(&samples, "joader_job_run_samples_per_second", &labels).unwrap();
+        assert!(
+            (gauge - rate).abs() <= 1e-6 * rate,
+            "{name}: gauge {gauge}, view {rate}"
+        );
+        let recent = value(&samples, "joader_job_samples_per_second", &labels).unwrap();
+        assert!(
+            (recent - rate).abs() <= 1e-6 * rate,
+            "{name}: gauge {recent}, view {rate}"
+        );
+        rates.push(rate);
+    }
+    assert!(
+        rates[0] > 1.5 * rates[1] && rates[1] > 1.3 * rates[2],
+        "{rates:?}"
     );
 }

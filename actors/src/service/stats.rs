@@ -58,6 +58,16 @@ pub struct JobStats {
     /// sums add up to what the stores sent for elements). Per epoch in `store_epochs`.
     pub store_read_bytes: AtomicU64,
     pub store_epochs: Mutex<StoreEpochs>,
+    /// When the job's reading began (its first credit: every rank attached) and when its
+    /// client last acknowledged records: the span of its run.
+    pub run: Mutex<RunSpan>,
+}
+
+/// The span of a job's reading: from its first credit to its last acknowledgement.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RunSpan {
+    pub started: Option<std::time::Instant>,
+    pub last_ack: Option<std::time::Instant>,
 }
 
 /// A job's store bytes of its latest epoch charged and of the epoch before it.
@@ -117,6 +127,7 @@ impl Default for JobStats {
             record_dropped: AtomicU64::new(0),
             store_read_bytes: AtomicU64::new(0),
             store_epochs: Mutex::new(StoreEpochs::default()),
+            run: Mutex::new(RunSpan::default()),
         }
     }
 }
@@ -142,6 +153,39 @@ impl JobStats {
     pub fn replace_state(&self, state: JobState) {
         if let Ok(mut s) = self.state.lock() {
             *s = state;
+        }
+    }
+
+    /// The job's reading began (its first credit).
+    pub fn note_started(&self) {
+        if let Ok(mut r) = self.run.lock() {
+            r.started.get_or_insert_with(std::time::Instant::now);
+        }
+    }
+
+    /// `n` more records acknowledged, now.
+    pub fn note_acknowledged(&self, n: u64) {
+        self.acknowledged.fetch_add(n, Relaxed);
+        if let Ok(mut r) = self.run.lock() {
+            r.last_ack = Some(std::time::Instant::now());
+        }
+    }
+
+    /// Samples per second over the job's run: acknowledged records over the time from its
+    /// first credit to its last acknowledgement (to `now` while `running`); 0 before any.
+    pub fn run_rate(&self, running: bool) -> f64 {
+        let acked = self.acknowledged.load(Relaxed);
+        let Ok(r) = self.run.lock() else {
+            return 0.0;
+        };
+        let end = if running {
+            Some(std::time::Instant::now())
+        } else {
+            r.last_ack
+        };
+        match (r.started, end) {
+            (Some(s), Some(e)) if e > s && acked > 0 => acked as f64 / (e - s).as_secs_f64(),
+            _ => 0.0,
         }
     }
 

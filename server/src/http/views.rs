@@ -11,7 +11,7 @@ use joader_storage::s3::ObjectChanges;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::registry::{DatasetEntry, JobEntry, Registry};
+use crate::registry::{DatasetEntry, JobEntry, RateOver, Registry};
 use crate::state::AppState;
 
 /// A dataset.
@@ -116,8 +116,15 @@ pub struct JobView {
     pub sampled: u64,
     pub delivered: u64,
     pub acknowledged: u64,
-    /// Samples per second acknowledged, over the last second or so.
+    /// Samples per second acknowledged: over the last second or so while the job runs, over
+    /// its whole run once it has ended (`samples_per_s_over`).
     pub samples_per_s: f64,
+    /// What `samples_per_s` is measured over: `recent` (the last second or so) or `run` (an
+    /// ended job's mean: acknowledged over the time from its first credit to its last
+    /// acknowledgement).
+    pub samples_per_s_over: RateOver,
+    /// The job's mean over its run so far (to its last acknowledgement once it has ended).
+    pub run_samples_per_s: f64,
     pub hits: u64,
     pub misses: u64,
     pub hit_ratio: f64,
@@ -175,6 +182,7 @@ pub fn job_view(j: &JobEntry) -> JobView {
         JobState::Failed(r) => (JobStateName::Failed, Some(r)),
     };
     let epoch = s.epoch.load(Relaxed);
+    let (rate, over) = j.rate();
     let (store_epoch, store_last) = s
         .store_epochs
         .lock()
@@ -191,7 +199,9 @@ pub fn job_view(j: &JobEntry) -> JobView {
         sampled: s.sampled.load(Relaxed),
         delivered: s.delivered.load(Relaxed),
         acknowledged: s.acknowledged.load(Relaxed),
-        samples_per_s: j.rate(),
+        samples_per_s: rate,
+        samples_per_s_over: over,
+        run_samples_per_s: s.run_rate(!j.has_ended()),
         hits: s.hits.load(Relaxed),
         misses: s.misses.load(Relaxed),
         hit_ratio: s.hit_ratio(),

@@ -94,7 +94,7 @@ pub(super) type Family = (&'static str, &'static str, &'static str, Vec<(Labels,
 pub(super) type Labels = Vec<(&'static str, String)>;
 
 /// Help texts of the per-job gauges, in the order `record_jobs` fills them.
-const JOB_GAUGES: [(&str, &str); 5] = [
+const JOB_GAUGES: [(&str, &str); 6] = [
     ("joader_job_epoch", "the job's current epoch"),
     (
         "joader_job_epoch_position",
@@ -103,7 +103,13 @@ const JOB_GAUGES: [(&str, &str); 5] = [
     ("joader_job_subset_size", "elements in the job's subset"),
     (
         "joader_job_samples_per_second",
-        "samples per second the job's client acknowledged, over the last second or so",
+        "samples per second the job's client acknowledged, over the last second or so while \
+         it runs, over its whole run once it has ended",
+    ),
+    (
+        "joader_job_run_samples_per_second",
+        "the job's mean samples per second over its run: acknowledged over the time from its \
+         first credit to its last acknowledgement (to now while it runs)",
     ),
     ("joader_job_running", "1 while the job runs"),
 ];
@@ -216,7 +222,8 @@ pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &App
             s.epoch.load(Relaxed) as f64,
             s.position.load(Relaxed) as f64,
             j.subset_len as f64,
-            j.rate(),
+            j.rate().0,
+            j.stats.run_rate(!j.has_ended()),
             f64::from(u8::from(st == "running")),
         ];
         for (g, v) in gauges.iter_mut().zip(values) {

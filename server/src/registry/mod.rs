@@ -219,29 +219,38 @@ impl JobEntry {
         }
     }
 
-    /// Samples per second acknowledged by the client, over the last second or so.
-    pub fn rate(&self) -> f64 {
+    /// Samples per second acknowledged by the client: over the last second or so while the
+    /// job has not ended (its first reading: over its run so far), its mean over its own run
+    /// once it has ended (see [`RateOver`]).
+    pub fn rate(&self) -> (f64, RateOver) {
+        if self.has_ended() {
+            return (self.stats.run_rate(false), RateOver::Run);
+        }
         let now = Instant::now();
         let acked = self.stats.acknowledged.load(Relaxed);
         let Ok(mut r) = self.rate.lock() else {
-            return 0.0;
+            return (0.0, RateOver::Recent);
         };
         match *r {
-            None => {
-                *r = Some((
-                    now,
-                    acked,
-                    acked as f64 / self.created.elapsed().as_secs_f64().max(1e-3),
-                ));
-            }
+            None => *r = Some((now, acked, self.stats.run_rate(true))),
             Some((t, a, _)) if now.duration_since(t).as_secs_f64() >= 1.0 => {
                 let rate = (acked - a) as f64 / now.duration_since(t).as_secs_f64();
                 *r = Some((now, acked, rate));
             }
             Some(_) => {}
         }
-        r.map_or(0.0, |x| x.2)
+        (r.map_or(0.0, |x| x.2), RateOver::Recent)
     }
+}
+
+/// What a job's reported samples per second are measured over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RateOver {
+    /// The last second or so (a job that has not ended).
+    Recent,
+    /// The job's whole run, from its first credit to its last acknowledgement (an ended job).
+    Run,
 }
 
 /// Indexes a dataset on a background thread and records the outcome.

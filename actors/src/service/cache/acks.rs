@@ -2,8 +2,6 @@
 //! records it read, and credit back to its job's Sampler), and a job's first credit, granted
 //! only once every rank's client has attached (an unattached job must not pin the cache).
 
-use std::sync::atomic::Ordering::Relaxed;
-
 use dataplane::SlotRef;
 
 use super::{CacheActor, CacheJob, RankRing};
@@ -46,6 +44,7 @@ impl CacheJob {
     pub(super) fn grant_on_attach(&mut self, id: JobId) {
         if !self.granted && self.rings.iter().all(|rr| rr.ring.reader_attached()) {
             self.granted = true;
+            self.stats.note_started();
             tracing::debug!(job = id, "every rank attached: credit granted");
             self.sampler.do_send(JobSignal::Credit {
                 job: id,
@@ -57,9 +56,7 @@ impl CacheJob {
     /// Returns the credit of acknowledged records to the job's Sampler.
     pub(super) fn return_credit(&self, id: JobId, credit: u32) {
         if credit > 0 {
-            self.stats
-                .acknowledged
-                .fetch_add(u64::from(credit), Relaxed);
+            self.stats.note_acknowledged(u64::from(credit));
             self.sampler
                 .do_send(JobSignal::Credit { job: id, n: credit });
         }
