@@ -75,6 +75,12 @@ junk = [item(rel, label) for rel, label in rows[:6]]
 junk[2] = {"image": {"bytes": b"not an image at all", "path": None}, "label": junk[2]["label"]}
 junk[3] = {"image": {"bytes": None, "path": "/etc/hostname"}, "label": junk[3]["label"]}
 pq.write_table(table(junk), os.path.join(out, "junk", "data.parquet"), row_group_size=4)
+
+# A test split as the Hub publishes one: row 1 labelled -1, row 4's label null.
+os.makedirs(os.path.join(out, "unlabelled"))
+unl = [item(rel, label) for rel, label in rows[:6]]
+unl[1]["label"], unl[4]["label"] = -1, None
+pq.write_table(table(unl), os.path.join(out, "unlabelled", "test-00000-of-00001.parquet"), row_group_size=4)
 print(len(rows))
 "#;
 
@@ -432,4 +438,29 @@ fn the_parquet_benches_print_their_rows() {
     assert!(ready[2].ends_with(" s"), "{ready:?}");
     let rss = cells(&table, "| RssAnon growth");
     assert!(rss[2].contains("B/item"), "{rss:?}");
+}
+
+#[test]
+fn unlabelled_rows_of_a_test_split_are_delivered_as_minus_one() {
+    if !pyarrow("unlabelled_rows_of_a_test_split_are_delivered_as_minus_one") {
+        return;
+    }
+    let tmp = TempDir::new("pq_unlabelled");
+    write_files(&tmp.0);
+    let state = TempDir::new("pq_unlabelled_state");
+    let server = TestServer::start(&unique_instance("pq_unl"), &state.0, &tmp.0, &[]);
+    let (code, body) = create(
+        &server,
+        "t",
+        json!({"kind": "parquet", "paths": [tmp.0.join("unlabelled")]}),
+    );
+    assert_eq!(code, 202, "{body}");
+    let d = settled(&server, "t");
+    assert_eq!(d["state"], "ready", "{d}");
+    assert_eq!(d["items"], 6, "{d}");
+    let (got, errors) = read_decoded(&server, "tj", "t");
+    assert!(errors.is_empty(), "{errors:?}");
+    // Rows 0-5 of the image folder's order: 3 classes of 7, so all of class 0 but row 1 and 4.
+    let labels: Vec<i64> = (0..6).map(|e| got[&e].0).collect();
+    assert_eq!(labels, vec![0, -1, 0, 0, -1, 0]);
 }

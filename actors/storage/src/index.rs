@@ -3,7 +3,8 @@
 //! with no allocation per item.
 //!
 //! - labels: one `u32` per item (every label is a class position, or a numeric label below
-//!   [`MAX_NUMERIC_LABEL`](super::MAX_NUMERIC_LABEL));
+//!   [`MAX_NUMERIC_LABEL`](super::MAX_NUMERIC_LABEL), or [`NO_CLASS`]: an unlabelled item,
+//!   delivered as -1);
 //! - files: one byte arena holding every canonical path end to end, and the end offset of each
 //!   item's path in it (`u64`);
 //! - tar members: shard number, offset and length columns;
@@ -32,6 +33,14 @@ use super::parquet::RowsInfo;
 /// [`SampleFields`]; version 2, the same without them, still reads back).
 const MAGIC: &[u8; 8] = b"JOADIDX\x03";
 const MAGIC_V2: &[u8; 8] = b"JOADIDX\x02";
+
+/// The stored label of an unlabelled item (a Hugging Face test split's -1, a null class
+/// cell): delivered as -1, never as a class.
+pub const NO_CLASS: u32 = u32::MAX;
+
+fn label_value(l: u32) -> i64 {
+    if l == NO_CLASS { -1 } else { i64::from(l) }
+}
 
 /// The result of indexing a source: items in a deterministic order (item id = position).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -196,14 +205,14 @@ impl DatasetIndex {
         self.labels.is_empty()
     }
 
-    /// The label of item `id`.
+    /// The label of item `id` (-1: an unlabelled item).
     pub fn label(&self, id: u32) -> Option<i64> {
-        self.labels.get(id as usize).map(|&l| i64::from(l))
+        self.labels.get(id as usize).map(|&l| label_value(l))
     }
 
-    /// Every item's label, by id.
+    /// Every item's label, by id (-1: an unlabelled item).
     pub fn labels(&self) -> impl ExactSizeIterator<Item = i64> + '_ {
-        self.labels.iter().map(|&l| i64::from(l))
+        self.labels.iter().map(|&l| label_value(l))
     }
 
     /// `classes()[label]` names the label.
@@ -348,7 +357,7 @@ impl DatasetIndex {
         if self
             .labels
             .iter()
-            .any(|&l| l as usize >= self.classes.len())
+            .any(|&l| l != NO_CLASS && l as usize >= self.classes.len())
         {
             return Err("a label has no class".into());
         }

@@ -374,22 +374,28 @@ impl Progress<'_> {
     }
 }
 
-/// A numeric label, checked to lie in `0..MAX_NUMERIC_LABEL`.
+/// A numeric label, checked to lie in `0..MAX_NUMERIC_LABEL`; -1 is an unlabelled item
+/// ([`index::NO_CLASS`]).
 fn numeric_label(label: i64, what: &dyn Fn() -> String) -> Result<u32, StorageError> {
     if (0..MAX_NUMERIC_LABEL).contains(&label) {
         Ok(label as u32)
+    } else if label == -1 {
+        Ok(index::NO_CLASS)
     } else {
         Err(StorageError::BadLabel {
             what: what(),
-            reason: format!("numeric label {label} is not in 0..{MAX_NUMERIC_LABEL}"),
+            reason: format!(
+                "numeric label {label} is not in 0..{MAX_NUMERIC_LABEL} (or -1: unlabelled)"
+            ),
         })
     }
 }
 
-/// The class list of numeric labels: `"0"..="max"`.
+/// The class list of numeric labels: `"0"..="max"` (unlabelled items name no class).
 fn numeric_classes(labels: &[u32]) -> Vec<String> {
     labels
         .iter()
+        .filter(|&&l| l != index::NO_CLASS)
         .max()
         .map_or_else(Vec::new, |&max| (0..=max).map(|l| l.to_string()).collect())
 }

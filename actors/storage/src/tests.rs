@@ -351,7 +351,7 @@ fn tar_labels_must_be_present_and_decimal() {
             vec![("a.jpg", &b"x"[..]), ("a.cls", b"cat")],
             "not a decimal",
         ),
-        (vec![("a.jpg", &b"x"[..]), ("a.cls", b"-1")], "not in 0.."),
+        (vec![("a.jpg", &b"x"[..]), ("a.cls", b"-2")], "not in 0.."),
         (vec![("a.jpg", &b"x"[..]), ("a.cls", &[b'1'; 100])], "bytes"),
     ] {
         let s = tmp.path().join("s.tar");
@@ -366,6 +366,31 @@ fn tar_labels_must_be_present_and_decimal() {
         assert_eq!(err.code(), "bad_label", "{err}");
         assert!(err.to_string().contains(what), "{err}");
     }
+}
+
+#[test]
+fn a_minus_one_tar_label_is_an_unlabelled_item() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = tmp.path().join("s.tar");
+    write(
+        &s,
+        &shard(&[
+            ("a.jpg", &b"x"[..]),
+            ("a.cls", b"-1"),
+            ("b.jpg", b"y"),
+            ("b.cls", b"2"),
+        ]),
+    );
+    let spec = SourceSpec::TarShards {
+        paths: vec![s],
+        fields: None,
+    };
+    let index = index_ok(&spec, &[tmp.path().to_owned()]);
+    assert_eq!(index.labels().collect::<Vec<_>>(), vec![-1, 2]);
+    assert_eq!(index.classes(), ["0", "1", "2"]);
+    // It survives the index's own check and its bytes.
+    let back = DatasetIndex::from_bytes(&index.to_bytes()).unwrap();
+    assert_eq!(back.labels().collect::<Vec<_>>(), vec![-1, 2]);
 }
 
 #[test]

@@ -233,11 +233,8 @@ fn index_all(
             };
             for (row, label) in labels.into_iter().enumerate() {
                 let what = || format!("row {row} of row group {g} in {}", path.display());
-                let label = label.ok_or_else(|| StorageError::BadLabel {
-                    what: what(),
-                    reason: format!("column `{class_from}` is null"),
-                })?;
-                let label = numeric_label(label, &what)?;
+                // A null class cell is an unlabelled row, as a -1 is (test splits).
+                let label = numeric_label(label.unwrap_or(-1), &what)?;
                 let row = u32::try_from(row).map_err(|_| StorageError::TooManyItems)?;
                 items.push_row(n, group, row, label);
                 progress.tick()?;
@@ -246,7 +243,11 @@ fn index_all(
     }
     let classes = match names {
         Some((_, names)) => {
-            if let Some(&max) = items.labels_mut().iter().max()
+            if let Some(&max) = items
+                .labels_mut()
+                .iter()
+                .filter(|&&l| l != crate::index::NO_CLASS)
+                .max()
                 && max as usize >= names.len()
             {
                 return Err(StorageError::BadLabel {

@@ -270,13 +270,20 @@ fn damaged_files_and_bad_labels_fail_indexing_with_their_reason() {
     };
     write_hf(
         &nulls,
-        &[row(1, 0), no_label],
+        &[row(1, 0), no_label, row(2, -1), row(3, 1)],
         10,
         Compression::SNAPPY,
-        None,
+        Some(&["a", "b"]),
     );
-    let e = index_of(&spec(&[&nulls], None), tmp.path()).unwrap_err();
+    // A null class and a -1 (a Hugging Face test split's) are unlabelled rows: -1, no class.
+    let index = index_of(&spec(&[&nulls], None), tmp.path()).unwrap();
+    assert_eq!(index.labels().collect::<Vec<_>>(), vec![0, -1, -1, 1]);
+    assert_eq!(index.classes(), ["a", "b"]);
+    let below = tmp.path().join("below.parquet");
+    write_hf(&below, &[row(1, -2)], 10, Compression::SNAPPY, None);
+    let e = index_of(&spec(&[&below], None), tmp.path()).unwrap_err();
     assert_eq!(e.code(), "bad_label", "{e}");
+    assert!(e.to_string().contains("or -1: unlabelled"), "{e}");
 
     let unnamed = tmp.path().join("unnamed.parquet");
     write_hf(
