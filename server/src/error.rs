@@ -89,6 +89,10 @@ codes! {
     NodeMismatch = ("node_mismatch", 409,
         "a node's view of a multi-node job disagrees with the leader's (another dataset size, \
          overlapping ranks): every node must index the same source and ranks must be disjoint"),
+    DatasetChanged = ("dataset_changed", 409,
+        "the resume state was saved on another version of the dataset (its fingerprint differs: \
+         files added in its middle, replaced, relabelled, or the dataset re-indexed from other \
+         files); resume with `allow_changed_dataset` to compute the rest on the new index"),
     JobFailed = ("job_failed", 409,
         "the multi-node job failed (a node died or stopped heartbeating, the leader was lost, \
          or a rank left): DDP cannot go on without a rank; restart the job"),

@@ -324,3 +324,97 @@ fn a_recorded_epoch_is_served_per_rank_and_replayed_exactly() {
         (400, Some("invalid_replay"))
     );
 }
+
+/// Copies the test dataset's class folders into `to`.
+fn copy_dataset(to: &Path) {
+    for class in std::fs::read_dir(dataset()).unwrap() {
+        let class = class.unwrap().path();
+        if !class.is_dir() {
+            continue;
+        }
+        let dst = to.join(class.file_name().unwrap());
+        std::fs::create_dir_all(&dst).unwrap();
+        for f in std::fs::read_dir(&class).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, dst.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_state_saved_on_another_version_of_the_dataset_is_refused_unless_allowed() {
+    let tmp = TempDir::new("resume_changed_data");
+    let root = tmp.0.join("imgs");
+    copy_dataset(&root);
+    let env = start("resume_changed", &tmp.0);
+    let c = env.server.client();
+    let index_again = || {
+        let (status, body) = c.call("DELETE", "/v1/datasets/d", None).unwrap();
+        assert!(status == 200 || status == 204 || status == 404, "{body}");
+        create_folder_dataset(&env, "d", &root);
+    };
+    let register = |name: &str, resume: Value| {
+        let body = json!({"name": name, "dataset": "d", "batch_size": 4, "epochs": 1,
+                          "resume": resume});
+        let (status, got) = c.call("POST", "/v1/jobs", Some(&body)).unwrap();
+        if status < 300 {
+            let view = c.ok("GET", &format!("/v1/jobs/{name}"), None).unwrap();
+            c.ok("DELETE", &format!("/v1/jobs/{name}"), None).unwrap();
+            return (status, view);
+        }
+        (status, got)
+    };
+    create_folder_dataset(&env, "d", &root);
+    let (_, first) = register("a", json!({"epoch": 0, "consumed": ""}));
+    let saved = first["dataset_fingerprint"].as_str().unwrap().to_owned();
+    assert_eq!(saved.split(':').next().unwrap(), N.to_string(), "{saved}");
+    let state = |allow: bool| {
+        json!({"epoch": 0, "consumed": encode([1, 2]), "dataset_fingerprint": saved,
+               "allow_changed_dataset": allow})
+    };
+
+    // The same files indexed again: the same fingerprint.
+    index_again();
+    let (status, same) = register("b", state(false));
+    assert_eq!(status, 201, "{same}");
+    assert_eq!(same["dataset_fingerprint"], saved.as_str());
+
+    // Files appended at the end (a class folder sorted last): the first items are those of
+    // the state, which resumes.
+    let last = root.join("zzz");
+    std::fs::create_dir_all(&last).unwrap();
+    let mut classes: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    classes.sort();
+    let any = std::fs::read_dir(&classes[0]).unwrap().next();
+    let any = any.unwrap().unwrap().path();
+    std::fs::copy(&any, last.join("appended.jpg")).unwrap();
+    index_again();
+    let (status, grown) = register("c", state(false));
+    assert_eq!(status, 201, "{grown}");
+    let now = grown["dataset_fingerprint"].as_str().unwrap().to_owned();
+    assert_ne!(now, saved);
+    assert!(now.starts_with(&format!("{}:", N + 1)), "{now}");
+
+    // A file of the first class gone: every id after it names another file.
+    std::fs::remove_file(&any).unwrap();
+    index_again();
+    let (status, body) = register("d", state(false));
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "dataset_changed", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&saved) && message.contains("allow_changed_dataset"),
+        "{message}"
+    );
+    let (status, _) = c.call("GET", "/v1/jobs/d", None).unwrap();
+    assert_eq!(status, 404, "a refused job is not registered");
+    // Asked for explicitly: the rest is computed on the new index.
+    let (status, allowed) = register("e", state(true));
+    assert_eq!(status, 201, "{allowed}");
+    // A state without a fingerprint (an older client's) resumes unchecked.
+    let (status, old) = register("f", json!({"epoch": 0, "consumed": encode([1, 2])}));
+    assert_eq!(status, 201, "{old}");
+}

@@ -251,6 +251,60 @@ impl DatasetIndex {
         }
     }
 
+    /// The identity of the first `n` items (`None` when the index has fewer): `"n:hash"`, the
+    /// xxh3-64 (hex) of each item's location (its path; its shard's path, offset and length;
+    /// its Parquet file's path, row group and row) and label, in id order. A dataset that
+    /// grows by items appended after these keeps the fingerprint of its first `n`, so a state
+    /// saved before the append still matches (`fingerprint_matches`).
+    pub fn fingerprint(&self, n: usize) -> Option<String> {
+        use std::hash::Hasher;
+        if n > self.len() {
+            return None;
+        }
+        let mut h = twox_hash::XxHash3_64::with_seed(0);
+        let path = |h: &mut twox_hash::XxHash3_64, p: &Path| {
+            let b = p.as_os_str().as_bytes();
+            h.write(&(b.len() as u64).to_le_bytes());
+            h.write(b);
+        };
+        for id in 0..n as u32 {
+            match self.location(id)? {
+                Location::File(p) => {
+                    h.write(&[0]);
+                    path(&mut h, p);
+                }
+                Location::TarMember { shard, offset, len } => {
+                    h.write(&[1]);
+                    path(&mut h, self.shards.get(shard as usize)?);
+                    h.write(&offset.to_le_bytes());
+                    h.write(&len.to_le_bytes());
+                }
+                Location::ParquetRow {
+                    file,
+                    row_group,
+                    row,
+                } => {
+                    h.write(&[2]);
+                    path(&mut h, self.shards.get(file as usize)?);
+                    h.write(&row_group.to_le_bytes());
+                    h.write(&row.to_le_bytes());
+                }
+            }
+            h.write(&self.label(id)?.to_le_bytes());
+        }
+        Some(format!("{n}:{:016x}", h.finish()))
+    }
+
+    /// Whether `fingerprint` (of [`fingerprint`](Self::fingerprint)) is this index's, or that
+    /// of its first items (the dataset grew since).
+    pub fn fingerprint_matches(&self, fingerprint: &str) -> bool {
+        fingerprint
+            .split_once(':')
+            .and_then(|(n, _)| n.parse::<usize>().ok())
+            .and_then(|n| self.fingerprint(n))
+            .is_some_and(|mine| mine == fingerprint)
+    }
+
     /// What reading a Parquet row needs besides its location (`None` for other sources).
     pub(crate) fn rows_info(&self) -> Option<&RowsInfo> {
         match &self.locations {

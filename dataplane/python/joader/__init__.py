@@ -390,11 +390,15 @@ def register_job(
     record: bool = False,
     replay: Optional[Dict[str, Any]] = None,
     local_world_size: Optional[int] = None,
+    allow_changed_dataset: bool = False,
 ) -> Dict[str, Any]:
     """``POST {server}/v1/jobs`` (see dataplane/DESIGN.md, "Job registration") and returns the response.
     ``resume`` is ``{"epoch", "consumed"}`` of a `Loader.state_dict()`; ``record`` keeps the
     job's delivery orders (``GET /v1/jobs/{name}/record/{epoch}``); ``replay`` is
-    ``{"job", "epoch"}`` of a recorded epoch to receive again, in its order.
+    ``{"job", "epoch"}`` of a recorded epoch to receive again, in its order. A ``resume``
+    state's ``dataset_fingerprint`` is checked by the server: a dataset whose first items
+    differ from those the state was saved on is refused (``ServerError("dataset_changed")``)
+    unless ``allow_changed_dataset``.
 
     ``local_world_size`` (default: ``$LOCAL_WORLD_SIZE`` as torchrun sets it, else all
     ranks) is the number of the job's ranks on this node; below ``world_size`` the job is a
@@ -422,6 +426,10 @@ def register_job(
             # The server checks the coverage again (any client, not only this one).
             body["resume"]["ranks"] = [int(r) for r in resume["ranks"]]
             body["resume"]["world_size"] = int(resume["world_size"])
+        if resume.get("dataset_fingerprint") is not None:
+            body["resume"]["dataset_fingerprint"] = str(resume["dataset_fingerprint"])
+        if allow_changed_dataset:
+            body["resume"]["allow_changed_dataset"] = True
     if record:
         body["record"] = True
     if replay is not None:
@@ -465,7 +473,7 @@ class Loader:
     batch (``JoaderError("timeout")``).
 
     Checkpoints: ``state_dict()`` is ``{"job", "epoch", "consumed", "world_size",
-    "ranks"}``, the epoch in progress and the ids of it already handed over by
+    "ranks", "dataset_fingerprint"}``, the epoch in progress and the ids of it already handed over by
     iteration (a base64 roaring bitmap; batches merely prefetched do not count)
     by the ranks listed in ``ranks`` (this rank alone) of the ``world_size`` the job
     ran with, small and self-contained, to save in the training checkpoint. A job
@@ -478,7 +486,13 @@ class Loader:
     (elastic): the rest of the epoch is shared equally among the new ranks
     (padded as ``DistributedSampler`` pads), later epochs are whole; a state
     missing some ranks is refused (``ValueError`` naming them), as its rest
-    would repeat what they handed over.
+    would repeat what they handed over. ``dataset_fingerprint`` names the dataset's
+    items (their locations and labels, in id order) when the state was saved: resuming on a
+    dataset whose first items differ (files added in its middle, replaced or relabelled, a
+    re-index of other files) raises ``ServerError("dataset_changed")`` naming both, unless
+    ``allow_changed_dataset=True`` (the rest of the epoch is then computed on the new
+    index); a dataset that only grew at its end resumes as it is. States saved before states
+    carried it resume unchecked.
     ``record=True`` keeps every epoch's delivery order on the server
     (``GET /v1/jobs/{job}/record/{epoch}``, per rank) to trace a bad batch;
     ``replay={"job": name, "epoch": e}`` (without ``subset``) receives exactly
@@ -529,6 +543,7 @@ class Loader:
         replay: Optional[Dict[str, Any]] = None,
         padded: bool = False,
         fields: Union[bool, Sequence[str], None] = None,
+        allow_changed_dataset: bool = False,
     ) -> None:
         if not dataset:
             raise ValueError("dataset is required")
@@ -580,6 +595,7 @@ class Loader:
             sampler=sampler,
             record=record,
             replay=replay,
+            allow_changed_dataset=allow_changed_dataset,
         )
         #: The field names of the dataset's image and class, and the small fields yielded
         #: (``fields``), or None for ``(images, labels)`` batches.
@@ -707,6 +723,8 @@ class Loader:
         self.instance: str = mine[0]["instance"]
         self.ring: str = mine[0]["ring"]
         size = self.info.get("job", {}).get("subset_size")
+        #: The dataset's fingerprint at registration (kept by ``state_dict``).
+        self.dataset_fingerprint: Optional[str] = self.info.get("job", {}).get("dataset_fingerprint")
         #: The job's server pipeline (what boxes are scaled through).
         self._pipeline: Optional[Dict[str, Any]] = self.info.get("job", {}).get("pipeline")
         #: Records every rank receives per epoch (its share, padded), when known.
@@ -795,13 +813,16 @@ class Loader:
     def state_dict(self) -> Dict[str, Any]:
         """Where this rank is: the epoch in progress and the ids of it handed over (see the
         class docs). A plain dict of str and int, for ``torch.save`` or JSON."""
-        return {
+        state: Dict[str, Any] = {
             "job": self.job,
             "epoch": self._epoch,
             "consumed": base64.b64encode(self._consumed.to_bytes()).decode(),
             "world_size": self.world_size,
             "ranks": [self.rank],
         }
+        if self.dataset_fingerprint is not None:
+            state["dataset_fingerprint"] = self.dataset_fingerprint
+        return state
 
     def load_state_dict(self, state: Dict[str, Any], barrier: Optional[Callable[[], None]] = None) -> None:
         """Continues from ``state`` (a `state_dict`, merged over the ranks with `merge_states`):
@@ -890,6 +911,9 @@ def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     jobs = {s.get("job") for s in states}
     if len(jobs) != 1:
         raise ValueError(f"the states are of different jobs {sorted(str(j) for j in jobs)}")
+    prints = {str(s["dataset_fingerprint"]) for s in states if s.get("dataset_fingerprint") is not None}
+    if len(prints) > 1:
+        raise ValueError(f"the states were saved on different versions of the dataset {sorted(prints)}")
     ids = _native.IdSet()
     for s in states:
         if s.get("consumed"):

@@ -270,3 +270,36 @@ def test_states_name_their_ranks_and_only_complete_ones_resume_elsewhere():
     joader.check_resumable(old, 2)
     with pytest.raises(ValueError, match="names no ranks"):
         joader.check_resumable(old, 3)
+
+
+def test_states_carry_the_dataset_fingerprint_to_the_server(writer):
+    w = writer(rings="fp,fa,fb", elements=6, epochs=1)
+
+    def reg(ring: str) -> Dict[str, Any]:
+        r = registration(w.instance, ring)
+        r["job"]["dataset_fingerprint"] = "6:00112233aabbccdd"
+        return r
+
+    srv = FakeServer((200, reg("fp")))
+    try:
+        loader = joader.Loader(server=srv.url, dataset="d", job="fp", batch_size=3)
+        state = loader.state_dict()
+        assert state["dataset_fingerprint"] == "6:00112233aabbccdd"
+        loader.close()
+        # Sent back with a resume, and the explicit permission only when asked for.
+        for allow, ring in ((False, "fa"), (True, "fb")):
+            srv.reply = (200, reg(ring))
+            again = joader.Loader(server=srv.url, dataset="d", job="fp", batch_size=3, resume=state,
+                                  allow_changed_dataset=allow)
+            again.close()
+            body = srv.requests[-1][1]
+            assert body["resume"]["dataset_fingerprint"] == "6:00112233aabbccdd"
+            assert body["resume"].get("allow_changed_dataset", False) is allow
+    finally:
+        srv.close()
+    # Ranks saved on different versions of the dataset do not merge.
+    a = {**state, "ranks": [0], "world_size": 2}
+    b = {**state, "ranks": [1], "world_size": 2, "dataset_fingerprint": "7:ffeeddccbbaa9988"}
+    with pytest.raises(ValueError, match="different versions of the dataset"):
+        joader.merge_states([a, b])
+    assert joader.merge_states([a, {**b, "dataset_fingerprint": a["dataset_fingerprint"]}])["ranks"] == [0, 1]

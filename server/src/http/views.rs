@@ -113,6 +113,10 @@ pub struct JobView {
     /// Position in the current epoch (of the last sampled element).
     pub position: u64,
     pub subset_size: u64,
+    /// The dataset's fingerprint when the job registered (`items:xxh3-64` of its items'
+    /// locations and labels, in id order): a checkpoint keeps it, and a resume on a dataset
+    /// whose first items differ is refused (`dataset_changed`).
+    pub dataset_fingerprint: String,
     pub sampled: u64,
     pub delivered: u64,
     pub acknowledged: u64,
@@ -196,6 +200,7 @@ pub fn job_view(j: &JobEntry) -> JobView {
         epoch,
         position: s.position.load(Relaxed),
         subset_size: j.subset_len,
+        dataset_fingerprint: j.fingerprint.clone(),
         sampled: s.sampled.load(Relaxed),
         delivered: s.delivered.load(Relaxed),
         acknowledged: s.acknowledged.load(Relaxed),

@@ -202,6 +202,8 @@ pub struct JobEntry {
     /// What samples the job: its dataset's Sampler, or the node's agent (multi-node jobs).
     pub sampler: actix::Recipient<actors::service::RemoveJob>,
     pub created: Instant,
+    /// The dataset's fingerprint when the job registered (`DatasetIndex::fingerprint`).
+    pub fingerprint: String,
     /// (time, acknowledged, rate) of the last rate estimate.
     pub rate: Mutex<Option<(Instant, u64, f64)>>,
     /// When housekeeping first saw the job ended.

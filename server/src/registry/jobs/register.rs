@@ -19,7 +19,7 @@ use joader_storage::DatasetIndex;
 use roaring::RoaringBitmap;
 
 use super::limits::{batch_fits, ring_capacity};
-use super::request::{JobRequest, Ranks};
+use super::request::{JobRequest, Ranks, ResumeState};
 use super::reserve::{Reserved, reserve};
 use crate::error::{Code, Error, Result};
 use crate::loading::{IndexSource, PipelinePrepare};
@@ -108,6 +108,7 @@ impl NewJob {
             rings,
             sampler: remover,
             created: Instant::now(),
+            fingerprint: self.order.fingerprint,
             rate: Default::default(),
             ended_at: Default::default(),
         }
@@ -132,6 +133,8 @@ struct Order {
     replay: Option<Arc<[u32]>>,
     /// The epoch a resumed job continues, and what remains of it.
     resume: Option<(u32, Arc<RoaringBitmap>)>,
+    /// The dataset's fingerprint (`DatasetIndex::fingerprint` of all its items).
+    fingerprint: String,
 }
 
 /// This node's agent, which serves the ranks of a multi-node job here.
@@ -211,6 +214,7 @@ async fn resolve_order(
 ) -> Result<Order> {
     let spec = req.subset.clone();
     let (replay, data_dir) = (req.replay.clone(), registry.config.data_dir.clone());
+    let whole = index.clone();
     let (subset, replay) = actix_web::rt::task::spawn_blocking(move || {
         let len = index.len() as u32;
         if let Some(r) = &replay {
@@ -235,22 +239,57 @@ async fn resolve_order(
             "the subset selects no element of the dataset",
         ));
     }
-    let resume = match &req.resume {
-        Some(r) => {
-            let (subset, epochs, r) = (subset.clone(), req.epochs, r.clone());
-            let (epoch, remaining) =
-                actix_web::rt::task::spawn_blocking(move || r.start(&subset, epochs))
-                    .await
-                    .map_err(Error::internal)??;
-            Some((epoch, Arc::new(remaining)))
-        }
-        None => None,
-    };
+    let (subset_c, epochs, resume, dataset) = (
+        subset.clone(),
+        req.epochs,
+        req.resume.clone(),
+        req.dataset.clone(),
+    );
+    let (resume, fingerprint) = actix_web::rt::task::spawn_blocking(move || {
+        let index = whole;
+        let fingerprint = index
+            .fingerprint(index.len())
+            .ok_or_else(|| Error::internal("an index without its items"))?;
+        let resume = match resume {
+            Some(r) => {
+                check_fingerprint(&r, &index, &dataset, &fingerprint)?;
+                let (epoch, remaining) = r.start(&subset_c, epochs)?;
+                Some((epoch, Arc::new(remaining)))
+            }
+            None => None,
+        };
+        Ok::<_, Error>((resume, fingerprint))
+    })
+    .await
+    .map_err(Error::internal)??;
     Ok(Order {
         subset: Arc::new(subset),
         replay,
         resume,
+        fingerprint,
     })
+}
+
+/// Refuses a resume state saved on another version of the dataset, unless it allows it.
+fn check_fingerprint(
+    r: &ResumeState,
+    index: &DatasetIndex,
+    dataset: &str,
+    now: &str,
+) -> Result<()> {
+    match &r.dataset_fingerprint {
+        Some(saved) if !r.allow_changed_dataset && !index.fingerprint_matches(saved) => {
+            Err(Error::new(
+                Code::DatasetChanged,
+                format!(
+                    "the resume state was saved on dataset '{dataset}' as fingerprint {saved} \
+                     (items:hash); it is now {now}, and its first items differ: resume with \
+                     allow_changed_dataset to compute the rest of the epoch on the new index"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn new_job_id(registry: &Registry) -> Result<JobId> {

@@ -142,6 +142,16 @@ pub struct ResumeState {
     /// The world size the state was saved with (needed with `ranks`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub world_size: Option<u32>,
+    /// The dataset's fingerprint when the state was saved (a job's `dataset_fingerprint`):
+    /// a resume on a dataset whose first items differ is refused (`dataset_changed`), one
+    /// that only grew since resumes. Absent (older states): not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "1281167:9f2c0a7d41e6b305")]
+    pub dataset_fingerprint: Option<String>,
+    /// Resume even if the dataset's fingerprint differs: the rest of the epoch is then
+    /// computed on the new index (ids of the state that are now other files count as taken).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_changed_dataset: bool,
 }
 
 impl ResumeState {
