@@ -164,7 +164,12 @@ pub(crate) mod rec {
     pub const EPOCH: usize = 24; // u64
     pub const POSITION: usize = 32; // u64
     pub const ERROR_CODE: usize = 40; // u32
+    /// Data and error records: [`FLAG_LAST_OF_EPOCH`]; 0 from servers before it.
+    pub const FLAGS: usize = 44; // u32
     pub const SIZE: usize = 64;
+    /// The record is the last data or error record of its epoch in this ring: the next
+    /// record is the epoch's end.
+    pub const FLAG_LAST_OF_EPOCH: u32 = 1;
 }
 
 /// Kinds of ring records.

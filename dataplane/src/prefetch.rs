@@ -366,14 +366,30 @@ impl Worker {
             self.epoch = EpochShare::default();
             self.epochs_ended += 1;
         }
-        while out.len < bs && out.end_of_epoch.is_none() && !out.end_of_stream {
+        // A full batch whose last record the server marked the last of its epoch also takes
+        // the end of the epoch that follows: the batch then ends the epoch, as a short last
+        // batch does, and a checkpoint after it is in the next epoch on every rank.
+        let mut expect_end = false;
+        while (out.len < bs || expect_end) && out.end_of_epoch.is_none() && !out.end_of_stream {
             if self.stop.load(Ordering::Relaxed) {
                 return Err(Error::Protocol("the prefetch was stopped".into()));
             }
             let wait = stages::enter(&client::WAIT);
-            let b = self.reader.take(bs - out.len, Some(STOP_SLICE));
+            let b = if out.len < bs {
+                self.reader.take(bs - out.len, Some(STOP_SLICE))
+            } else {
+                self.reader.take_end(Some(STOP_SLICE))
+            };
             drop(wait);
             let b = b?;
+            if out.len >= bs && b.end_of_epoch.is_none() && !b.end_of_stream {
+                if self.reader.has_pending() {
+                    // Not an end after all (a server that marked too early): the next batch.
+                    break;
+                }
+                continue;
+            }
+            expect_end |= b.last_of_epoch;
             if !b.items.is_empty() {
                 let items: Vec<_> = b.items.iter().map(|m| (*m, self.reader.bytes(m))).collect();
                 let padded = self.config.output == Output::U8Padded;

@@ -98,6 +98,9 @@ pub struct RawBatch {
     pub end_of_epoch: Option<EpochEnd>,
     /// Set when the job is finished.
     pub end_of_stream: bool,
+    /// The batch holds its epoch's last data or error record in this ring (the server
+    /// marks it): the next record is the epoch's end.
+    pub last_of_epoch: bool,
 }
 
 /// Immutable part of an open reader: the mappings and what was validated at open.
@@ -392,6 +395,20 @@ impl RawReader {
         waiting.store(0, Ordering::Relaxed);
     }
 
+    /// Records have been pushed that this reader has not taken.
+    pub fn has_pending(&self) -> bool {
+        self.load_tail().is_ok_and(|t| t > self.cur.head)
+    }
+
+    /// The record at `pos` ends the epoch or the stream.
+    fn is_end_record(&self, pos: u64) -> bool {
+        let off = self.maps.ring_layout.record_off(pos);
+        matches!(
+            RecordKind::from_u32(self.maps.ring_ro.read_u32(off + rec::KIND)),
+            Some(RecordKind::EndOfEpoch | RecordKind::EndOfStream)
+        )
+    }
+
     fn read_record(&self, pos: u64, out: &mut RawBatch) -> Result<()> {
         let m = &self.maps;
         let off = m.ring_layout.record_off(pos);
@@ -400,6 +417,15 @@ impl RawReader {
         let epoch = r.read_u64(off + rec::EPOCH);
         let position = r.read_u64(off + rec::POSITION);
         let element_id = r.read_u32(off + rec::ELEMENT_ID);
+        let last = r.read_u32(off + rec::FLAGS) & rec::FLAG_LAST_OF_EPOCH != 0;
+        if last
+            && matches!(
+                RecordKind::from_u32(kind),
+                Some(RecordKind::Data | RecordKind::Error)
+            )
+        {
+            out.last_of_epoch = true;
+        }
         match RecordKind::from_u32(kind) {
             Some(RecordKind::Data) => {
                 let s = r.read_u32(off + rec::SLOT);
@@ -512,6 +538,23 @@ impl RawReader {
     /// alive and fails with `server_gone` if not; after the server closed the
     /// ring and everything was read, fails with `ring_closed`.
     pub fn take(&mut self, max_items: usize, timeout: Option<Duration>) -> Result<RawBatch> {
+        self.take_inner(max_items, timeout, false)
+    }
+
+    /// Takes the next record only if it ends the epoch or the stream, waiting for it as
+    /// [`take`](Self::take) waits: after a record marked the last of its epoch
+    /// ([`RawBatch::last_of_epoch`]) the end follows, and a client whose batch is full reads
+    /// it with that batch. A data or error record is left in place (the batch is empty).
+    pub fn take_end(&mut self, timeout: Option<Duration>) -> Result<RawBatch> {
+        self.take_inner(1, timeout, true)
+    }
+
+    fn take_inner(
+        &mut self,
+        max_items: usize,
+        timeout: Option<Duration>,
+        ends_only: bool,
+    ) -> Result<RawBatch> {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
         let mut out = RawBatch {
@@ -530,11 +573,16 @@ impl RawReader {
                 Err(e) => break Err(e),
             };
             let mut failed = None;
+            let mut not_an_end = false;
             while self.cur.head < tail
                 && out.items.len() < max_items
                 && out.end_of_epoch.is_none()
                 && !out.end_of_stream
             {
+                if ends_only && !self.is_end_record(self.cur.head) {
+                    not_an_end = true;
+                    break;
+                }
                 if let Err(e) = self.read_record(self.cur.head, &mut out) {
                     failed = Some(e);
                     break;
@@ -544,7 +592,11 @@ impl RawReader {
             if let Some(e) = failed {
                 break Err(e);
             }
-            if out.items.len() >= max_items || out.end_of_epoch.is_some() || out.end_of_stream {
+            if not_an_end
+                || out.items.len() >= max_items
+                || out.end_of_epoch.is_some()
+                || out.end_of_stream
+            {
                 break Ok(());
             }
             // Everything in the ring is ours and unacknowledged: waiting would deadlock.

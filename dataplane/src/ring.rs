@@ -208,6 +208,7 @@ impl RingWriter {
         epoch: u64,
         position: u64,
         error_code: u32,
+        flags: u32,
     ) {
         let off = self.layout.record_off(self.tail);
         let m = &self.map;
@@ -219,6 +220,7 @@ impl RingWriter {
         m.write_u64(off + rec::EPOCH, epoch);
         m.write_u64(off + rec::POSITION, position);
         m.write_u32(off + rec::ERROR_CODE, error_code);
+        m.write_u32(off + rec::FLAGS, flags);
         self.tail += 1;
         self.publish();
     }
@@ -250,6 +252,18 @@ impl RingWriter {
     /// slot first. `position` is the element's position in the job's epoch.
     /// Fails with `ring_full` (no credit), `stale_slot` or `ring_closed`.
     pub fn push_data(&mut self, r: SlotRef, epoch: u64, position: u64) -> Result<()> {
+        self.push_data_with(r, epoch, position, false)
+    }
+
+    /// [`push_data`](Self::push_data), marking the record the last data or error record of
+    /// its epoch in this ring when `last_of_epoch` (the end of epoch is pushed next).
+    pub fn push_data_with(
+        &mut self,
+        r: SlotRef,
+        epoch: u64,
+        position: u64,
+        last_of_epoch: bool,
+    ) -> Result<()> {
         self.ensure_room()?;
         let meta = {
             let st = self.shared.lock();
@@ -270,6 +284,7 @@ impl RingWriter {
             epoch,
             position,
             0,
+            flags(last_of_epoch),
         );
         Ok(())
     }
@@ -283,6 +298,19 @@ impl RingWriter {
         epoch: u64,
         position: u64,
     ) -> Result<()> {
+        self.push_error_with(element_id, error_code, epoch, position, false)
+    }
+
+    /// [`push_error`](Self::push_error), marking the record the last of its epoch in this
+    /// ring when `last_of_epoch`.
+    pub fn push_error_with(
+        &mut self,
+        element_id: u32,
+        error_code: u32,
+        epoch: u64,
+        position: u64,
+        last_of_epoch: bool,
+    ) -> Result<()> {
         self.ensure_room()?;
         self.shadow.push_back(None);
         self.write_record(
@@ -294,6 +322,7 @@ impl RingWriter {
             epoch,
             position,
             error_code,
+            flags(last_of_epoch),
         );
         Ok(())
     }
@@ -303,7 +332,17 @@ impl RingWriter {
     pub fn push_end_of_epoch(&mut self, epoch: u64, count: u64) -> Result<()> {
         self.ensure_room()?;
         self.shadow.push_back(None);
-        self.write_record(RecordKind::EndOfEpoch, u32::MAX, 0, 0, 0, epoch, count, 0);
+        self.write_record(
+            RecordKind::EndOfEpoch,
+            u32::MAX,
+            0,
+            0,
+            0,
+            epoch,
+            count,
+            0,
+            0,
+        );
         Ok(())
     }
 
@@ -311,7 +350,7 @@ impl RingWriter {
     pub fn push_end_of_stream(&mut self) -> Result<()> {
         self.ensure_room()?;
         self.shadow.push_back(None);
-        self.write_record(RecordKind::EndOfStream, u32::MAX, 0, 0, 0, 0, 0, 0);
+        self.write_record(RecordKind::EndOfStream, u32::MAX, 0, 0, 0, 0, 0, 0, 0);
         Ok(())
     }
 
@@ -446,5 +485,14 @@ impl Drop for RingWriter {
         self.reclaim_reader();
         self.shared.release_reader(self.reader);
         let _ = shm::unlink(&self.segment);
+    }
+}
+
+/// A data or error record's `flags` word.
+fn flags(last_of_epoch: bool) -> u32 {
+    if last_of_epoch {
+        rec::FLAG_LAST_OF_EPOCH
+    } else {
+        0
     }
 }

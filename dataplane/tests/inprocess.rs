@@ -156,6 +156,44 @@ fn errors_epochs_and_end_of_stream() {
 }
 
 #[test]
+fn the_last_record_of_an_epoch_says_so_and_the_end_is_taken_alone() {
+    let w = writer("last", 8, 1 << 16);
+    let mut ring = w.create_ring("r", 16).unwrap();
+    let (a, b, c) = (
+        write_image(&w, 1, 2, 2),
+        write_image(&w, 2, 2, 2),
+        write_image(&w, 3, 2, 2),
+    );
+    ring.push_data(a, 0, 0).unwrap();
+    ring.push_data_with(b, 0, 1, true).unwrap();
+    let mut reader = dataplane::RawReader::open(w.instance(), "r", LONG).unwrap();
+    let first = reader.take(1, T).unwrap();
+    assert!(!first.last_of_epoch && first.items.len() == 1);
+    let last = reader.take(1, T).unwrap();
+    assert!(last.last_of_epoch && last.items.len() == 1 && last.end_of_epoch.is_none());
+    // The end is not pushed yet: `take_end` waits for it (here: until its timeout).
+    let none = reader.take_end(Some(Duration::from_millis(50))).unwrap();
+    assert!(none.items.is_empty() && none.end_of_epoch.is_none());
+    ring.push_end_of_epoch(0, 2).unwrap();
+    let end = reader.take_end(T).unwrap();
+    assert_eq!(end.end_of_epoch.unwrap().count, 2);
+    assert!(end.items.is_empty());
+    // A data record is left in place for `take`.
+    ring.push_error_with(9, dataplane::element_error::DECODE, 1, 0, false)
+        .unwrap();
+    ring.push_data(c, 1, 1).unwrap();
+    let left = reader.take_end(T).unwrap();
+    assert!(left.items.is_empty() && left.errors.is_empty() && left.end_of_epoch.is_none());
+    assert!(reader.has_pending());
+    let rest = reader.take(1, T).unwrap();
+    assert_eq!((rest.errors.len(), rest.items.len()), (1, 1));
+    assert!(!rest.last_of_epoch);
+    for batch in [first, last, end, rest] {
+        reader.release(batch.start);
+    }
+}
+
+#[test]
 fn timeout_returns_an_empty_batch() {
     let w = writer("timeout", 8, 1 << 16);
     let _ring = w.create_ring("r", 8).unwrap();

@@ -219,3 +219,68 @@ def test_torchrun_state_saved_on_two_ranks_resumes_on_one_and_on_three(server: s
         assert [len(i) for i, _ in nxt] == [whole] * nproc
         assert set().union(*[set(i) for i, _ in nxt]) == set(range(N)), "the next epoch is whole"
         assert sum(len(set(i)) for i, _ in nxt) == N, "and shared disjointly"
+
+
+LAST_STEP_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+import joader.torch as jt
+url, n, phase, ckpt, job = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo")
+world = dist.get_world_size()
+ds = jt.JoaderDataset(server=url, dataset="imgs", job=job, batch_size=8, epochs=2, seed=4,
+                      subset={"start": 0, "end": n}, pipeline={"kind": "decode"})
+if phase == "first":
+    # Saved at the epoch's last step, inside the loop: before the next batch is asked for.
+    last = -(-(-(-n // world)) // 8)
+    steps = 0
+    for x, y in ds:
+        steps += 1
+        if steps == last:
+            state = ds.state_dict()  # a collective: every rank's state, merged
+            break
+    if dist.get_rank() == 0:
+        json.dump({"data": state}, open(ckpt, "w"))
+        print(json.dumps(state))
+    os._exit(0)
+ds.load_state_dict(json.load(open(ckpt))["data"])
+ids, steps = [], 0
+for x, y in ds:
+    ids += ds.loader.last_ids.tolist()
+    steps += 1
+every = [None] * world
+dist.all_gather_object(every, (ids, steps))
+ds.close()
+if dist.get_rank() == 0:
+    print(json.dumps(every))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("n", [15, 16])
+def test_a_state_saved_at_an_epochs_last_step_merges_and_resumes_with_the_next_epoch(
+        server: str, tmp_path: Path, n: int) -> None:
+    """Two ranks, batches of 8: with 16 elements each rank's share (8) is one whole batch;
+    with 15 rank 0's is one whole batch and rank 1's 7 plus its padding. Saved at the epoch's
+    last step, every rank's state is in the next epoch, so they merge; resumed on three ranks
+    the job gets the next epoch whole."""
+    need("torch", "tests/all.sh installs it")
+    script, ckpt, job = tmp_path / "last.py", tmp_path / "ckpt.json", f"last-step-{n}"
+    script.write_text(textwrap.dedent(LAST_STEP_SCRIPT))
+
+    def run(nproc: int, phase: str) -> Any:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               str(script), server, str(n), phase, str(ckpt), job]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert p.returncode == 0, p.stderr[-4000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    state = run(2, "first")
+    assert state["epoch"] == 1 and state["ranks"] == [0, 1], state
+    wait_for("the first run's job to end", lambda: job_state(server, job) in ("failed", "finished", "absent"))
+    shares = run(3, "resume")
+    whole = -(-n // 3)
+    assert [len(ids) for ids, _ in shares] == [whole] * 3, shares
+    assert set().union(*[set(ids) for ids, _ in shares]) == set(range(n)), "the next epoch, whole"
+    assert sum(len(set(ids)) for ids, _ in shares) == n, "shared disjointly"

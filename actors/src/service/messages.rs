@@ -321,6 +321,10 @@ pub struct OpenJob {
     /// A job resumed mid-epoch: what remains of its first epoch (its first delivery does
     /// not have position 0, and only these elements are needed once more by it).
     pub resume: Option<Arc<RoaringBitmap>>,
+    /// The deliveries' positions are the job's own, `0..subset.len()` every epoch, rank
+    /// `position mod ranks` (a job whose ranks are all here; not a multi-node job's node):
+    /// the Cache then marks each rank's last record of an epoch as it pushes it.
+    pub own_positions: bool,
 }
 
 /// Control → Cache: drop a job's rings and release what it held.

@@ -276,6 +276,7 @@ async fn open(
             stats: stats.clone(),
             sampler: w.sampler.clone().recipient(),
             resume: None,
+            own_positions: true,
         })
         .await
         .unwrap()

@@ -81,6 +81,7 @@ impl CacheActor {
                 stats: msg.stats,
                 sampler: msg.sampler,
                 resume: msg.resume,
+                own_positions: msg.own_positions,
             },
         );
         self.update_gauges();

@@ -163,6 +163,8 @@ struct CacheJob {
     sampler: Recipient<JobSignal>,
     /// A resumed job's first epoch, until its first delivery: the elements it still needs.
     resume: Option<Arc<RoaringBitmap>>,
+    /// See [`OpenJob::own_positions`](crate::service::messages::OpenJob::own_positions).
+    own_positions: bool,
 }
 
 /// See the module docs.

@@ -66,6 +66,9 @@ impl CacheActor {
                 continue;
             };
             let batch = job.batch as usize;
+            let epoch_end = job
+                .own_positions
+                .then(|| (job.subset.len(), job.rings.len() as u64));
             'rings: for rr in &mut job.rings {
                 while self.ready_unit(rr, batch)
                     && rr.ring.free_credit() as usize >= rr.ready
@@ -75,7 +78,7 @@ impl CacheActor {
                         let Some(front) = rr.queue.pop_front() else {
                             break;
                         };
-                        if let Err(e) = self.push(rr, front, &job.stats) {
+                        if let Err(e) = self.push(rr, front, &job.stats, epoch_end) {
                             // Nothing else writes the ring and the unit fit: the ring is broken.
                             broken.push((id, format!("delivery failed: {e}")));
                             break 'rings;
@@ -104,12 +107,25 @@ impl CacheActor {
     }
 
     /// Pushes one ready entry into its ring.
+    /// `epoch_end`: `(subset size, ranks)` of a job with its own positions.
     fn push(
         &mut self,
         rr: &mut RankRing,
         entry: Entry,
         stats: &crate::service::stats::JobStats,
+        epoch_end: Option<(u64, u64)>,
     ) -> Result<(), dataplane::Error> {
+        // The epoch's end is queued with its last deliveries (the Sampler's `EndAt` comes in
+        // the same message), so the record before it says it is the last: a client that
+        // takes a whole batch ending the epoch knows the epoch ended without waiting for the
+        // end record (its state moves to the next epoch with the other ranks').
+        // With the job's own positions a rank's last position of an epoch is known too (the
+        // end may come with a later pass when other ranks' last elements come later).
+        let last = matches!(rr.queue.front(), Some(Entry::EndOfEpoch { .. }))
+            || epoch_end.is_some_and(|(n, ranks)| match entry {
+                Entry::Item { position, .. } => u64::from(position) + ranks >= n,
+                _ => false,
+            });
         match entry {
             Entry::Item {
                 key,
@@ -119,7 +135,7 @@ impl CacheActor {
             } => {
                 if let Some(e) = self.slots.get_mut(&key) {
                     rr.ring
-                        .push_data(e.slot, u64::from(epoch), u64::from(position))?;
+                        .push_data_with(e.slot, u64::from(epoch), u64::from(position), last)?;
                     e.queued = e.queued.saturating_sub(1);
                     e.pushed += 1;
                     rr.pinned += 1;
@@ -129,8 +145,13 @@ impl CacheActor {
                     // A pushed slot stays pinned until its record is acknowledged.
                     self.debug_assert_slot(key);
                 } else if let Some(&(code, _)) = self.failed.get(&key) {
-                    rr.ring
-                        .push_error(element, code, u64::from(epoch), u64::from(position))?;
+                    rr.ring.push_error_with(
+                        element,
+                        code,
+                        u64::from(epoch),
+                        u64::from(position),
+                        last,
+                    )?;
                     stats.delivered.fetch_add(1, Relaxed);
                     stats.errors.fetch_add(1, Relaxed);
                     rr.shadow.push_back(true);

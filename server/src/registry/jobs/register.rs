@@ -58,7 +58,15 @@ pub async fn register_job<T>(
         Some(node) => node.signals(),
         None => job.dataset.sampler.clone().recipient(),
     };
-    let mut rings = open_job(registry, &req, &job, ranks.local, capacity, signals).await?;
+    let mut rings = open_job(
+        registry,
+        &req,
+        &job,
+        (ranks.local, !ranks.multi),
+        capacity,
+        signals,
+    )
+    .await?;
     let remover = match node {
         Some(node) => join_cluster(registry, node, &req, &job, ranks, &mut rings).await?,
         None => job.dataset.sampler.clone().recipient(),
@@ -299,13 +307,13 @@ fn new_job_id(registry: &Registry) -> Result<JobId> {
 }
 
 /// Opens the job in the Cache: a ring of `capacity` records for each of its `ranks` on this
-/// server. `signals` is what the Cache returns the job's credit to (its Sampler, or this
+/// server (`own_positions`: every rank of the job is here, see `OpenJob`). `signals` is what the Cache returns the job's credit to (its Sampler, or this
 /// node's agent).
 async fn open_job(
     registry: &Registry,
     req: &JobRequest,
     job: &NewJob,
-    ranks: u32,
+    (ranks, own_positions): (u32, bool),
     capacity: u32,
     signals: Recipient<JobSignal>,
 ) -> Result<Vec<RingInfo>> {
@@ -335,6 +343,7 @@ async fn open_job(
                 .resume
                 .as_ref()
                 .map(|(_, remaining)| remaining.clone()),
+            own_positions,
         })
         .await
         .map_err(Error::internal)?
