@@ -36,6 +36,8 @@ export JOADER_S3S_FS="$S3S_FS"
 echo "== formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# The shipped binary's build (docker/Dockerfile): without the benches.
+cargo clippy -p joader-tools --no-default-features --all-targets --quiet -- -D warnings
 
 echo "== builds: the joader binary, the data plane's fixture writer, the Python package (into the environment)"
 # Everything any test runs is built before the first test, so that the order of the steps

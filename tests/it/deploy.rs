@@ -66,3 +66,48 @@ fn a_bad_shm_mode_is_refused() {
         assert!(err.contains("shm") || err.contains("octal"), "{bad}: {err}");
     }
 }
+
+/// The shipped binary (`docker/Dockerfile`) is built without the `bench` feature and stripped,
+/// and without that feature nothing of the benches' chart library is linked.
+#[test]
+fn the_shipped_binary_carries_no_bench() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dockerfile = std::fs::read_to_string(root.join("docker/Dockerfile")).unwrap();
+    let build = dockerfile
+        .lines()
+        .find(|l| l.contains("cargo build"))
+        .expect("the Dockerfile builds with cargo");
+    assert!(
+        build.contains("--bin joader") && build.contains("--no-default-features"),
+        "{build}"
+    );
+    assert!(
+        dockerfile.contains("strip -o /usr/local/bin/joader"),
+        "{dockerfile}"
+    );
+    let tree = |features: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO"))
+            .current_dir(&root)
+            .args([
+                "tree",
+                "--offline",
+                "-q",
+                "-e",
+                "normal",
+                "-p",
+                "joader-tools",
+            ])
+            .args(features)
+            .output()
+            .expect("run cargo tree");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(!tree(&["--no-default-features"]).contains("plotters"));
+    // The source tree's build (the tests, `cargo run -- bench`) has them.
+    assert!(tree(&[]).contains("plotters"));
+}

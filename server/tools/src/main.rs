@@ -1,7 +1,9 @@
 //! The `joader` binary: sets up logging, parses the command line and runs one subcommand:
 //! `serve` from the daemon's crate (`server`), every other from this one.
 use clap::{Parser, Subcommand};
-use joader_tools::{bench, cleanup, consume, demo, simulate, synth};
+#[cfg(feature = "bench")]
+use joader_tools::bench;
+use joader_tools::{cleanup, consume, demo, simulate, synth};
 
 /// mimalloc instead of glibc's malloc: the loader threads allocate and free a decoded image
 /// (hundreds of KiB) per element, often freed on another thread (the Cache's); glibc returns
@@ -40,7 +42,9 @@ enum Command {
     /// Remove the shared memory a dead server of an instance left in /dev/shm (a server killed
     /// by SIGKILL or the OOM killer), without restarting it. Refused while a server runs it.
     Cleanup(cleanup::CleanupArgs),
-    /// Benchmarks that print measured figures and ratios.
+    /// Benchmarks that print measured figures and ratios (a build of the source tree; the
+    /// shipped binary is built without them).
+    #[cfg(feature = "bench")]
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
@@ -64,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         Command::Cleanup(args) => cleanup::run(args),
         Command::GenDataset(args) => synth::gen_dataset(args),
         Command::Simulate(args) => simulate::run(args),
+        #[cfg(feature = "bench")]
         Command::Bench(command) => bench::run(command),
     }
 }
