@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Set, Tuple
 
 import numpy as np
 import pytest
@@ -645,3 +645,59 @@ def test_an_s3_image_folder_declares_no_fields(s3: Dict[str, Any]) -> None:
         "kind": "s3", "url": "s3://bkt/wds/", "layout": "image_folder", "fields": WDS_FIELDS}})
     assert status == 400 and body["error"]["code"] == "invalid_request", body
     assert "image_folder" in body["error"]["message"], body
+
+
+def test_optional_fields_are_none_where_a_sample_lacks_them(server: Dict[str, Any]) -> None:
+    """`"optional": true`: a missing member (WebDataset), an empty cell (CSV) or a null cell
+    (Parquet) is None in its place, where a required field fails the indexing or the
+    element; a fixed-shape array field is then a list, not a stacked array. Only small fields
+    may be optional."""
+    data: Path = server["data"]
+    images: List[Path] = server["images"]
+    classes = server["classes"]
+    lacks = {1: "txt", 2: "npy", 3: "txt"}
+    samples = []
+    for i, p in enumerate(images[:4]):
+        s = {"__key__": f"o{i:04d}".encode(), "jpg": p.read_bytes(), "cls": str(classes.index(p.parent.name)).encode(),
+             "txt": caption(i).encode(), "json": json.dumps(meta(i)).encode(), "npy": npy_bytes(emb(i))}
+        if i in lacks:
+            del s[lacks[i]]
+        samples.append(s)
+    folder = data / "optional_wds"
+    folder.mkdir(exist_ok=True)
+    write_shard(folder / "o.tar", samples)
+
+    def optional(fields: Dict[str, Any], names: Set[str]) -> Dict[str, Any]:
+        return {n: {**f, "optional": True} if n in names else f for n, f in fields.items()}
+
+    create(server["url"], "opt_wds", {"kind": "tar_shards", "paths": [str(folder)],
+                                      "fields": optional(WDS_FIELDS, {"caption", "emb"})})
+    items = epoch(server, "opt_wds", "opt-wds", fields=True, batch_size=4)
+    assert [it["caption"] for it in items] == [caption(0), None, caption(2), None]
+    assert [it["meta"] for it in items] == [meta(i) for i in range(4)]
+    assert items[2]["emb"] is None
+    for i in (0, 1, 3):
+        np.testing.assert_array_equal(items[i]["emb"], emb(i))
+    # CSV: an empty caption cell.
+    with open(data / "optional.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "caption", "meta", "emb", "raw"])
+        for i, p in enumerate(images[:3]):
+            w.writerow([str(p), classes.index(p.parent.name), "" if i == 1 else caption(i), json.dumps(meta(i)),
+                        f"emb/{i:04d}.npy", f"emb/{i:04d}.npy"])
+    create(server["url"], "opt_csv", {"kind": "manifest", "path": str(data / "optional.csv"),
+                                      "fields": optional(CSV_FIELDS, {"caption"})})
+    assert [it["caption"] for it in epoch(server, "opt_csv", "opt-csv", fields=True)] == [caption(0), None, caption(2)]
+    # Parquet: a null string cell (required, it is the element's bad_field: test_bad_values...).
+    pq = need("pyarrow.parquet", "the parquet layout")
+    table = pq.read_table(data / "pq_bad" / "bad.parquet").slice(0, 2)  # row 1's caption is null
+    (data / "optional_pq").mkdir(exist_ok=True)
+    pq.write_table(table, data / "optional_pq" / "o.parquet")
+    assert table.column("text").null_count == 1
+    create(server["url"], "opt_pq", {"kind": "parquet", "paths": [str(data / "optional_pq")],
+                                     "fields": optional(PQ_FIELDS, {"caption"})})
+    assert [it["caption"] for it in epoch(server, "opt_pq", "opt-pq", fields=True)] == [caption(0), None]
+    # The image and the class cannot be optional.
+    status, body = post(server["url"], "/v1/datasets", {"name": "opt_image", "source": {
+        "kind": "tar_shards", "paths": [str(folder)], "fields": optional(WDS_FIELDS, {"image"})}})
+    assert status == 400 and "only small fields" in body["error"]["message"], body

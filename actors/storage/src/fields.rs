@@ -71,6 +71,12 @@ pub struct FieldSpec {
     /// the pipeline's resize and the job's crop and flip as the pixels are ([`Boxes`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boxes: Option<Boxes>,
+    /// A small field that a sample may lack: a missing member, an empty or missing manifest
+    /// value, or a null Parquet cell is then absent from the sample (`None` in a Python
+    /// batch), where otherwise it fails the indexing (`missing_field`) or the element
+    /// (`bad_field`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
 }
 
 /// How boxes are written: `xyxy` (left, top, right, bottom) or `xywh` (left, top, width,
@@ -218,6 +224,13 @@ impl TryFrom<BTreeMap<String, FieldSpec>> for Fields {
             }
             if let Some(b) = &f.boxes {
                 check_boxes(name, f, b, &fields)?;
+            }
+            if f.optional && !f.kind.is_small() {
+                return Err(format!(
+                    "field `{name}`: only small fields (text, json, npy, bytes) can be optional, \
+                     not `{}`",
+                    f.kind.name()
+                ));
             }
         }
         for kind in [FieldKind::Image, FieldKind::Class] {
@@ -517,6 +530,7 @@ mod tests {
             from: None,
             shape,
             boxes: None,
+            optional: false,
         };
         assert!(check_value(&spec(Some(vec![2, 3])), &ok).is_ok());
         assert!(
@@ -533,6 +547,7 @@ mod tests {
             from: None,
             shape: None,
             boxes: None,
+            optional: false,
         };
         assert!(check_value(&text, "un chat".as_bytes()).is_ok());
         assert!(
@@ -637,6 +652,7 @@ mod tests {
             from: None,
             shape: None,
             boxes: Some(serde_json::from_value(boxes).unwrap()),
+            optional: false,
         };
         let npy_boxes = spec(FieldKind::Npy, serde_json::json!("xyxy"));
         let ok = npy(

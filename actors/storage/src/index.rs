@@ -65,6 +65,9 @@ struct DatasetIndexV2 {
     shards: Vec<PathBuf>,
 }
 
+/// Set on a stored value's end: the item lacks that optional field.
+const ABSENT: u64 = 1 << 63;
+
 /// What reading a sample's small fields needs: the declaration, and where the values are.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub(crate) struct SampleFields {
@@ -110,18 +113,28 @@ impl SampleFields {
     }
 
     /// Stores one value of the item being added (values are pushed item by item, field by
-    /// field in name order).
-    pub(crate) fn push_value(&mut self, value: &[u8]) {
-        self.arena.extend_from_slice(value);
-        self.ends.push(self.arena.len() as u64);
+    /// field in name order); `None`: an optional field the item lacks ([`ABSENT`] set on
+    /// its end, no bytes).
+    pub(crate) fn push_value(&mut self, value: Option<&[u8]>) {
+        let absent = if value.is_none() { ABSENT } else { 0 };
+        self.arena.extend_from_slice(value.unwrap_or_default());
+        self.ends.push(self.arena.len() as u64 | absent);
     }
 
-    /// Item `id`'s stored value of its `f`th small field (`n` of them), if values are stored.
+    /// Item `id`'s stored value of its `f`th small field (`n` of them), if values are stored
+    /// and the item has it.
     pub(crate) fn value(&self, id: u32, f: usize, n: usize) -> Option<&[u8]> {
         let i = (id as usize).checked_mul(n)?.checked_add(f)?;
-        let end = *self.ends.get(i)? as usize;
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        self.arena.get(start..end)
+        let raw = *self.ends.get(i)?;
+        if raw & ABSENT != 0 {
+            return None;
+        }
+        let start = if i == 0 {
+            0
+        } else {
+            (self.ends[i - 1] & !ABSENT) as usize
+        };
+        self.arena.get(start..raw as usize)
     }
 
     fn heap_bytes(&self) -> usize {
@@ -133,12 +146,13 @@ impl SampleFields {
         let fields: Fields = serde_json::from_str(&self.declared)
             .map_err(|e| format!("its fields do not parse: {e}"))?;
         let n = fields.small().count();
+        let end = |e: u64| e & !ABSENT;
         let ok = (self.ends.is_empty() || self.ends.len() == items * n)
-            && self.ends.windows(2).all(|w| w[0] <= w[1])
+            && self.ends.windows(2).all(|w| end(w[0]) <= end(w[1]))
             && self
                 .ends
                 .last()
-                .is_none_or(|&e| e == self.arena.len() as u64);
+                .is_none_or(|&e| end(e) == self.arena.len() as u64);
         if !ok {
             return Err("its field values disagree with its items".into());
         }

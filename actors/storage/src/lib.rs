@@ -599,7 +599,13 @@ impl DatasetIndex {
                 field: name.to_owned(),
                 reason,
             };
-            let value = value.ok_or_else(|| bad("missing (null)".into()))?;
+            let Some(value) = value else {
+                if spec.optional {
+                    // Absent from the sample: no entry in its block.
+                    continue;
+                }
+                return Err(bad("missing (null)".into()));
+            };
             fields::check_value(spec, &value).map_err(bad)?;
             fields.push(SampleField {
                 name: name.to_owned(),

@@ -249,8 +249,8 @@ struct Entries<'a, 'p> {
 struct Columns {
     image: String,
     class: Option<String>,
-    /// The small fields in name order: (name, kind, column).
-    small: Vec<(String, FieldKind, String)>,
+    /// The small fields in name order: (name, kind, column, optional).
+    small: Vec<(String, FieldKind, String, bool)>,
 }
 
 impl Columns {
@@ -261,7 +261,10 @@ impl Columns {
             class: fields.from_of(FieldKind::Class).map(|f| from("label", f)),
             small: fields
                 .small()
-                .map(|(name, f)| (name.to_owned(), f.kind, from(name, f.from.as_deref())))
+                .map(|(name, f)| {
+                    let column = from(name, f.from.as_deref());
+                    (name.to_owned(), f.kind, column, f.optional)
+                })
                 .collect(),
         }
     }
@@ -566,13 +569,16 @@ fn columns_entry(
         Some(Err(reason)) => return Err(bad(n, reason)),
         _ => return Err(missing(&columns.image)),
     };
-    let mut values = Vec::with_capacity(columns.small.len());
-    for (name, kind, column) in &columns.small {
+    let mut values: Vec<Option<String>> = Vec::with_capacity(columns.small.len());
+    for (name, kind, column, optional) in &columns.small {
         match get(column) {
+            // An optional field's empty or missing value is absent from the sample.
+            Some(Ok(v)) if *optional && v.trim().is_empty() => values.push(None),
+            None if *optional => values.push(None),
             Some(Ok(v)) if names_a_file(*kind) && v.trim().is_empty() => {
                 return Err(missing(name));
             }
-            Some(Ok(v)) => values.push(v),
+            Some(Ok(v)) => values.push(Some(v)),
             Some(Err(reason)) => return Err(bad(n, format!("field `{name}`: {reason}"))),
             None => return Err(missing(name)),
         }
@@ -596,9 +602,13 @@ fn columns_entry(
     let image = (out.resolve)(path)?;
     let folder = image.parent().unwrap_or(Path::new("/"));
     let mut stored = Vec::with_capacity(values.len());
-    for (v, (name, kind, _)) in values.iter().zip(&columns.small) {
+    for (v, (name, kind, _, _)) in values.iter().zip(&columns.small) {
+        let Some(v) = v else {
+            stored.push(None);
+            continue;
+        };
         if !names_a_file(*kind) {
-            stored.push(v.as_bytes().to_vec());
+            stored.push(Some(v.as_bytes().to_vec()));
             continue;
         }
         // Resolved and checked as the image's path is; a missing file names its entry.
@@ -608,11 +618,13 @@ fn columns_entry(
             }
             e => e,
         })?;
-        stored.push(relative_path(folder, &file).into_os_string().into_vec());
+        stored.push(Some(
+            relative_path(folder, &file).into_os_string().into_vec(),
+        ));
     }
     if let Some(sample) = out.items.sample.as_mut() {
         for v in &stored {
-            sample.push_value(v);
+            sample.push_value(v.as_deref());
         }
     }
     out.push(&image, path, label)
@@ -673,13 +685,14 @@ fn json_object(
         .map(|c| {
             c.small
                 .iter()
-                .map(|(_, k, col)| (col.clone(), *k))
+                .map(|(_, k, col, _)| (col.clone(), *k))
                 .collect()
         })
         .unwrap_or_default();
     let image = out.columns.as_ref().map(|c| c.image.clone());
     let get = |key: &str| -> Option<Result<String, String>> {
-        let v = e.get(key)?;
+        // A null value is a missing one.
+        let v = e.get(key).filter(|v| !v.is_null())?;
         let is_path = image.as_deref() == Some(key);
         Some(match (kinds.get(key), v) {
             (Some(FieldKind::Json), v) if !is_path => Ok(v.to_string()),

@@ -92,6 +92,8 @@ struct Wanted<'f> {
     image: Vec<&'f str>,
     class: Option<Vec<&'f str>>,
     small: Vec<(&'f str, Vec<&'f str>)>,
+    /// Each small field may be missing (`optional`).
+    optional: Vec<bool>,
 }
 
 impl<'f> Wanted<'f> {
@@ -108,6 +110,7 @@ impl<'f> Wanted<'f> {
                 image: IMAGE_EXTENSIONS.to_vec(),
                 class: Some(vec!["cls"]),
                 small: Vec::new(),
+                optional: Vec::new(),
             };
         };
         Wanted {
@@ -122,6 +125,7 @@ impl<'f> Wanted<'f> {
                 .small()
                 .map(|(name, f)| (name, split(f.from.as_deref(), name)))
                 .collect(),
+            optional: fields.small().map(|(_, f)| f.optional).collect(),
         }
     }
 }
@@ -230,7 +234,12 @@ pub(super) fn index_entries<R: Read>(
                         let name = f.iter().find(|(_, s)| s.kind == FieldKind::Image);
                         return Err(missing(name.map_or("image", |(n, _)| n)));
                     }
-                    if let Some(i) = s.found.iter().position(|found| !found) {
+                    if let Some(i) = s
+                        .found
+                        .iter()
+                        .zip(&wanted.optional)
+                        .position(|(&found, &optional)| !found && !optional)
+                    {
                         return Err(missing(wanted.small[i].0));
                     }
                     items.push_member(n, s.start, s.end - s.start, label);

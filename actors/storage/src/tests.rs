@@ -878,6 +878,29 @@ fn tar_fields_missing_or_malformed() {
         "{says}"
     );
 
+    // Declared optional, the key's missing caption is absent from its sample.
+    let mut optional = fields.clone();
+    optional["caption"]["optional"] = serde_json::json!(true);
+    let ix = index_ok(&tar_spec(&dir, optional), &roots);
+    let names = |id: u32| -> Vec<String> {
+        let s = ix.split(id, ix.read(id).unwrap()).unwrap();
+        s.fields.iter().map(|f| f.name.clone()).collect()
+    };
+    assert_eq!(names(0), ["caption", "emb", "meta"]);
+    assert_eq!(names(1), ["emb", "meta"]);
+    // Only small fields may be optional.
+    let mut image = fields.clone();
+    image["image"]["optional"] = serde_json::json!(true);
+    let refused = serde_json::from_value::<SourceSpec>(serde_json::json!({
+        "kind": "tar_shards", "paths": [dir], "fields": image
+    }));
+    assert!(
+        refused
+            .unwrap_err()
+            .to_string()
+            .contains("only small fields"),
+    );
+
     // Malformed values are the element's error when it is read, never a panic.
     let dir = tmp.path().join("bad");
     let good_emb = npy_f32(&[1.0, 2.0]);
@@ -984,6 +1007,36 @@ fn manifest_fields_from_columns_and_keys() {
         assert_eq!(s.fields[0].value, "un chien".as_bytes());
         let back = DatasetIndex::from_bytes(&ix.to_bytes()).unwrap();
         assert_eq!(back.split(1, back.read(1).unwrap()).unwrap(), s);
+    }
+    // An optional field's empty cell, missing key or null is absent; the index keeps that.
+    fs::write(
+        tmp.path().join("o.csv"),
+        "y,file,caption,info\n1,a.jpg,,{}\n0,b.jpg,un chien,[2]\n",
+    )
+    .unwrap();
+    fs::write(
+        tmp.path().join("o.jsonl"),
+        "{\"file\":\"a.jpg\",\"y\":1,\"info\":{}}\n\
+         {\"file\":\"b.jpg\",\"y\":0,\"caption\":null,\"info\":[2]}\n",
+    )
+    .unwrap();
+    let mut optional = fields.clone();
+    optional["caption"]["optional"] = serde_json::json!(true);
+    for (name, second) in [("o.csv", Some("un chien")), ("o.jsonl", None)] {
+        let spec: SourceSpec = serde_json::from_value(serde_json::json!({
+            "kind": "manifest", "path": tmp.path().join(name), "fields": optional
+        }))
+        .unwrap();
+        let ix = DatasetIndex::from_bytes(&index_ok(&spec, &roots).to_bytes()).unwrap();
+        let caption = |id: u32| {
+            let s = ix.split(id, ix.read(id).unwrap()).unwrap();
+            s.fields
+                .iter()
+                .find(|f| f.name == "caption")
+                .map(|f| String::from_utf8(f.value.clone()).unwrap())
+        };
+        assert_eq!(caption(0), None, "{name}");
+        assert_eq!(caption(1).as_deref(), second, "{name}");
     }
     // A missing column or key fails the indexing, naming the line and the field.
     fs::write(tmp.path().join("n.csv"), "file,y\na.jpg,1\n").unwrap();

@@ -31,7 +31,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -606,6 +606,7 @@ class Loader:
         self._label_name: Optional[str] = "label"
         #: The declared boxes fields, by name (their declarations), moved with the pixels.
         self._boxes: Dict[str, Dict[str, Any]] = {}
+        self._optional: Set[str] = set()
         if fields:
             self._choose_fields(dataset, fields)
         # A padded batch is normalized by its consumer, after the crop.
@@ -630,6 +631,8 @@ class Loader:
                 self._label_name = name
         small = [n for n, spec in sorted(declared.items()) if spec.get("kind") not in ("image", "class")]
         self._boxes = {n: spec for n, spec in declared.items() if spec.get("boxes") is not None}
+        #: Small fields a sample may lack (``"optional": true``): ``None`` in its place.
+        self._optional = {n for n, spec in declared.items() if spec.get("optional")}
         known = [self._image_name] + ([self._label_name] if self._label_name else []) + small
         if fields is True:
             self.fields = known
@@ -658,6 +661,8 @@ class Loader:
                 out[name] = labels
             elif name in values:
                 out[name] = moved.get(name, values[name])
+            elif name in self._optional:
+                out[name] = [None] * len(labels)  # no item of the batch has it
             else:
                 raise JoaderError("bad_response", f"the batch carries no field {name!r}")
         return out
@@ -679,8 +684,13 @@ class Loader:
             if crops is None:
                 crops = self._crops(d, len(items))
             sources, cached = d["source_sizes"], d["cached_sizes"]
-            new_items, keeps = [], []
+            new_items: List[Any] = []
+            keeps: List[Tuple[Any, int]] = []
             for i, item in enumerate(items):
+                if item is None:  # an optional boxes field the item lacks
+                    new_items.append(None)
+                    keeps.append((None, 0))
+                    continue
                 window, flip, size = crops[i]
                 new, keep, n = boxes_module.move_field(item, spec, sources[i], cached[i], self._pipeline,
                                                        window, flip, size)
@@ -689,8 +699,9 @@ class Loader:
             if name in values:
                 moved[name] = new_items
             for w in with_:
-                vals = moved.get(w, values[w])
-                moved[w] = [boxes_module.keep_entries(v, k, n, w) for v, (k, n) in zip(vals, keeps)]
+                vals = moved.get(w, values.get(w, [None] * len(items)))
+                moved[w] = [v if k is None or v is None else boxes_module.keep_entries(v, k, n, w)
+                            for v, (k, n) in zip(vals, keeps)]
         return moved
 
     def _crops(self, d: Dict[str, Any], n: int) -> List[Tuple[Any, bool, Any]]:
@@ -881,16 +892,19 @@ class Loader:
         self.close()
 
 
-def _field_values(kind: str, fixed: bool, values: List[bytes]) -> Any:
+def _field_values(kind: str, fixed: bool, values: List[Optional[bytes]]) -> Any:
     """A small field's values of a batch as Python values: text as ``str``, JSON parsed,
-    ``.npy`` as arrays (stacked when the field declares a fixed shape), bytes as they are."""
+    ``.npy`` as arrays (stacked when the field declares a fixed shape and every item has
+    it), bytes as they are; ``None`` where an item lacks an optional field."""
     if kind == "text":
-        return [v.decode("utf-8") for v in values]
+        return [None if v is None else v.decode("utf-8") for v in values]
     if kind == "json":
-        return [json.loads(v) for v in values]
+        return [None if v is None else json.loads(v) for v in values]
     if kind == "npy":
-        arrays = [np.load(io.BytesIO(v), allow_pickle=False) for v in values]
-        return np.stack(arrays) if fixed and arrays else arrays
+        arrays = [None if v is None else np.load(io.BytesIO(v), allow_pickle=False) for v in values]
+        if fixed and arrays and all(a is not None for a in arrays):
+            return np.stack(arrays)  # type: ignore[arg-type]
+        return arrays
     return list(values)
 
 

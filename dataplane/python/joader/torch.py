@@ -148,8 +148,9 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
                 continue
             if isinstance(value, np.ndarray):
                 value = self._tensor(value)
-            elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
-                value = [self._tensor(v) for v in value]
+            elif isinstance(value, list) and any(isinstance(v, np.ndarray) for v in value):
+                # An optional field's missing items stay None.
+                value = [None if v is None else self._tensor(v) for v in value]
             out[name] = value
         return out
 

@@ -21,8 +21,9 @@ use crate::batch::set_stream_fields;
 use crate::error::{JoaderError, closed, err};
 
 /// The small fields of a batch's items (their blocks, `dataplane::fields`), by name:
-/// `{name: (kind, fixed_shape, [value bytes per item])}` in the items' order, or None when
-/// no item has any. An item without a field another has is a corrupt block.
+/// `{name: (kind, fixed_shape, [value bytes per item, None where the item lacks it])}` in the
+/// items' order, or None when no item has any. An item lacks a field only when the dataset
+/// declares it optional; two items that give one name two kinds make a corrupt block.
 fn fields_dict<'py>(py: Python<'py>, blocks: &[Vec<u8>]) -> PyResult<Option<Bound<'py, PyDict>>> {
     if blocks.iter().all(Vec::is_empty) {
         return Ok(None);
@@ -32,27 +33,33 @@ fn fields_dict<'py>(py: Python<'py>, blocks: &[Vec<u8>]) -> PyResult<Option<Boun
         .map(|b| dataplane::fields::parse(b))
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
-    let d = PyDict::new(py);
-    let Some(first) = parsed.first() else {
-        return Ok(None);
-    };
-    for (i, f) in first.iter().enumerate() {
-        let mut values = Vec::with_capacity(parsed.len());
-        for item in &parsed {
-            match item.get(i) {
-                Some(g) if g.name == f.name && g.kind == f.kind => {
-                    values.push(pyo3::types::PyBytes::new(py, g.value));
-                }
-                _ => {
-                    return Err(JoaderError::new_err((
-                        "segment_corrupt",
-                        format!("the items of a batch disagree on their field `{}`", f.name),
-                    )));
-                }
+    // name -> (kind, flags, one value per item)
+    let mut by_name: std::collections::BTreeMap<
+        &str,
+        (dataplane::fields::FieldKind, u8, Vec<Option<&[u8]>>),
+    > = std::collections::BTreeMap::new();
+    for (i, item) in parsed.iter().enumerate() {
+        for f in item {
+            let entry = by_name
+                .entry(f.name)
+                .or_insert_with(|| (f.kind, f.flags, vec![None; parsed.len()]));
+            if entry.0 != f.kind || entry.2[i].is_some() {
+                return Err(JoaderError::new_err((
+                    "segment_corrupt",
+                    format!("the items of a batch disagree on their field `{}`", f.name),
+                )));
             }
+            entry.2[i] = Some(f.value);
         }
-        let fixed = f.flags & dataplane::fields::FIXED_SHAPE != 0;
-        d.set_item(f.name, (f.kind.name(), fixed, values))?;
+    }
+    let d = PyDict::new(py);
+    for (name, (kind, flags, values)) in by_name {
+        let values: Vec<Option<Bound<'py, pyo3::types::PyBytes>>> = values
+            .into_iter()
+            .map(|v| v.map(|v| pyo3::types::PyBytes::new(py, v)))
+            .collect();
+        let fixed = flags & dataplane::fields::FIXED_SHAPE != 0;
+        d.set_item(name, (kind.name(), fixed, values))?;
     }
     Ok(Some(d))
 }
