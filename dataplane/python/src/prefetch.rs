@@ -20,6 +20,9 @@ use crate::augment::{Aug, to_aug};
 use crate::batch::set_stream_fields;
 use crate::error::{JoaderError, closed, err};
 
+/// One field's kind, flags and value per item of a batch (`None`: the item lacks it).
+type FieldColumn<'a> = (dataplane::fields::FieldKind, u8, Vec<Option<&'a [u8]>>);
+
 /// The small fields of a batch's items (their blocks, `dataplane::fields`), by name:
 /// `{name: (kind, fixed_shape, [value bytes per item, None where the item lacks it])}` in the
 /// items' order, or None when no item has any. An item lacks a field only when the dataset
@@ -33,11 +36,8 @@ fn fields_dict<'py>(py: Python<'py>, blocks: &[Vec<u8>]) -> PyResult<Option<Boun
         .map(|b| dataplane::fields::parse(b))
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
-    // name -> (kind, flags, one value per item)
-    let mut by_name: std::collections::BTreeMap<
-        &str,
-        (dataplane::fields::FieldKind, u8, Vec<Option<&[u8]>>),
-    > = std::collections::BTreeMap::new();
+    let mut by_name: std::collections::BTreeMap<&str, FieldColumn<'_>> =
+        std::collections::BTreeMap::new();
     for (i, item) in parsed.iter().enumerate() {
         for f in item {
             let entry = by_name
