@@ -417,15 +417,8 @@ impl RawReader {
         let epoch = r.read_u64(off + rec::EPOCH);
         let position = r.read_u64(off + rec::POSITION);
         let element_id = r.read_u32(off + rec::ELEMENT_ID);
-        let last = r.read_u32(off + rec::FLAGS) & rec::FLAG_LAST_OF_EPOCH != 0;
-        if last
-            && matches!(
-                RecordKind::from_u32(kind),
-                Some(RecordKind::Data | RecordKind::Error)
-            )
-        {
-            out.last_of_epoch = true;
-        }
+        // Data and error records only: the ends write 0 there.
+        out.last_of_epoch |= r.read_u32(off + rec::FLAGS) & rec::FLAG_LAST_OF_EPOCH != 0;
         match RecordKind::from_u32(kind) {
             Some(RecordKind::Data) => {
                 let s = r.read_u32(off + rec::SLOT);

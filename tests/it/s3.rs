@@ -201,14 +201,46 @@ pub(crate) fn read_raw(j: &Joader, job: &str, dataset: &str) -> (Payloads, Vec<u
         .iter()
         .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_i64().unwrap()))
         .collect();
+    let out = dumped_payloads(&dump.0)
+        .into_iter()
+        .map(|(element, bytes)| (element, (labels[&element], bytes)))
+        .collect();
+    (out, epoch_ids(&s, 0))
+}
+
+/// Element → payload of what `joader consume --dump DIR` wrote.
+fn dumped_payloads(dir: &Path) -> BTreeMap<u32, Vec<u8>> {
     let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir(&dump.0).unwrap() {
+    for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
         let element: u32 = stem.rsplit('-').next().unwrap().parse().unwrap();
-        out.insert(element, (labels[&element], std::fs::read(&path).unwrap()));
+        out.insert(element, std::fs::read(&path).unwrap());
     }
-    (out, epoch_ids(&s, 0))
+    out
+}
+
+/// Each layout of [`write_layouts`]' objects: (name, the local source, the same objects as
+/// an `s3` source).
+fn layout_pairs(bucket: &Path, s3: &S3Server) -> [(&'static str, Value, Value); 3] {
+    [
+        (
+            "folder",
+            json!({"kind": "image_folder", "path": bucket.join("folder")}),
+            json!({"kind": "s3", "url": "s3://bkt/folder/", "layout": "image_folder"}),
+        ),
+        (
+            "shards",
+            json!({"kind": "tar_shards", "paths": [bucket.join("shards")]}),
+            json!({"kind": "s3", "url": "s3://bkt/shards", "layout": "tar_shards",
+                   "endpoint": s3.endpoint(), "region": "us-east-1"}),
+        ),
+        (
+            "manifest",
+            json!({"kind": "manifest", "path": bucket.join("lists/list.csv")}),
+            json!({"kind": "s3", "url": "s3://bkt/lists/list.csv", "layout": "manifest"}),
+        ),
+    ]
 }
 
 /// One epoch is exactly the ids `0..n`, each once.
@@ -315,24 +347,7 @@ fn every_s3_layout_reads_the_same_bytes_as_local_disk() {
         &["--allowed-s3", "s3://bkt"],
         &credentials(&s3),
     );
-    let pairs = [
-        (
-            "folder",
-            json!({"kind": "image_folder", "path": bucket.join("folder")}),
-            json!({"kind": "s3", "url": "s3://bkt/folder/", "layout": "image_folder"}),
-        ),
-        (
-            "shards",
-            json!({"kind": "tar_shards", "paths": [bucket.join("shards")]}),
-            json!({"kind": "s3", "url": "s3://bkt/shards", "layout": "tar_shards",
-                   "endpoint": s3.endpoint(), "region": "us-east-1"}),
-        ),
-        (
-            "manifest",
-            json!({"kind": "manifest", "path": bucket.join("lists/list.csv")}),
-            json!({"kind": "s3", "url": "s3://bkt/lists/list.csv", "layout": "manifest"}),
-        ),
-    ];
+    let pairs = layout_pairs(&bucket, &s3);
     for (name, local, remote) in &pairs {
         create(&j, &format!("local-{name}"), local.clone());
         create(&j, &format!("s3-{name}"), remote.clone());
@@ -1169,13 +1184,7 @@ fn read_with_errors(j: &Joader, job: &str, dataset: &str) -> (Value, BTreeMap<u3
                 "pipeline": {"kind": "raw"}}),
         &["--dump", dump.0.to_str().unwrap()],
     ));
-    let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir(&dump.0).unwrap() {
-        let path = entry.unwrap().path();
-        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let element: u32 = stem.rsplit('-').next().unwrap().parse().unwrap();
-        out.insert(element, std::fs::read(&path).unwrap());
-    }
+    let out = dumped_payloads(&dump.0);
     (s, out)
 }
 
@@ -1214,23 +1223,7 @@ fn an_object_rewritten_in_place_is_an_element_error_in_every_layout_with_or_with
             joader("s3_rewritten_tier", &bucket, &tier, &credentials(&s3)),
         ),
     ];
-    let layouts = [
-        (
-            "folder",
-            json!({"kind": "image_folder", "path": bucket.join("folder")}),
-            json!({"kind": "s3", "url": "s3://bkt/folder/", "layout": "image_folder"}),
-        ),
-        (
-            "shards",
-            json!({"kind": "tar_shards", "paths": [bucket.join("shards")]}),
-            json!({"kind": "s3", "url": "s3://bkt/shards", "layout": "tar_shards"}),
-        ),
-        (
-            "manifest",
-            json!({"kind": "manifest", "path": bucket.join("lists/list.csv")}),
-            json!({"kind": "s3", "url": "s3://bkt/lists/list.csv", "layout": "manifest"}),
-        ),
-    ];
+    let layouts = layout_pairs(&bucket, &s3);
     // What each element holds as indexed (local copies of the same objects, read before the
     // rewrite), and every dataset indexed before it.
     let mut want = BTreeMap::new();

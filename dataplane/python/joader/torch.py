@@ -33,10 +33,7 @@ def pinned(t: torch.Tensor) -> torch.Tensor:
     second, CPU the server's decoders needed (`joader bench train`, docs/benchmarks.md). The
     allocator keeps the block until the CUDA copies from it have completed, so
     ``x.to("cuda", non_blocking=True)`` is safe whatever happens to ``x`` afterwards."""
-    if t.is_contiguous() or t.permute(*np.argsort(t.stride())[::-1].tolist()).is_contiguous():
-        out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, pin_memory=True)
-    else:
-        out = torch.empty(t.size(), dtype=t.dtype, pin_memory=True)
+    out = torch.empty_like(t, pin_memory=True)  # preserve_format: a dense tensor's strides
     np.copyto(out.numpy(), t.numpy())
     return out
 

@@ -39,25 +39,38 @@ prepare() {
   du -sh "$dev"/*
 }
 
-run() {
+# What both modes do first: the log in $out, a clock, the machine's card and CPU.
+begin() {
   out="${OUT:-$root/gpu-out}"
   mkdir -p "$out"
   exec > >(tee "$out/log.txt") 2>&1
-  export PYTHONUNBUFFERED=1
+  export PYTHONUNBUFFERED=1 JOADER_FIXTURE="$dev/dataplane-fixture" PATH="$dev:$PATH"
   start=$SECONDS
-  step() { echo; echo "=== $* (at $((SECONDS - start)) s)"; }
-  step machine
+  step "machine $*"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   lscpu | grep -E 'Model name|^CPU\(s\)|Thread|MHz' ; nproc; free -g | head -2
   python3 -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__, "cuda", torch.cuda.is_available())'
+}
+step() { echo; echo "=== $* (at $((SECONDS - start)) s)"; }
+# install_wheel DIR WHEEL: the package into a folder of its own (on PYTHONPATH by the caller).
+install_wheel() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$1" "$2" || exit 1
+}
+# device_tests SITE: the device path's and torch's tests with the package in SITE.
+device_tests() {
+  (cd dataplane/python/tests && PYTHONPATH="$1" timeout 100 python3 -m pytest -q -p no:cacheprovider -rA \
+    test_device.py test_torch.py) 2>&1 | tee "$out/pytest.txt" | grep -Ev '^(PASSED|SKIPPED) ' || true
+}
+
+run() {
+  begin
   step install
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/joader-site "$dev"/joader-*.whl || exit 1
-  export PYTHONPATH=/tmp/joader-site JOADER_FIXTURE="$dev/dataplane-fixture" PATH="$dev:$PATH"
+  install_wheel /tmp/joader-site "$dev"/joader-*.whl
+  export PYTHONPATH=/tmp/joader-site
   python3 -c 'import joader, joader.torch; print("joader", joader.__file__)' || exit 1
 
   step "1. the device path's and torch's tests"
-  (cd dataplane/python/tests && timeout 100 python3 -m pytest -q -p no:cacheprovider -rA \
-    test_device.py test_torch.py) 2>&1 | tee "$out/pytest.txt" | grep -Ev '^(PASSED|SKIPPED) ' || true
+  device_tests /tmp/joader-site
 
   step "2. bench train, ResNet-18, K = 1 then K = 4"
   for k in 1 4; do
@@ -88,20 +101,11 @@ run() {
 }
 
 ab() {
-  out="${OUT:-$root/gpu-out}"
-  mkdir -p "$out"
-  exec > >(tee "$out/log.txt") 2>&1
-  export PYTHONUNBUFFERED=1 JOADER_FIXTURE="$dev/dataplane-fixture" PATH="$dev:$PATH"
-  start=$SECONDS
-  step() { echo; echo "=== $* (at $((SECONDS - start)) s)"; }
-  step "machine; A = $1, B = $2"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  lscpu | grep -E 'Model name|^CPU\(s\)'
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/joader-site-a "$1" || exit 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/joader-site-b "$2" || exit 1
+  begin "(A = $1, B = $2)"
+  install_wheel /tmp/joader-site-a "$1"
+  install_wheel /tmp/joader-site-b "$2"
   step "the device path's and torch's tests with B"
-  (cd dataplane/python/tests && PYTHONPATH=/tmp/joader-site-b timeout 100 python3 -m pytest -q -p no:cacheprovider \
-    -rA test_device.py test_torch.py) 2>&1 | tee "$out/pytest.txt" | grep -Ev '^(PASSED|SKIPPED) ' || true
+  device_tests /tmp/joader-site-b
   for k in 1 4; do
     for v in a b; do
       step "bench train K=$k with $v"

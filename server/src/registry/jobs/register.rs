@@ -286,7 +286,10 @@ fn check_fingerprint(
     now: &str,
 ) -> Result<()> {
     match &r.dataset_fingerprint {
-        Some(saved) if !r.allow_changed_dataset && !index.fingerprint_matches(saved) => {
+        // An unchanged dataset (the usual case) needs no second pass over its index.
+        Some(saved)
+            if !r.allow_changed_dataset && saved != now && !index.fingerprint_matches(saved) =>
+        {
             Err(Error::new(
                 Code::DatasetChanged,
                 format!(
