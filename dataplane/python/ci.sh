@@ -23,7 +23,7 @@ export JOADER_FIXTURE="$CARGO_TARGET_DIR/debug/dataplane-fixture"
 # Reinstall only when the sources (or the checkout) changed since the last install into this
 # environment. (The extension is a workspace member: the root manifest and lock file count too.)
 stamp="$VIRTUAL_ENV/.joader-package"
-sum="$here $(cd "$root" && find Cargo.toml Cargo.lock dataplane/src dataplane/Cargo.toml dataplane/python/src \
+sum="$here $(cd "$root" && find Cargo.toml Cargo.lock dataplane/shm/src dataplane/shm/Cargo.toml dataplane/python/src \
   dataplane/python/joader dataplane/python/Cargo.toml dataplane/python/pyproject.toml -type f -print0 \
   | sort -z | xargs -0 sha256sum | sha256sum)"
 # (A sync of the environment to a new lock removes the package: the import fails then.)

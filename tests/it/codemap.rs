@@ -3,7 +3,7 @@
 //! fails the test command.
 //!
 //! The map is a list of bullets. A bullet that opens with a folder in backticks
-//! (`` `actors/src/service/` — ``) is that folder's entry; a file under it is named there,
+//! (`` `actors/service/src/service/` — ``) is that folder's entry; a file under it is named there,
 //! or in the bullets nested under it, by its name in backticks (`` `pace.rs` ``) with each
 //! folder between the entry's folder and the file named with a slash (`` `sampler/` ``), or
 //! by its path from the entry's folder (`` `tree/draw.rs` ``) or from the repository's root. The deepest entry whose folder holds the file is the one that must name
@@ -145,4 +145,61 @@ fn a_file_the_map_does_not_name_is_reported() {
     ]
     .concat();
     assert_eq!(missing_from(map, &more), ["a/src/z.rs", "a/src/other/x.rs"]);
+}
+
+/// The folders below `dir` (relative to the repository) that hold a `Cargo.toml`.
+fn crate_folders(dir: &Path, rel: &str, out: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).expect("read a folder").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || SKIP.contains(&name.as_str()) {
+            continue;
+        }
+        if entry.file_type().expect("file type").is_dir() {
+            let path = format!("{rel}{name}/");
+            if entry.path().join("Cargo.toml").is_file() {
+                out.push(path.clone());
+            }
+            crate_folders(&entry.path(), &path, out);
+        }
+    }
+}
+
+/// Pairs (outer, inner) where the folder of one crate holds another crate.
+fn nested_crates(crates: &[String]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for outer in crates {
+        for inner in crates {
+            if inner != outer && inner.starts_with(outer.as_str()) {
+                out.push((outer.clone(), inner.clone()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_folder_that_holds_a_crate_holds_no_other_crate() {
+    let mut crates = Vec::new();
+    crate_folders(&repo(), "", &mut crates);
+    crates.sort();
+    assert!(crates.len() >= 8, "found only the crates {crates:?}");
+    let nested = nested_crates(&crates);
+    assert!(
+        nested.is_empty(),
+        "a crate's folder holds another crate (make the outer folder a group of sibling \
+         crates, and ARCHITECTURE.md's picture with it): {nested:?}"
+    );
+    let map = code_map();
+    for krate in &crates {
+        assert!(
+            map.contains(&format!("`{krate}")) || map.contains(&krate.trim_end_matches('/')),
+            "ARCHITECTURE.md's code map does not name the crate folder {krate}"
+        );
+    }
+}
+
+#[test]
+fn a_crate_inside_another_crates_folder_is_reported() {
+    let crates = ["a/", "a/b/", "c/d/", "c/e/"].map(String::from);
+    assert_eq!(nested_crates(&crates), [("a/".into(), "a/b/".into())]);
 }

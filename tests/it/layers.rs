@@ -1,5 +1,5 @@
 //! The daemon's modules import one way (ARCHITECTURE.md, "Layer boundaries"): among the
-//! top-level modules of `server/src`, no two import each other, directly or through others.
+//! top-level modules of `server/daemon/src`, no two import each other, directly or through others.
 //! A module's imports are the `crate::` paths its files name, outside comments.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -79,7 +79,10 @@ fn imports(text: &str) -> Vec<String> {
 
 fn graph(src: &Path) -> Graph {
     fn walk(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
-        for e in std::fs::read_dir(dir).expect("read server/src").flatten() {
+        for e in std::fs::read_dir(dir)
+            .expect("read server/daemon/src")
+            .flatten()
+        {
             let p = e.path();
             if p.is_dir() {
                 walk(&p, files);
@@ -142,7 +145,7 @@ fn loops(g: &Graph) -> Vec<(String, String)> {
 
 #[test]
 fn the_servers_modules_import_one_way() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/src");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/daemon/src");
     let g = graph(&src);
     assert!(
         g.contains_key("registry") && g.contains_key("cluster"),

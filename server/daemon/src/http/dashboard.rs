@@ -13,34 +13,34 @@ const DASHBOARD: &[(&str, &str, &str)] = &[
     (
         "index.html",
         "text/html; charset=utf-8",
-        include_str!("../../../web-ui/index.html"),
+        include_str!("../../../../web-ui/index.html"),
     ),
     (
         "app.js",
         "text/javascript; charset=utf-8",
-        include_str!("../../../web-ui/app.js"),
+        include_str!("../../../../web-ui/app.js"),
     ),
     (
         "style.css",
         "text/css; charset=utf-8",
-        include_str!("../../../web-ui/style.css"),
+        include_str!("../../../../web-ui/style.css"),
     ),
     // The charts: uPlot 1.6.32 (MIT), vendored from npm's `uplot` package `dist/`; its license
     // ships with it.
     (
         "uPlot.iife.min.js",
         "text/javascript; charset=utf-8",
-        include_str!("../../../web-ui/uPlot.iife.min.js"),
+        include_str!("../../../../web-ui/uPlot.iife.min.js"),
     ),
     (
         "uPlot.min.css",
         "text/css; charset=utf-8",
-        include_str!("../../../web-ui/uPlot.min.css"),
+        include_str!("../../../../web-ui/uPlot.min.css"),
     ),
     (
         "uPlot.LICENSE",
         "text/plain; charset=utf-8",
-        include_str!("../../../web-ui/uPlot.LICENSE"),
+        include_str!("../../../../web-ui/uPlot.LICENSE"),
     ),
 ];
 
