@@ -299,6 +299,7 @@ fn metrics_count_what_the_jobs_did() {
         ("joader_process_resident_memory_bytes", "gauge"),
         ("joader_job_samples_per_second", "gauge"),
         ("joader_job_epoch", "gauge"),
+        ("joader_job_running", "gauge"),
         ("joader_jobs", "gauge"),
         ("joader_cluster_nodes", "gauge"),
     ] {
@@ -397,6 +398,8 @@ fn metrics_count_what_the_jobs_did() {
     assert!(v("joader_process_resident_memory_bytes", &[]) > 1e6);
     assert_eq!(v("joader_jobs", &[("state", "finished")]), 2.0);
     assert_eq!(v("joader_job_epoch", &[("job_name", "a")]), 1.0);
+    // Both jobs finished: neither runs.
+    assert_eq!(v("joader_job_running", &[("job_name", "a")]), 0.0);
     assert_eq!(
         v(
             "joader_http_requests_total",

@@ -17,7 +17,7 @@ pub mod state;
 
 use std::future::Future;
 use std::net::TcpListener;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, AsyncContext};
@@ -38,6 +38,10 @@ const S3_LOADS: usize = 64;
 /// Runs the server on `listener` until `shutdown` completes (or SIGINT/SIGTERM), then removes
 /// its shared-memory segments. Must be called inside an actix system
 /// (`actix_web::rt::System::new().block_on(run(...))`).
+///
+/// Its steps: the shared-memory segment, the object stores, the actors, the registry (with
+/// the catalog's datasets), the cluster, the HTTP server, then the housekeeping and the
+/// drain on a stop signal.
 pub async fn run(
     listener: TcpListener,
     config: Config,
@@ -45,6 +49,62 @@ pub async fn run(
 ) -> Result<()> {
     config.validate()?;
     let catalog = catalog::Catalog::open(&config.data_dir)?;
+    let writer = open_segment(&config)?;
+    let objects = object_stores(&config)?;
+    let stats = Arc::new(CacheStats::default());
+    let cache = start_cache(&config, writer, stats.clone(), objects.is_some());
+    let samplers = actix::Arbiter::new();
+    let addr = listener.local_addr()?;
+    let own_url = own_url(&config, addr);
+    let registry = Arc::new(Registry::new(
+        config.clone(),
+        catalog,
+        cache.clone(),
+        samplers.handle(),
+        stats,
+        objects,
+    ));
+    let state = Arc::new(AppState {
+        registry: registry.clone(),
+        leader: config
+            .leader
+            .is_none()
+            .then(|| cluster::leader::Leader::new(&config)),
+        leader_url: Some(
+            config
+                .leader
+                .clone()
+                .unwrap_or_else(|| own_url.clone())
+                .trim_end_matches('/')
+                .to_string(),
+        ),
+    });
+    registry::load_catalog(&registry)?;
+    start_cluster(&state, own_url);
+    // The recorder lives beside the registry (it reads the registry, never the reverse).
+    let recorder = Arc::new(metrics::Metrics::new());
+    let server = http_server(&config, &state, &recorder, listener)?;
+    tracing::info!(%addr, instance = %config.instance, "joader is serving");
+    spawn_housekeeping(state, recorder);
+    let handle = server.handle();
+    let grace = Duration::from_secs(config.drain_grace_s);
+    actix_web::rt::spawn(async move {
+        if stop_requested(shutdown).await {
+            drain(&registry, grace).await;
+        }
+        handle.stop(true).await;
+    });
+    let result = server.await;
+    cache.send(Shutdown).await.ok();
+    samplers.stop();
+    // The arbiter's thread ends once its samplers have stopped (no blocking join here: this
+    // runs on the system's thread).
+    tracing::info!("joader stopped; shared memory removed");
+    result.context("the HTTP server failed")
+}
+
+/// Creates the instance's shared-memory segment (removing a previous run's stale ones).
+fn open_segment(config: &Config) -> Result<Writer> {
     let mut seg = SegmentConfig::new(
         config.instance.clone(),
         config.cache_slots,
@@ -64,44 +124,52 @@ pub async fn run(
     for stale in writer.stale_removed() {
         tracing::warn!(segment = %stale, "removed a stale segment of a previous run");
     }
-    let stats = Arc::new(CacheStats::default());
-    // The object-store stage runs only on a server that may read object stores; its loads
-    // wait on the network, so the Cache lets as many be under way as requests may be in
-    // flight (decoded payloads outside shared memory stay bounded by that number).
-    let objects = if config.allowed_s3.is_empty() {
-        None
-    } else {
-        let allow =
-            joader_storage::s3::S3Allow::parse(&config.allowed_s3, &config.allowed_s3_endpoints)
-                .map_err(|e| anyhow::anyhow!("allowed_s3 / allowed_s3_endpoints: {e}"))?
-                .with_environment();
-        let tier = match &config.disk_cache {
-            Some(dir) => {
-                // Its writer thread's CPU is the object-store stage's.
-                let tier = joader_storage::tier::DiskTier::open_with(
-                    dir,
-                    config.disk_cache_bytes,
-                    || dataplane::stages::set_base(&dataplane::stages::server::FETCH),
-                )?;
-                tracing::info!(dir = %dir.display(), bytes = config.disk_cache_bytes, objects = tier.stats().objects.load(std::sync::atomic::Ordering::Relaxed), "disk cache opened");
-                Some(Arc::new(tier))
-            }
-            None => None,
-        };
-        Some(Arc::new(
-            joader_storage::s3::ObjectStores::new(config.fetch_config(), allow, tier, || {
-                dataplane::stages::set_base(&dataplane::stages::server::FETCH)
-            })
-            .context("cannot start the object-store stage")?,
-        ))
-    };
-    if objects.is_none()
-        && let Some(dir) = &config.disk_cache
-    {
-        tracing::warn!(dir = %dir.display(), "disk_cache is unused: it holds what object stores send, and this server reads none (--allowed-s3)");
+    Ok(writer)
+}
+
+/// The object-store stage, which runs only on a server that may read object stores
+/// (`--allowed-s3`), with its disk tier when `disk_cache` is set.
+fn object_stores(config: &Config) -> Result<Option<Arc<joader_storage::s3::ObjectStores>>> {
+    if config.allowed_s3.is_empty() {
+        if let Some(dir) = &config.disk_cache {
+            tracing::warn!(dir = %dir.display(), "disk_cache is unused: it holds what object stores send, and this server reads none (--allowed-s3)");
+        }
+        return Ok(None);
     }
+    let allow =
+        joader_storage::s3::S3Allow::parse(&config.allowed_s3, &config.allowed_s3_endpoints)
+            .map_err(|e| anyhow::anyhow!("allowed_s3 / allowed_s3_endpoints: {e}"))?
+            .with_environment();
+    let tier = match &config.disk_cache {
+        Some(dir) => {
+            // Its writer thread's CPU is the object-store stage's.
+            let tier =
+                joader_storage::tier::DiskTier::open_with(dir, config.disk_cache_bytes, || {
+                    dataplane::stages::set_base(&dataplane::stages::server::FETCH)
+                })?;
+            tracing::info!(dir = %dir.display(), bytes = config.disk_cache_bytes, objects = tier.stats().objects.load(std::sync::atomic::Ordering::Relaxed), "disk cache opened");
+            Some(Arc::new(tier))
+        }
+        None => None,
+    };
+    let stores = joader_storage::s3::ObjectStores::new(config.fetch_config(), allow, tier, || {
+        dataplane::stages::set_base(&dataplane::stages::server::FETCH)
+    })
+    .context("cannot start the object-store stage")?;
+    Ok(Some(Arc::new(stores)))
+}
+
+/// Starts the Cache actor and its Loader. On a server that reads object stores, loads wait
+/// on the network, so the Cache lets as many be under way as requests may be in flight
+/// (decoded payloads outside shared memory stay bounded by that number).
+fn start_cache(
+    config: &Config,
+    writer: Writer,
+    stats: Arc<CacheStats>,
+    reads_objects: bool,
+) -> actix::Addr<CacheActor> {
     let mut max_loading = CacheConfig::max_loading_for(config.loader_workers);
-    if objects.is_some() {
+    if reads_objects {
         // Loads whose bytes were not fetched ahead wait a GET each: enough of them to keep
         // the decode threads busy, without letting decoded payloads outside shared memory
         // grow with the request limit.
@@ -113,98 +181,63 @@ pub async fn run(
         max_loading,
     };
     let workers = config.loader_workers;
-    let st = stats.clone();
     // The Loader's threads hold the segment weakly: they write loaded elements straight into
     // slots while the Cache keeps room for them, and never keep the segment past the Cache.
-    let writer = std::sync::Arc::new(writer);
-    let cache = CacheActor::create(move |ctx| {
-        let slots = std::sync::Arc::downgrade(&writer);
-        let loader = Loader::placing(workers, ctx.address().recipient(), st.clone(), slots).start();
-        CacheActor::new(writer, &cache_cfg, loader.recipient(), st)
-    });
-    let samplers = actix::Arbiter::new();
-    let addr = listener.local_addr()?;
-    // How the leader and the followers reach this server.
-    let own_url = config.advertise.clone().unwrap_or_else(|| {
+    let writer = Arc::new(writer);
+    CacheActor::create(move |ctx| {
+        let slots = Arc::downgrade(&writer);
+        let loader =
+            Loader::placing(workers, ctx.address().recipient(), stats.clone(), slots).start();
+        CacheActor::new(writer, &cache_cfg, loader.recipient(), stats)
+    })
+}
+
+/// How the leader and the followers reach this server: `advertise`, else the address it
+/// listens on (loopback for an unspecified one).
+fn own_url(config: &Config, addr: std::net::SocketAddr) -> String {
+    config.advertise.clone().unwrap_or_else(|| {
         let ip = if addr.ip().is_unspecified() {
             std::net::IpAddr::from([127, 0, 0, 1])
         } else {
             addr.ip()
         };
         format!("http://{}", std::net::SocketAddr::new(ip, addr.port()))
-    });
-    let leader = config
-        .leader
-        .is_none()
-        .then(|| cluster::leader::Leader::new(&config));
-    let registry = Arc::new(Registry {
-        config: config.clone(),
-        catalog: Arc::new(catalog),
-        cache: cache.clone(),
-        samplers: samplers.handle(),
-        draining: Default::default(),
-        stats,
-        objects,
-        inner: Mutex::new(registry::Inner::default()),
-        started: Instant::now(),
-        node: Default::default(),
-    });
-    let state = Arc::new(AppState {
-        registry: registry.clone(),
-        leader: leader.clone(),
-        leader_url: Some(
-            config
-                .leader
-                .clone()
-                .unwrap_or_else(|| own_url.clone())
-                .trim_end_matches('/')
-                .to_string(),
-        ),
-    });
-    registry::load_catalog(&registry)?;
-    if let Some(l) = &leader {
-        l.start(registry.samplers.clone());
+    })
+}
+
+/// Starts the leader's placement (on a leader) and this node's agent (on every server but a
+/// `--leader-only` leader).
+fn start_cluster(state: &AppState, own_url: String) {
+    let registry = &state.registry;
+    if let Some(l) = &state.leader {
+        l.start(registry.samplers().clone());
     }
-    if !config.leader_only {
+    if !registry.config().leader_only {
         let leader_url = state.leader_url.clone().unwrap_or_default();
-        let agent = cluster::node::NodeAgent::new(&registry, leader_url.clone(), own_url).start();
-        let handle = cluster::node::AgentHandle::new(agent, leader_url);
-        let _ = registry.node.set(Box::new(handle));
+        let agent = cluster::node::NodeAgent::new(registry, leader_url.clone(), own_url).start();
+        registry.set_node(Box::new(cluster::node::AgentHandle::new(agent, leader_url)));
     }
+}
+
+/// The HTTP server on `listener`: the routes, behind the bearer token and the request
+/// metrics.
+fn http_server(
+    config: &Config,
+    state: &Arc<AppState>,
+    recorder: &Arc<metrics::Metrics>,
+    listener: TcpListener,
+) -> Result<actix_web::dev::Server> {
     let data = web::Data::from(state.clone());
-    let token = config.token.clone();
-    // The recorder lives beside the registry (it reads the registry, never the reverse).
-    let recorder = Arc::new(metrics::Metrics::new());
     let metrics_data = web::Data::from(recorder.clone());
-    let sampler_metrics = recorder.clone();
+    let token = http::auth::BearerToken::new(config.token.as_deref());
+    let recorder = recorder.clone();
     let server = HttpServer::new(move || {
         let token = token.clone();
         let recorder = recorder.clone();
         App::new()
             .app_data(data.clone())
             .app_data(metrics_data.clone())
-            .wrap_fn(move |req, srv| {
-                use actix_web::dev::Service;
-                let denied = token.as_ref().is_some_and(|t| {
-                    http::requires_token(req.path())
-                        && req
-                            .headers()
-                            .get("authorization")
-                            .and_then(|h| h.to_str().ok())
-                            != Some(&format!("Bearer {t}"))
-                });
-                let fut = if denied { None } else { Some(srv.call(req)) };
-                async move {
-                    match fut {
-                        Some(f) => f.await,
-                        None => Err(error::Error::new(
-                            error::Code::Unauthorized,
-                            "a valid bearer token is required",
-                        )
-                        .into()),
-                    }
-                }
-            })
+            .wrap_fn(move |req, srv| token.check(req, srv))
             // Outermost, so that refused requests are counted too.
             .wrap_fn(move |req, srv| recorder.observe(req, srv))
             .into_utoipa_app()
@@ -219,33 +252,20 @@ pub async fn run(
     .disable_signals()
     .listen(listener)?
     .run();
-    tracing::info!(%addr, instance = %config.instance, "joader is serving");
-    let handle = server.handle();
-    let sampled = state.clone();
-    // Ends with the actix system.
+    Ok(server)
+}
+
+/// Every `HISTORY_INTERVAL`: the dashboard's sample, and the registry's housekeeping. Ends
+/// with the actix system.
+fn spawn_housekeeping(state: Arc<AppState>, recorder: Arc<metrics::Metrics>) {
     actix_web::rt::spawn(async move {
         let mut every = actix_web::rt::time::interval(metrics::HISTORY_INTERVAL);
         loop {
             every.tick().await;
-            sampler_metrics.sample(&sampled);
-            registry::housekeep(&sampled.registry);
+            recorder.sample(&state);
+            registry::housekeep(&state.registry);
         }
     });
-    let draining = registry.clone();
-    let grace = Duration::from_secs(config.drain_grace_s);
-    actix_web::rt::spawn(async move {
-        if stop_requested(shutdown).await {
-            drain(&draining, grace).await;
-        }
-        handle.stop(true).await;
-    });
-    let result = server.await;
-    cache.send(Shutdown).await.ok();
-    samplers.stop();
-    // The arbiter's thread ends once its samplers have stopped (no blocking join here: this
-    // runs on the system's thread).
-    tracing::info!("joader stopped; shared memory removed");
-    result.context("the HTTP server failed")
 }
 
 /// Resolves when the server should stop: `true` for SIGTERM/SIGINT (drain first), `false`
@@ -272,15 +292,8 @@ async fn stop_requested(shutdown: impl Future<Output = ()>) -> bool {
 /// `server_gone` ("server shut down segment"), never a hang. A rolling upgrade gives running
 /// jobs `grace` to finish.
 async fn drain(registry: &Registry, grace: Duration) {
-    registry
-        .draining
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let running = || {
-        registry
-            .inner
-            .lock()
-            .map_or(0, |i| i.jobs.values().filter(|j| !j.has_ended()).count())
-    };
+    registry.start_draining();
+    let running = || registry.running_jobs();
     tracing::info!(
         running = running(),
         grace_s = grace.as_secs_f64(),

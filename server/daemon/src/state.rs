@@ -25,7 +25,11 @@ impl AppState {
                 Code::NotALeader,
                 format!(
                     "this server follows {}: send cluster requests to the leader",
-                    self.registry.config.leader.as_deref().unwrap_or("a leader")
+                    self.registry
+                        .config()
+                        .leader
+                        .as_deref()
+                        .unwrap_or("a leader")
                 ),
             )
         })

@@ -246,9 +246,11 @@ pub struct AddJob {
     /// Deliveries the job may have outstanding from the start. Jobs the Cache serves start at
     /// 0: the Cache grants their rings' capacity when every rank's client has attached.
     pub credit: u32,
-    /// Deliveries the job may be sampled beyond its credit when it keeps pace and joins
-    /// another job's pass (one batch per rank): see `sampler::pace`.
-    pub lookahead: u32,
+    /// Deliveries of one step of the job: its batch size times its ranks. The Sampler derives
+    /// the job's lookahead from it (`sampler::pace::lookahead`). 0 for a job that must not be
+    /// sampled ahead of its credit (a multi-node job's placement: its credit is what the
+    /// nodes' rings can take).
+    pub step: u32,
     pub stats: Arc<JobStats>,
     /// Resume the job in the middle of an epoch: `(epoch, remaining set)` (see
     /// `Sampler::resume_job`); `None` starts at epoch 0 with the whole subset.

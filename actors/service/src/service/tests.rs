@@ -238,7 +238,7 @@ impl World {
                 epochs: Some(epochs),
                 sampler: SamplerKind::Dsa,
                 credit: 0,
-                lookahead: BATCH,
+                step: BATCH / 2,
                 stats: stats.clone(),
                 resume: None,
                 replay: None,

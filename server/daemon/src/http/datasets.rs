@@ -53,12 +53,8 @@ async fn create_dataset(
     web::block(move || datasets::create_dataset(&st, created, source))
         .await
         .map_err(Error::internal)??;
-    let inner = state.registry.inner.lock().map_err(Error::internal)?;
-    let d = inner
-        .datasets
-        .get(&name)
-        .ok_or_else(|| Error::dataset_not_found(&name))?;
-    Ok(HttpResponse::Accepted().json(dataset_view(d)))
+    let d = state.registry.dataset(&name)?;
+    Ok(HttpResponse::Accepted().json(dataset_view(&d)))
 }
 
 /// List the datasets.
@@ -68,8 +64,7 @@ async fn create_dataset(
 )]
 #[get("/v1/datasets")]
 async fn list_datasets(state: web::Data<AppState>) -> Result<HttpResponse> {
-    let inner = state.registry.inner.lock().map_err(Error::internal)?;
-    let datasets = inner.datasets.values().map(dataset_view).collect();
+    let datasets = state.registry.datasets().iter().map(dataset_view).collect();
     Ok(HttpResponse::Ok().json(DatasetList { datasets }))
 }
 
@@ -81,12 +76,8 @@ async fn list_datasets(state: web::Data<AppState>) -> Result<HttpResponse> {
 )]
 #[get("/v1/datasets/{name}")]
 async fn get_dataset(state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse> {
-    let inner = state.registry.inner.lock().map_err(Error::internal)?;
-    let d = inner
-        .datasets
-        .get(name.as_str())
-        .ok_or_else(|| Error::dataset_not_found(&name))?;
-    Ok(HttpResponse::Ok().json(dataset_view(d)))
+    let d = state.registry.dataset(&name)?;
+    Ok(HttpResponse::Ok().json(dataset_view(&d)))
 }
 
 /// The elements that failed to read or decode.
@@ -134,12 +125,8 @@ async fn reindex_dataset(
     web::block(move || datasets::reindex_dataset(&st, &owned))
         .await
         .map_err(Error::internal)??;
-    let inner = state.registry.inner.lock().map_err(Error::internal)?;
-    let d = inner
-        .datasets
-        .get(&name)
-        .ok_or_else(|| Error::dataset_not_found(&name))?;
-    Ok(HttpResponse::Accepted().json(dataset_view(d)))
+    let d = state.registry.dataset(&name)?;
+    Ok(HttpResponse::Accepted().json(dataset_view(&d)))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

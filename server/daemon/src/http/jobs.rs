@@ -44,8 +44,7 @@ async fn create_job(
 #[utoipa::path(tag = "jobs", responses((status = 200, description = "the jobs", body = JobList)))]
 #[get("/v1/jobs")]
 async fn list_jobs(state: web::Data<AppState>) -> Result<HttpResponse> {
-    let inner = state.registry.inner.lock().map_err(Error::internal)?;
-    let jobs = inner.jobs.values().map(job_view).collect();
+    let jobs = state.registry.jobs().iter().map(|j| job_view(j)).collect();
     Ok(HttpResponse::Ok().json(JobList { jobs }))
 }
 
@@ -57,12 +56,8 @@ async fn list_jobs(state: web::Data<AppState>) -> Result<HttpResponse> {
 )]
 #[get("/v1/jobs/{name}")]
 async fn get_job(state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse> {
-    let inner = state.registry.inner.lock().map_err(Error::internal)?;
-    let j = inner
-        .jobs
-        .get(name.as_str())
-        .ok_or_else(|| Error::job_not_found(&name))?;
-    Ok(HttpResponse::Ok().json(job_view(j)))
+    let j = state.registry.job(&name)?;
+    Ok(HttpResponse::Ok().json(job_view(&j)))
 }
 
 /// Stop a job and release what it holds.
@@ -94,7 +89,7 @@ async fn get_record(
 ) -> Result<HttpResponse> {
     let (name, epoch) = path.into_inner();
     crate::registry::check_name("job", &name)?;
-    let data_dir = state.registry.config.data_dir.clone();
+    let data_dir = state.registry.config().data_dir.clone();
     let job = name.clone();
     let rec = actix_web::rt::task::spawn_blocking(move || {
         crate::registry::record::read(&data_dir, &job, epoch)

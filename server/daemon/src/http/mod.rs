@@ -7,6 +7,7 @@
 //! `#[utoipa::path]`, so registering a route is documenting it. [`openapi`] builds the
 //! document from [`configure`], the same function that registers the routes of the server.
 
+pub mod auth;
 pub mod cluster;
 pub mod dashboard;
 pub mod datasets;

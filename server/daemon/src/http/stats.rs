@@ -43,19 +43,14 @@ async fn cache_stats(
 /// are gone and the retention periods have passed: see `registry::housekeep`).
 fn state_sizes(state: &AppState, recorder: &Metrics) -> StateSizes {
     use std::sync::atomic::Ordering::Relaxed;
-    let (jobs, retired, registering) = state
-        .registry
-        .inner
-        .lock()
-        .map(|i| (i.jobs.len(), i.retired.len(), i.registering.len()))
-        .unwrap_or_default();
+    let sizes = state.registry.sizes();
     StateSizes {
-        jobs: jobs as u64,
-        retired_job_names: retired as u64,
-        registering: registering as u64,
+        jobs: sizes.jobs as u64,
+        retired_job_names: sizes.retired_job_names as u64,
+        registering: sizes.registering as u64,
         metric_job_series: recorder.job_series() as u64,
-        cache_open_jobs: state.registry.stats.open_jobs.load(Relaxed),
-        cache_sources: state.registry.stats.open_sources.load(Relaxed),
+        cache_open_jobs: state.registry.stats().open_jobs.load(Relaxed),
+        cache_sources: state.registry.stats().open_sources.load(Relaxed),
     }
 }
 

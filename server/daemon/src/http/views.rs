@@ -268,8 +268,8 @@ pub fn registration_view(registry: &Registry, j: &JobEntry) -> Registration {
         .iter()
         .map(|r| RankRing {
             rank: r.rank,
-            instance: registry.config.instance.clone(),
-            data_segment: dataplane::names::data_segment(&registry.config.instance),
+            instance: registry.config().instance.clone(),
+            data_segment: dataplane::names::data_segment(&registry.config().instance),
             ring: r.ring.clone(),
             ring_segment: r.segment.clone(),
             reader_index: r.reader_index,
@@ -347,7 +347,7 @@ pub struct FetchAhead {
 }
 
 fn fetch_ahead_view(state: &AppState) -> Option<FetchAhead> {
-    let a = state.registry.objects.as_ref()?.stats().ahead();
+    let a = state.registry.objects()?.stats().ahead();
     Some(FetchAhead {
         capacity_bytes: a.capacity,
         bytes: a.bytes,
@@ -380,7 +380,7 @@ pub struct DiskCache {
 }
 
 fn disk_cache_view(state: &AppState) -> Option<DiskCache> {
-    let objects = state.registry.objects.as_ref()?;
+    let objects = state.registry.objects()?;
     let t = objects.tier()?.stats();
     let l = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
     Some(DiskCache {
@@ -412,15 +412,15 @@ pub struct StateSizes {
 }
 
 pub fn stats_view(state: &AppState, sizes: StateSizes) -> Stats {
-    let s = &state.registry.stats;
+    let s = &state.registry.stats();
     let requests = s.requests.load(Relaxed);
     let hits = s.hits.load(Relaxed);
     let rounds_el = s.round_elements.load(Relaxed);
     let process = crate::procstat::process_stats();
     Stats {
-        instance: state.registry.config.instance.clone(),
+        instance: state.registry.config().instance.clone(),
         version: env!("CARGO_PKG_VERSION"),
-        uptime_s: state.registry.started.elapsed().as_secs_f64(),
+        uptime_s: state.registry.uptime().as_secs_f64(),
         requests,
         hits,
         misses: s.misses.load(Relaxed),
@@ -452,7 +452,7 @@ pub fn stats_view(state: &AppState, sizes: StateSizes) -> Stats {
         } else {
             s.round_deliveries.load(Relaxed) as f64 / rounds_el as f64
         },
-        loader_workers: state.registry.config.loader_workers.max(1) as u64,
+        loader_workers: state.registry.config().loader_workers.max(1) as u64,
         process_cpu_s: process.map(|p| p.cpu_seconds),
         process_rss_bytes: process.map(|p| p.rss_bytes),
         process_threads: process.map(|p| p.threads),

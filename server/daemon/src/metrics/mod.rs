@@ -147,29 +147,23 @@ impl Metrics {
     /// the jobs running, not by the jobs the server has served.
     pub fn sample(&self, state: &AppState) {
         let _cpu = stages::enter(&METRICS);
-        let s = &state.registry.stats;
+        let s = &state.registry.stats();
         let process = process_stats();
         let jobs: Box<[(Box<str>, u64, f64)]> = state
             .registry
-            .inner
-            .lock()
-            .map(|inner| {
-                inner
-                    .jobs
-                    .iter()
-                    .filter(|(_, j)| !j.has_ended())
-                    .map(|(name, j)| {
-                        (
-                            name.as_str().into(),
-                            j.stats.acknowledged.load(Relaxed),
-                            j.stats.stall_us.load(Relaxed) as f64 / 1e6,
-                        )
-                    })
-                    .collect()
+            .jobs()
+            .iter()
+            .filter(|j| !j.has_ended())
+            .map(|j| {
+                (
+                    j.name.as_str().into(),
+                    j.stats.acknowledged.load(Relaxed),
+                    j.stats.stall_us.load(Relaxed) as f64 / 1e6,
+                )
             })
-            .unwrap_or_default();
+            .collect();
         let point = Sample {
-            t: state.registry.started.elapsed().as_secs_f64(),
+            t: state.registry.uptime().as_secs_f64(),
             counters: [
                 s.requests.load(Relaxed),
                 s.hits.load(Relaxed),
@@ -225,7 +219,7 @@ impl Metrics {
         for (name, kind, help, rows) in &labelled.families {
             family(&mut extra, name, kind, help, rows);
         }
-        let s = &state.registry.stats;
+        let s = &state.registry.stats();
         family(
             &mut extra,
             "joader_loader_busy_seconds_total",
@@ -233,10 +227,10 @@ impl Metrics {
             "time the loader workers spent reading and preparing elements, summed over workers",
             &[(vec![], s.loader_busy_us.load(Relaxed) as f64 / 1e6)],
         );
-        if let Some(objects) = &state.registry.objects {
+        if let Some(objects) = state.registry.objects() {
             render::objects(&mut extra, objects.stats());
         }
-        let tier = state.registry.objects.as_ref().and_then(|o| o.tier());
+        let tier = state.registry.objects().and_then(|o| o.tier());
         render::disk_cache(&mut extra, tier.map(|t| &**t.stats()));
         // This thread's time so far, so that a scrape's own work is in its figures.
         stages::flush();

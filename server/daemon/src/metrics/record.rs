@@ -3,15 +3,15 @@
 //! happen. Nothing here formats text; `render` does.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 
 use actors::service::JobState;
 use joader_storage::ParquetReads;
 use metrics::{counter, gauge};
 
 use crate::procstat::process_stats;
-use crate::registry::job_counts;
+use crate::registry::{DatasetEntry, JobEntry, Retired, job_counts};
 use crate::state::AppState;
 
 /// Kinds of element failures (`StorageError::code`, `PipelineError::code`) seen in practice.
@@ -71,7 +71,7 @@ pub(super) const JOB_COUNTERS: [(&str, &str); 9] = [
 ///
 /// A job name can be reused once its job finished or failed, and the new job's counters
 /// start at zero. Prometheus counters must not go down, so the series of a name continues
-/// from what the stopped jobs of that name counted (`registry::Inner::retired`), and never
+/// from what the stopped jobs of that name counted (`Registry::jobs_and_retired`), and never
 /// goes down. A name with neither a job nor retired counters (the registry forgets them after
 /// `metrics_retention_s`) is dropped here too: its series end.
 pub(super) struct JobSeries {
@@ -114,24 +114,71 @@ const JOB_GAUGES: [(&str, &str); 6] = [
     ("joader_job_running", "1 while the job runs"),
 ];
 
+/// The counters of a `parquet` dataset's reads, in the order of `ParquetReads`' fields below.
+type ParquetField = fn(&ParquetReads) -> u64;
+const PARQUET_COUNTERS: [(&str, &str, ParquetField); 7] = [
+    (
+        "joader_parquet_rows_read_total",
+        "rows of a parquet dataset read (an image's bytes returned)",
+        |r| r.rows,
+    ),
+    (
+        "joader_parquet_read_bytes_total",
+        "bytes a parquet dataset's reads took from its files (a row group's column chunk on its first read, a row's piece after)",
+        |r| r.bytes_read,
+    ),
+    (
+        "joader_parquet_decompressed_bytes_total",
+        "bytes a parquet dataset's reads decompressed (whole pages on a group's first read, a row's piece after)",
+        |r| r.bytes_decompressed,
+    ),
+    (
+        "joader_parquet_row_groups_decoded_total",
+        "row groups of a parquet dataset decoded whole",
+        |r| r.groups_decoded,
+    ),
+    (
+        "joader_parquet_decoded_row_hits_total",
+        "rows of a parquet dataset served from the decoded rows kept (64 MiB)",
+        |r| r.decoded_hits,
+    ),
+    (
+        "joader_parquet_field_groups_total",
+        "row groups' small-field columns of a parquet dataset read whole (once while their values are kept)",
+        |r| r.field_groups,
+    ),
+    (
+        "joader_parquet_field_hits_total",
+        "small-field values of a parquet dataset served from the row groups' values kept (32 MiB)",
+        |r| r.field_hits,
+    ),
+];
+
 /// Every job's and dataset's series (the series of a reused name continue from its stopped
 /// jobs), and the jobs-by-state gauge into the recorder. Forgets the series of names the
 /// registry no longer knows.
 pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &AppState) -> Labelled {
-    let mut by_state: BTreeMap<&str, u64> = JOB_STATES.iter().map(|s| (*s, 0)).collect();
     let mut out = Labelled::default();
     let Ok(mut series) = jobs.lock() else {
         return out;
     };
-    let Ok(inner) = state.registry.inner.lock() else {
-        return out;
-    };
-    let items = inner
-        .datasets
+    dataset_families(&state.registry.datasets(), &mut out);
+    let (jobs, retired) = state.registry.jobs_and_retired();
+    let by_state = job_families(&mut series, &jobs, &retired, &mut out);
+    for (st, n) in by_state {
+        gauge!("joader_jobs", "state" => st).set(n as f64);
+    }
+    out
+}
+
+/// The datasets' items, and what the reads of each `parquet` dataset cost (a re-indexed
+/// dataset counts anew).
+fn dataset_families(datasets: &[DatasetEntry], out: &mut Labelled) {
+    let items = datasets
         .iter()
-        .map(|(name, d)| {
+        .map(|d| {
             let n = d.index.as_ref().map_or(0, |i| i.len());
-            (vec![("dataset", name.clone())], n as f64)
+            (vec![("dataset", d.record.name.clone())], n as f64)
         })
         .collect();
     out.families.push((
@@ -140,126 +187,108 @@ pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &App
         "items indexed in the dataset",
         items,
     ));
-    // What the reads of each `parquet` dataset cost (a re-indexed dataset counts anew).
-    let reads: Vec<(String, ParquetReads)> = inner
-        .datasets
+    let reads: Vec<(String, ParquetReads)> = datasets
         .iter()
-        .filter_map(|(name, d)| Some((name.clone(), d.index.as_ref()?.parquet_reads()?)))
+        .filter_map(|d| Some((d.record.name.clone(), d.index.as_ref()?.parquet_reads()?)))
         .collect();
-    type Field = fn(&ParquetReads) -> u64;
-    let parquet: [(&'static str, &'static str, Field); 7] = [
-        (
-            "joader_parquet_rows_read_total",
-            "rows of a parquet dataset read (an image's bytes returned)",
-            |r| r.rows,
-        ),
-        (
-            "joader_parquet_read_bytes_total",
-            "bytes a parquet dataset's reads took from its files (a row group's column chunk on its first read, a row's piece after)",
-            |r| r.bytes_read,
-        ),
-        (
-            "joader_parquet_decompressed_bytes_total",
-            "bytes a parquet dataset's reads decompressed (whole pages on a group's first read, a row's piece after)",
-            |r| r.bytes_decompressed,
-        ),
-        (
-            "joader_parquet_row_groups_decoded_total",
-            "row groups of a parquet dataset decoded whole",
-            |r| r.groups_decoded,
-        ),
-        (
-            "joader_parquet_decoded_row_hits_total",
-            "rows of a parquet dataset served from the decoded rows kept (64 MiB)",
-            |r| r.decoded_hits,
-        ),
-        (
-            "joader_parquet_field_groups_total",
-            "row groups' small-field columns of a parquet dataset read whole (once while their values are kept)",
-            |r| r.field_groups,
-        ),
-        (
-            "joader_parquet_field_hits_total",
-            "small-field values of a parquet dataset served from the row groups' values kept (32 MiB)",
-            |r| r.field_hits,
-        ),
-    ];
-    for (name, help, field) in parquet {
+    for (name, help, field) in PARQUET_COUNTERS {
         let rows = reads
             .iter()
             .map(|(d, r)| (vec![("dataset", d.clone())], field(r) as f64))
             .collect();
         out.families.push((name, "counter", help, rows));
     }
-    let mut gauges: [Vec<(Labels, f64)>; 5] = Default::default();
-    for (name, j) in &inner.jobs {
-        let st = match j.stats.state() {
-            JobState::Waiting => "waiting",
-            JobState::Running => "running",
-            JobState::Finished => "finished",
-            JobState::Failed(_) => "failed",
-        };
+}
+
+/// The state label of a job.
+fn state_name(j: &JobEntry) -> &'static str {
+    match j.stats.state() {
+        JobState::Waiting => "waiting",
+        JobState::Running => "running",
+        JobState::Finished => "finished",
+        JobState::Failed(_) => "failed",
+    }
+}
+
+/// The per-job counters and gauges; returns how many jobs are in each state.
+fn job_families(
+    series: &mut BTreeMap<String, JobSeries>,
+    jobs: &[Arc<JobEntry>],
+    retired: &BTreeMap<String, Retired>,
+    out: &mut Labelled,
+) -> BTreeMap<&'static str, u64> {
+    let mut by_state: BTreeMap<&str, u64> = JOB_STATES.iter().map(|s| (*s, 0)).collect();
+    let mut gauges: [Vec<(Labels, f64)>; 6] = Default::default();
+    for j in jobs {
+        let st = state_name(j);
         *by_state.entry(st).or_default() += 1;
-        let e = series.entry(name.clone()).or_insert_with(|| JobSeries {
-            dataset: j.dataset.clone(),
-            counts: [0; 9],
-            stall: 0.0,
-        });
-        // A job under a reused name continues from what the stopped ones of that name
-        // counted (recorded when they stopped, so no scrape can miss it).
-        let retired = inner.retired.get(name).copied().unwrap_or_default();
-        e.dataset = j.dataset.clone();
-        let now = job_counts(&j.stats);
-        for i in 0..now.len() {
-            e.counts[i] = e.counts[i].max(retired.counts[i] + now[i]);
-        }
-        e.stall = e
-            .stall
-            .max(retired.stall_s + j.stats.stall_us.load(Relaxed) as f64 / 1e6);
+        continue_series(series, j, retired.get(&j.name).copied().unwrap_or_default());
         let s = &j.stats;
-        let labels = || vec![("job_name", name.clone()), ("dataset", j.dataset.clone())];
         let values = [
             s.epoch.load(Relaxed) as f64,
             s.position.load(Relaxed) as f64,
             j.subset_len as f64,
             j.rate().0,
-            j.stats.run_rate(!j.has_ended()),
+            s.run_rate(!j.has_ended()),
             f64::from(u8::from(st == "running")),
         ];
         for (g, v) in gauges.iter_mut().zip(values) {
-            g.push((labels(), v));
+            g.push((job_labels(&j.name, &j.dataset), v));
         }
     }
     // Names with neither a job nor retired counters are forgotten; the others that have no
     // job no longer run.
-    series.retain(|name, _| inner.jobs.contains_key(name) || inner.retired.contains_key(name));
-    for (name, e) in series.iter() {
-        if !inner.jobs.contains_key(name) {
-            let labels = || vec![("job_name", name.clone()), ("dataset", e.dataset.clone())];
-            gauges[3].push((labels(), 0.0));
-            gauges[4].push((labels(), 0.0));
-        }
+    let running = |name: &String| jobs.iter().any(|j| &j.name == name);
+    series.retain(|name, _| running(name) || retired.contains_key(name));
+    for (name, e) in series.iter().filter(|(name, _)| !running(name)) {
+        gauges[3].push((job_labels(name, &e.dataset), 0.0));
+        gauges[4].push((job_labels(name, &e.dataset), 0.0));
     }
+    series_families(series, out);
+    for ((metric, help), rows) in JOB_GAUGES.iter().zip(gauges) {
+        out.families.push((metric, "gauge", help, rows));
+    }
+    by_state
+}
+
+fn job_labels(name: &str, dataset: &str) -> Labels {
+    vec![
+        ("job_name", name.to_owned()),
+        ("dataset", dataset.to_owned()),
+    ]
+}
+
+/// Advances a job's series: a job under a reused name continues from what the stopped ones
+/// of that name counted (recorded when they stopped, so no scrape can miss it), and no
+/// counter goes down.
+fn continue_series(series: &mut BTreeMap<String, JobSeries>, j: &JobEntry, retired: Retired) {
+    let e = series.entry(j.name.clone()).or_insert_with(|| JobSeries {
+        dataset: j.dataset.clone(),
+        counts: [0; 9],
+        stall: 0.0,
+    });
+    e.dataset = j.dataset.clone();
+    let now = job_counts(&j.stats);
+    for i in 0..now.len() {
+        e.counts[i] = e.counts[i].max(retired.counts[i] + now[i]);
+    }
+    e.stall = e
+        .stall
+        .max(retired.stall_s + j.stats.stall_us.load(Relaxed) as f64 / 1e6);
+}
+
+/// The job counters and the stall time of every remembered name.
+fn series_families(series: &BTreeMap<String, JobSeries>, out: &mut Labelled) {
     for (i, (metric, help)) in JOB_COUNTERS.iter().enumerate() {
         let rows = series
             .iter()
-            .map(|(name, e)| {
-                (
-                    vec![("job_name", name.clone()), ("dataset", e.dataset.clone())],
-                    e.counts[i] as f64,
-                )
-            })
+            .map(|(name, e)| (job_labels(name, &e.dataset), e.counts[i] as f64))
             .collect();
         out.families.push((metric, "counter", help, rows));
     }
     let stalls = series
         .iter()
-        .map(|(name, e)| {
-            (
-                vec![("job_name", name.clone()), ("dataset", e.dataset.clone())],
-                e.stall,
-            )
-        })
+        .map(|(name, e)| (job_labels(name, &e.dataset), e.stall))
         .collect();
     out.families.push((
         "joader_job_stall_seconds_total",
@@ -267,13 +296,6 @@ pub(super) fn record_jobs(jobs: &Mutex<BTreeMap<String, JobSeries>>, state: &App
         "time the job's ring sat empty while its client was attached and had credit (sampled at every cache tick, summed over ranks)",
         stalls,
     ));
-    for ((metric, help), rows) in JOB_GAUGES.iter().zip(gauges) {
-        out.families.push((metric, "gauge", help, rows));
-    }
-    for (st, n) in by_state {
-        gauge!("joader_jobs", "state" => st).set(n as f64);
-    }
-    out
 }
 
 /// The number of job names the exporter remembers (for the state-size report).
@@ -289,7 +311,7 @@ pub(super) fn histogram_http(method: &str, route: &str, secs: f64) {
 
 /// Copies the cache's, the loader's, the sampler's and the process's figures into the recorder.
 pub(super) fn record_cache(state: &AppState) {
-    let s = &state.registry.stats;
+    let s = &state.registry.stats();
     let c = |name: &'static str, v: u64| counter!(name).absolute(v);
     c("joader_cache_requests_total", s.requests.load(Relaxed));
     c("joader_cache_hits_total", s.hits.load(Relaxed));
@@ -352,11 +374,11 @@ pub(super) fn record_cache(state: &AppState) {
     );
     g(
         "joader_loader_workers",
-        state.registry.config.loader_workers.max(1) as f64,
+        state.registry.config().loader_workers.max(1) as f64,
     );
     g(
         "joader_uptime_seconds",
-        state.registry.started.elapsed().as_secs_f64(),
+        state.registry.uptime().as_secs_f64(),
     );
     if let Some(p) = process_stats() {
         g("joader_process_resident_memory_bytes", p.rss_bytes as f64);

@@ -30,42 +30,186 @@ use crate::error::{Code, Error};
 pub use cluster_node::{ClusterNode, LocalJob};
 use jobs::JobRequest;
 
-/// The registry: what the server serves (datasets, jobs) and the actors that serve it.
+/// The registry: what the server serves (datasets, jobs) and the actors that serve it. Its
+/// state is private: the HTTP, metrics and cluster layers call its methods, each of which
+/// returns a snapshot or does one operation under the lock.
 pub struct Registry {
-    pub config: Config,
-    pub catalog: Arc<Catalog>,
-    pub cache: Addr<CacheActor>,
+    config: Config,
+    catalog: Arc<Catalog>,
+    cache: Addr<CacheActor>,
     /// The thread the samplers run on (never an HTTP worker's: a pass must not wait for a
     /// request, nor a request for a pass).
-    pub samplers: actix::ArbiterHandle,
+    samplers: actix::ArbiterHandle,
     /// Set by SIGTERM: new datasets and jobs are refused while running jobs drain.
-    pub draining: std::sync::atomic::AtomicBool,
-    pub stats: Arc<CacheStats>,
+    draining: std::sync::atomic::AtomicBool,
+    stats: Arc<CacheStats>,
     /// The object-store stage (`s3` sources), when the server has `--allowed-s3`.
-    pub objects: Option<Arc<ObjectStores>>,
-    pub inner: Mutex<Inner>,
-    pub started: Instant,
+    objects: Option<Arc<ObjectStores>>,
+    inner: Mutex<Inner>,
+    started: Instant,
     /// This node's agent in the cluster (every server but a `--leader-only` leader), set once
     /// the agent has started.
-    pub node: std::sync::OnceLock<Box<dyn ClusterNode>>,
+    node: std::sync::OnceLock<Box<dyn ClusterNode>>,
 }
 
+/// The datasets and jobs, behind the registry's lock.
 #[derive(Default)]
-pub struct Inner {
-    pub datasets: BTreeMap<String, DatasetEntry>,
-    pub jobs: BTreeMap<String, JobEntry>,
+struct Inner {
+    datasets: BTreeMap<String, DatasetEntry>,
+    jobs: BTreeMap<String, Arc<JobEntry>>,
     /// Final counters of the stopped jobs of each name (a reused name continues its metrics).
-    pub retired: BTreeMap<String, Retired>,
+    retired: BTreeMap<String, Retired>,
     /// Job names being registered, reserved before the registration's first await: a rank
     /// that arrives meanwhile waits for that registration to end, then joins the job.
-    pub registering: BTreeMap<String, Registering>,
-    pub pipelines: Vec<Pipeline>,
-    pub next_job_id: u64,
-    pub dataset_ids: u16,
+    registering: BTreeMap<String, Registering>,
+    pipelines: Vec<Pipeline>,
+    next_job_id: u64,
+    dataset_ids: u16,
+}
+
+/// How many entries the registry's per-job maps hold (`GET /v1/stats`'s `state`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sizes {
+    pub jobs: usize,
+    pub retired_job_names: usize,
+    pub registering: usize,
+}
+
+impl Registry {
+    pub fn new(
+        config: Config,
+        catalog: Catalog,
+        cache: Addr<CacheActor>,
+        samplers: actix::ArbiterHandle,
+        stats: Arc<CacheStats>,
+        objects: Option<Arc<ObjectStores>>,
+    ) -> Self {
+        Self {
+            config,
+            catalog: Arc::new(catalog),
+            cache,
+            samplers,
+            draining: Default::default(),
+            stats,
+            objects,
+            inner: Mutex::new(Inner::default()),
+            started: Instant::now(),
+            node: Default::default(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The Cache actor's counters.
+    pub fn stats(&self) -> &CacheStats {
+        &self.stats
+    }
+
+    pub fn cache(&self) -> &Addr<CacheActor> {
+        &self.cache
+    }
+
+    /// The thread the samplers (and the leader's placement) run on.
+    pub fn samplers(&self) -> &actix::ArbiterHandle {
+        &self.samplers
+    }
+
+    /// The object-store stage, on a server with `--allowed-s3`.
+    pub fn objects(&self) -> Option<&ObjectStores> {
+        self.objects.as_deref()
+    }
+
+    /// Time since the server started.
+    pub fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    /// Sets this node's cluster agent (once, at start-up).
+    pub fn set_node(&self, node: Box<dyn ClusterNode>) {
+        if self.node.set(node).is_err() {
+            tracing::warn!("the cluster agent was set twice; the first one stays");
+        }
+    }
+
+    /// SIGTERM: from now on new datasets and jobs are refused (`check_not_draining`).
+    pub fn start_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, Error> {
+        self.inner.lock().map_err(Error::internal)
+    }
+
+    /// A snapshot of every dataset, by name.
+    pub fn datasets(&self) -> Vec<DatasetEntry> {
+        self.lock()
+            .map(|i| i.datasets.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// A snapshot of one dataset (`dataset_not_found` if there is none of that name).
+    pub fn dataset(&self, name: &str) -> Result<DatasetEntry, Error> {
+        self.lock()?
+            .datasets
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::dataset_not_found(name))
+    }
+
+    pub fn has_dataset(&self, name: &str) -> bool {
+        self.lock().is_ok_and(|i| i.datasets.contains_key(name))
+    }
+
+    /// Every job the registry knows (running, and ended ones not yet forgotten), by name.
+    pub fn jobs(&self) -> Vec<Arc<JobEntry>> {
+        self.lock()
+            .map(|i| i.jobs.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// One job (`job_not_found` if there is none of that name).
+    pub fn job(&self, name: &str) -> Result<Arc<JobEntry>, Error> {
+        self.lock()?
+            .jobs
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::job_not_found(name))
+    }
+
+    /// The jobs that have not ended.
+    pub fn running_jobs(&self) -> usize {
+        self.lock()
+            .map_or(0, |i| i.jobs.values().filter(|j| !j.has_ended()).count())
+    }
+
+    /// The jobs, and the retired counters of each name, taken under one lock (a job's series
+    /// adds the two: they must not be seen at two moments).
+    pub fn jobs_and_retired(&self) -> (Vec<Arc<JobEntry>>, BTreeMap<String, Retired>) {
+        self.lock()
+            .map(|i| (i.jobs.values().cloned().collect(), i.retired.clone()))
+            .unwrap_or_default()
+    }
+
+    pub fn sizes(&self) -> Sizes {
+        self.lock()
+            .map(|i| Sizes {
+                jobs: i.jobs.len(),
+                retired_job_names: i.retired.len(),
+                registering: i.registering.len(),
+            })
+            .unwrap_or_default()
+    }
 }
 
 impl Inner {
-    pub fn next_dataset_id(&mut self) -> Result<u16, Error> {
+    fn next_dataset_id(&mut self) -> Result<u16, Error> {
         self.dataset_ids = self.dataset_ids.checked_add(1).ok_or_else(|| {
             Error::new(
                 Code::Internal,
@@ -76,7 +220,7 @@ impl Inner {
     }
 
     /// The id of a pipeline (interned: jobs with equal pipelines share cached elements).
-    pub fn pipeline_id(&mut self, p: &Pipeline) -> Result<u16, Error> {
+    fn pipeline_id(&mut self, p: &Pipeline) -> Result<u16, Error> {
         if let Some(i) = self.pipelines.iter().position(|q| q == p) {
             return Ok(i as u16);
         }
@@ -122,7 +266,7 @@ pub struct Retired {
 
 impl Inner {
     /// Adds a stopped job's final counters to its name's retired counters.
-    pub fn retire(&mut self, name: &str, stats: &JobStats) {
+    fn retire(&mut self, name: &str, stats: &JobStats) {
         let now = job_counts(stats);
         let stall = stats.stall_us.load(Relaxed) as f64 / 1e6;
         let r = self.retired.entry(name.to_string()).or_default();
@@ -167,6 +311,9 @@ pub fn housekeep(registry: &Registry) {
     });
 }
 
+/// A dataset: its record, its index once indexed, its element source and Sampler once opened
+/// (a snapshot of it is cheap: the record and handles are cloned).
+#[derive(Clone)]
 pub struct DatasetEntry {
     pub id: u16,
     pub record: DatasetRecord,
@@ -387,7 +534,7 @@ pub fn load_catalog(registry: &Arc<Registry>) -> anyhow::Result<()> {
 
 /// Refuses new work while the server drains (after SIGTERM).
 pub fn check_not_draining(registry: &Registry) -> Result<(), Error> {
-    if registry.draining.load(std::sync::atomic::Ordering::SeqCst) {
+    if registry.is_draining() {
         return Err(Error::new(
             Code::ShuttingDown,
             "the server is shutting down (SIGTERM): it takes no new datasets or jobs; \

@@ -625,7 +625,7 @@ impl SamplerActor {
                 record: msg.record.map(|tx| (tx, Vec::new())),
                 credit: i64::from(msg.credit),
                 stats: msg.stats,
-                lookahead: msg.lookahead,
+                lookahead: pace::lookahead(msg.step),
                 pace: pace::Pace::default(),
                 joins: false,
                 drives: false,
@@ -635,7 +635,12 @@ impl SamplerActor {
             },
         );
         if let Some(a) = &mut self.ahead {
-            a.add(msg.job, kind, i64::from(msg.credit), msg.lookahead);
+            a.add(
+                msg.job,
+                kind,
+                i64::from(msg.credit),
+                pace::lookahead(msg.step),
+            );
         }
         if msg.credit > 0 {
             self.credited(msg.job, now);

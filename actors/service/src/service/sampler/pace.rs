@@ -48,6 +48,13 @@
 
 use std::time::{Duration, Instant};
 
+/// A job's lookahead, in deliveries: two of its steps (`step`, its batch size times its
+/// ranks). With one, a job that had fallen one batch out of step could no longer join the
+/// others' passes and stayed apart.
+pub(super) fn lookahead(step: u32) -> u32 {
+    step.saturating_mul(2)
+}
+
 /// Weight of the newest interval in the smoothed period.
 const ALPHA: f64 = 0.25;
 
@@ -166,6 +173,13 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_lookahead_is_two_steps_and_none_for_a_step_of_zero() {
+        assert_eq!(lookahead(64 * 4), 512);
+        assert_eq!(lookahead(0), 0);
+        assert_eq!(lookahead(u32::MAX), u32::MAX);
     }
 
     #[test]

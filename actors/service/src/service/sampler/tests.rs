@@ -43,7 +43,7 @@ fn add(
         epochs,
         sampler: kind,
         credit,
-        lookahead: 0,
+        step: 0,
         stats: Arc::new(JobStats::default()),
         resume: None,
         replay: None,
@@ -299,7 +299,7 @@ async fn jobs_of_one_pace_returning_credit_in_turn_are_sampled_together() {
     let (batch, k, period) = (64u32, 4u64, 192u64);
     for job in 1..=k {
         let mut a = add(job, 0..3600, SamplerKind::Dsa, 2 * batch, None);
-        a.lookahead = 2 * batch;
+        a.step = batch;
         s.insert_job(a, t0).unwrap();
     }
     let sampled = |s: &SamplerActor| -> Vec<u64> {
@@ -410,7 +410,7 @@ async fn a_remote_datasets_picks_are_fetched_ahead_and_reach_the_cache_within_it
     // the Cache gets 8 + 4; later 4 deeper.
     for (job, ids) in [(1, 0..100), (2, 50..150)] {
         let mut a = add(job, ids, SamplerKind::Dsa, 8, Some(2));
-        a.lookahead = 4;
+        a.step = 2;
         s.send(a).await.unwrap().unwrap();
     }
     pass(&s, &cap).await;
@@ -557,7 +557,7 @@ async fn a_removed_jobs_held_picks_are_dropped_and_the_others_go_on() {
     let (got, cap, s) = fetching_ahead();
     for job in [1, 2] {
         let mut a = add(job, 0..50, SamplerKind::Dsa, 4, Some(1));
-        a.lookahead = 4;
+        a.step = 2;
         s.send(a).await.unwrap().unwrap();
     }
     pass(&s, &cap).await;
@@ -584,7 +584,7 @@ async fn a_pass_that_hands_nothing_over_still_announces_its_picks() {
     // Rings of 8, lookahead 8: 16 deeper before the rate is known (places and lookahead), so
     // 24 picks, 16 handed over and 8 held.
     let mut a = add(1, 0..100, SamplerKind::Dsa, 8, Some(1));
-    a.lookahead = 8;
+    a.step = 4;
     s.send(a).await.unwrap().unwrap();
     pass(&s, &cap).await;
     assert_eq!(count(1, &got.lock().unwrap()), 16);

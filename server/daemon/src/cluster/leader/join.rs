@@ -29,11 +29,7 @@ impl Leader {
         identity.local_world_size = None;
         let world = identity.world_size.unwrap_or(1);
         let (index, ready_len) = {
-            let inner = registry.inner.lock().map_err(Error::internal)?;
-            let d = inner
-                .datasets
-                .get(&identity.dataset)
-                .ok_or_else(|| Error::dataset_not_found(&identity.dataset))?;
+            let d = registry.dataset(&identity.dataset)?;
             let index = d.index.clone().ok_or_else(|| {
                 Error::new(
                     Code::DatasetNotReady,
@@ -232,7 +228,7 @@ impl Leader {
             credit: job.pending_credit.min(u64::from(u32::MAX)) as u32,
             // No sampling ahead of credit across the network: a node's credit is what its
             // rings can take (the pace joins of one server need its Cache's queue).
-            lookahead: 0,
+            step: 0,
             stats: Arc::new(JobStats::default()),
             resume: job.resume.clone(),
             replay: None,

@@ -11,7 +11,7 @@ use crate::cluster::{
     ClusterDataset, Heartbeat, HeartbeatReply, NodeRegistered, NodeRegistration, NodeView,
     Placements,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::registry::Registry;
 
 impl Leader {
@@ -62,14 +62,13 @@ impl Leader {
             node.last = Instant::now();
             node.report = hb;
         }
-        let inner = registry.inner.lock().map_err(Error::internal)?;
         Ok(HeartbeatReply {
-            datasets: inner
-                .datasets
-                .values()
+            datasets: registry
+                .datasets()
+                .into_iter()
                 .map(|d| ClusterDataset {
-                    name: d.record.name.clone(),
-                    source: d.record.source.clone(),
+                    name: d.record.name,
+                    source: d.record.source,
                 })
                 .collect(),
         })

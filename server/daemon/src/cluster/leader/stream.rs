@@ -101,7 +101,7 @@ impl Leader {
                 sent = Instant::now();
                 continue;
             }
-            if registry.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            if registry.is_draining() {
                 break ("the leader is stopping".into(), false);
             }
             let idle = (sent + self.heartbeat).saturating_duration_since(Instant::now());

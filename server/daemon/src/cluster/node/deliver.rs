@@ -82,7 +82,7 @@ impl NodeAgent {
             end_to(&mut out, &self.jobs, e);
         }
         for (_, d) in out {
-            registry.cache.do_send(d);
+            registry.cache().do_send(d);
         }
     }
 

@@ -81,7 +81,7 @@ pub struct NodeAgent {
 
 impl NodeAgent {
     pub fn new(registry: &Arc<Registry>, leader: String, address: String) -> Self {
-        let c = &registry.config;
+        let c = &registry.config();
         Self {
             registry: Arc::downgrade(registry),
             leader: leader.trim_end_matches('/').to_string(),
@@ -124,7 +124,7 @@ impl NodeAgent {
         t.stats
             .set_state(JobState::Failed(format!("job_failed: {reason}")));
         if let Some(registry) = self.registry.upgrade() {
-            registry.cache.do_send(CloseJob { job: t.local });
+            registry.cache().do_send(CloseJob { job: t.local });
         }
     }
 
@@ -170,7 +170,7 @@ impl NodeAgent {
                 instance: self
                     .registry
                     .upgrade()
-                    .map(|s| s.config.instance.clone())
+                    .map(|s| s.config().instance.clone())
                     .unwrap_or_default(),
             };
             let fut = async move {
@@ -219,27 +219,22 @@ impl NodeAgent {
             return Heartbeat::default();
         };
         let mut datasets: Vec<NodeDataset> = registry
-            .inner
-            .lock()
-            .map(|i| {
-                i.datasets
-                    .values()
-                    .map(|d| NodeDataset {
-                        name: d.record.name.clone(),
-                        state: d.record.state.clone(),
-                        error: d.record.error.clone(),
-                    })
-                    .collect()
+            .datasets()
+            .into_iter()
+            .map(|d| NodeDataset {
+                name: d.record.name,
+                state: d.record.state,
+                error: d.record.error,
             })
-            .unwrap_or_default();
+            .collect();
         datasets.extend(self.dataset_errors.iter().map(|(n, e)| NodeDataset {
             name: n.clone(),
             state: "failed".into(),
             error: Some(e.clone()),
         }));
         Heartbeat {
-            cache_bytes_in_use: registry.stats.bytes_in_use.load(Relaxed),
-            cache_capacity_bytes: registry.stats.capacity_bytes.load(Relaxed),
+            cache_bytes_in_use: registry.stats().bytes_in_use.load(Relaxed),
+            cache_capacity_bytes: registry.stats().capacity_bytes.load(Relaxed),
             datasets,
         }
     }
@@ -250,10 +245,7 @@ impl NodeAgent {
             return;
         };
         for d in datasets {
-            let known = registry
-                .inner
-                .lock()
-                .is_ok_and(|i| i.datasets.contains_key(&d.name));
+            let known = registry.has_dataset(&d.name);
             if known || !self.tried.insert(d.name.clone()) {
                 continue;
             }

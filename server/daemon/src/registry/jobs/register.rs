@@ -82,7 +82,7 @@ pub async fn register_job<T>(
         .lock()
         .map_err(Error::internal)?
         .jobs
-        .insert(req.name.clone(), entry);
+        .insert(req.name.clone(), Arc::new(entry));
     tracing::info!(job = %req.name, dataset = %req.dataset, world = ranks.world,
         local_ranks = ranks.local, multi = ranks.multi, capacity, "job registered");
     Ok((body, true))
@@ -438,8 +438,7 @@ async fn add_to_sampler(
             sampler: req.sampler.unwrap_or(SamplerKind::Dsa),
             // The Cache grants the rings' capacity when every rank's client has attached.
             credit: 0,
-            // Two batches: a job that fell one batch out of step still joins the others' passes.
-            lookahead: 2 * req.batch_size * world,
+            step: req.batch_size * world,
             stats: job.stats.clone(),
             resume: job.order.resume.clone(),
             replay: job.order.replay.clone(),
