@@ -30,6 +30,42 @@ impl Roots {
         &self.0
     }
 
+    /// The files named by `paths`, each checked: files as they are, folders expanded to the
+    /// files they hold whose extension is `ext` (any case; not recursive, hidden files
+    /// skipped), sorted by name within each folder.
+    pub(super) fn files_with_extension(
+        &self,
+        paths: &[PathBuf],
+        ext: &str,
+    ) -> Result<Vec<PathBuf>, StorageError> {
+        let mut files = Vec::new();
+        for path in paths {
+            let canonical = self.check(path)?;
+            if !canonical.is_dir() {
+                files.push(canonical);
+                continue;
+            }
+            let mut found = Vec::new();
+            for entry in std::fs::read_dir(&canonical).map_err(|e| StorageError::io(path, e))? {
+                let entry = entry.map_err(|e| StorageError::io(path, e))?;
+                let name = entry.file_name();
+                let matches = Path::new(&name)
+                    .extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case(ext));
+                if super::is_hidden(&name) || !matches {
+                    continue;
+                }
+                let file = self.check(&entry.path())?;
+                if file.is_file() {
+                    found.push((name, file));
+                }
+            }
+            found.sort();
+            files.extend(found.into_iter().map(|(_, f)| f));
+        }
+        Ok(files)
+    }
+
     pub(super) fn contains(&self, canonical: &Path) -> bool {
         self.0.iter().any(|r| canonical.starts_with(r))
     }

@@ -8,38 +8,10 @@ use super::fields::{FieldKind, Fields};
 use super::index::IndexBuilder;
 use super::index::SampleFields;
 use super::roots::Roots;
-use super::{DatasetIndex, Progress, StorageError, is_hidden, numeric_classes, numeric_label};
+use super::{DatasetIndex, Progress, StorageError, numeric_classes, numeric_label};
 
 /// A `.cls` member longer than this is not a label.
 const MAX_LABEL_LEN: u64 = 64;
-
-/// The shard files named by `paths`: files as they are, folders expanded to the `*.tar`
-/// files they hold (not recursive, hidden files skipped), sorted by name.
-fn shard_files(paths: &[PathBuf], roots: &Roots) -> Result<Vec<PathBuf>, StorageError> {
-    let mut shards = Vec::new();
-    for path in paths {
-        let canonical = roots.check(path)?;
-        if !canonical.is_dir() {
-            shards.push(canonical);
-            continue;
-        }
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir(&canonical).map_err(|e| StorageError::io(path, e))? {
-            let entry = entry.map_err(|e| StorageError::io(path, e))?;
-            let name = entry.file_name();
-            if is_hidden(&name) || !has_tar_extension(Path::new(&name)) {
-                continue;
-            }
-            let file = roots.check(&entry.path())?;
-            if file.is_file() {
-                found.push((name, file));
-            }
-        }
-        found.sort();
-        shards.extend(found.into_iter().map(|(_, f)| f));
-    }
-    Ok(shards)
-}
 
 /// True if the path's extension is `.tar` (any case): a shard.
 pub(super) fn has_tar_extension(path: &Path) -> bool {
@@ -61,7 +33,7 @@ pub(super) fn index(
     roots: &Roots,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
-    let shards = shard_files(paths, roots)?;
+    let shards = roots.files_with_extension(paths, "tar")?;
     let mut items = IndexBuilder::members();
     items.sample = fields.map(|f| SampleFields::new(f, true));
     for (n, shard) in shards.iter().enumerate() {

@@ -164,11 +164,6 @@ impl DependentSamplingTree {
         self.jobs.iter().map(|j| j.key).collect()
     }
 
-    /// Sizes of the spine vertices `V_0..V_{n-1}`.
-    pub fn spine_sizes(&self) -> &[u64] {
-        &self.spine_len
-    }
-
     /// Recomputes the whole tree from the remaining sets and compares it with the maintained
     /// one (linear in the data: the tests run it after every step, the Sampler actor's debug
     /// builds every so often); returns a description of the first difference.

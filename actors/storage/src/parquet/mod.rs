@@ -48,46 +48,13 @@ use reader::{Found, OpenFile};
 use super::fields::{FieldKind, Fields};
 use super::index::{IndexBuilder, SampleFields};
 use super::roots::Roots;
-use super::{
-    DatasetIndex, MAX_MEMBER_LEN, Progress, StorageError, is_hidden, numeric_classes, numeric_label,
-};
+use super::{DatasetIndex, MAX_MEMBER_LEN, Progress, StorageError, numeric_classes, numeric_label};
 
 /// The class column when no `class` field names one.
 const DEFAULT_CLASS_COLUMN: &str = "label";
 
 /// Labels read from the class column at once.
 const LABEL_BATCH: usize = 4096;
-
-/// The Parquet files named by `paths`: files as they are, folders expanded to the
-/// `*.parquet` files they hold (not recursive, hidden files skipped), sorted by name.
-fn parquet_files(paths: &[PathBuf], roots: &Roots) -> Result<Vec<PathBuf>, StorageError> {
-    let mut files = Vec::new();
-    for path in paths {
-        let canonical = roots.check(path)?;
-        if !canonical.is_dir() {
-            files.push(canonical);
-            continue;
-        }
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir(&canonical).map_err(|e| StorageError::io(path, e))? {
-            let entry = entry.map_err(|e| StorageError::io(path, e))?;
-            let name = entry.file_name();
-            let is_parquet = Path::new(&name)
-                .extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
-            if is_hidden(&name) || !is_parquet {
-                continue;
-            }
-            let file = roots.check(&entry.path())?;
-            if file.is_file() {
-                found.push((name, file));
-            }
-        }
-        found.sort();
-        files.extend(found.into_iter().map(|(_, f)| f));
-    }
-    Ok(files)
-}
 
 /// The `BadParquet` error of file `path`, for a reason.
 fn bad(path: &Path) -> impl Fn(String) -> StorageError + '_ {
@@ -122,7 +89,7 @@ pub(super) fn index(
     roots: &Roots,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
-    let files = parquet_files(paths, roots)?;
+    let files = roots.files_with_extension(paths, "parquet")?;
     let open = |n: usize| Input::open(&files[n]).map_err(|e| StorageError::io(&files[n], e));
     let inputs = Files {
         recorded: files.clone(),

@@ -86,13 +86,6 @@ pub struct BenchReport {
     pub padded_per_image: Duration,
 }
 
-impl BenchReport {
-    /// Whether both targets (ratio ≥ 0.7, p99 ≤ 200 µs) are met.
-    pub fn meets_targets(&self) -> bool {
-        self.ratio >= 0.7 && self.latency_p99 <= Duration::from_micros(200)
-    }
-}
-
 fn gbps(bytes: u64, t: Duration) -> f64 {
     bytes as f64 / t.as_secs_f64() / 1e9
 }
