@@ -8,5 +8,7 @@
 //! `joader-storage` (`actors/storage`) and `joader-pipeline` (`actors/pipeline`) crates: the
 //! actors import neither.
 #![forbid(unsafe_code)]
+// Functions read as their steps: none over the threshold of the folder's `clippy.toml`.
+#![warn(clippy::too_many_lines)]
 
 pub mod service;

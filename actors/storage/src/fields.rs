@@ -14,6 +14,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Each small field's value of one sample, in name order (`None`: absent or null): what every
+/// source kind's read of a sample's fields gives.
+pub(crate) type FieldValues = Vec<Option<Vec<u8>>>;
+
 /// What a field holds.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -9,6 +9,7 @@ use super::index::IndexBuilder;
 use super::index::SampleFields;
 use super::roots::Roots;
 use super::{DatasetIndex, Progress, StorageError, numeric_classes, numeric_label};
+use crate::fields::FieldValues;
 
 /// A `.cls` member longer than this is not a label.
 const MAX_LABEL_LEN: u64 = 64;
@@ -149,6 +150,74 @@ fn block_end(end: u64) -> u64 {
     end.div_ceil(512).saturating_mul(512)
 }
 
+/// The shard being indexed, and what its keys must hold.
+struct Shard<'a> {
+    n: u32,
+    path: &'a Path,
+    fields: Option<&'a Fields>,
+    wanted: &'a Wanted<'a>,
+}
+
+impl Shard<'_> {
+    /// Adds a key whose members have all been seen as an item (or skips it: without
+    /// `fields`, a key with no image), or fails naming what it lacks.
+    fn finish(
+        &self,
+        s: Sample,
+        items: &mut IndexBuilder,
+        progress: &mut Progress<'_>,
+    ) -> Result<(), StorageError> {
+        let missing = |field: &str| StorageError::MissingField {
+            key: format!("{} in {}", s.key, self.path.display()),
+            field: field.to_owned(),
+        };
+        let label = match (&self.wanted.class, s.label) {
+            (_, Some(label)) => label,
+            (Some(_), None) if self.fields.is_none() && s.image.is_none() => return Ok(()),
+            (Some(_), None) if self.fields.is_none() => {
+                return Err(StorageError::BadLabel {
+                    what: format!("sample {} in {}", s.key, self.path.display()),
+                    reason: "the sample has no .cls member".into(),
+                });
+            }
+            (Some(_), None) => {
+                let f = self.fields.and_then(|f| {
+                    f.iter()
+                        .find(|(_, s)| s.kind == FieldKind::Class)
+                        .map(|(n, _)| n)
+                });
+                return Err(missing(f.unwrap_or("class")));
+            }
+            (None, None) => 0,
+        };
+        let label = numeric_label(label, &|| "tar shards".to_owned())?;
+        match self.fields {
+            None => {
+                let Some((offset, len)) = s.image else {
+                    return Ok(());
+                };
+                items.push_member(self.n, offset, len, label);
+            }
+            Some(f) => {
+                if s.image.is_none() {
+                    let name = f.iter().find(|(_, s)| s.kind == FieldKind::Image);
+                    return Err(missing(name.map_or("image", |(n, _)| n)));
+                }
+                if let Some(i) = s
+                    .found
+                    .iter()
+                    .zip(&self.wanted.optional)
+                    .position(|(&found, &optional)| !found && !optional)
+                {
+                    return Err(missing(self.wanted.small[i].0));
+                }
+                items.push_member(self.n, s.start, s.end - s.start, label);
+            }
+        }
+        progress.tick()
+    }
+}
+
 /// Indexes the members of shard number `n` (named `path` in errors, `file_len` bytes long)
 /// as `entries` yields them: from a local file (seeking past member data) or an object
 /// store's stream. Without `fields`, an item is the key's image member (keys with no image
@@ -167,58 +236,16 @@ pub(super) fn index_entries<R: Read>(
     let bad = bad_shard(path);
     let wanted = Wanted::of(fields);
     let mut current: Option<Sample> = None;
-    let mut finish =
-        |sample: Option<Sample>, items: &mut IndexBuilder| -> Result<(), StorageError> {
-            let Some(s) = sample else { return Ok(()) };
-            let missing = |field: &str| StorageError::MissingField {
-                key: format!("{} in {}", s.key, path.display()),
-                field: field.to_owned(),
-            };
-            let label = match (&wanted.class, s.label) {
-                (_, Some(label)) => label,
-                (Some(_), None) if fields.is_none() && s.image.is_none() => return Ok(()),
-                (Some(_), None) if fields.is_none() => {
-                    return Err(StorageError::BadLabel {
-                        what: format!("sample {} in {}", s.key, path.display()),
-                        reason: "the sample has no .cls member".into(),
-                    });
-                }
-                (Some(_), None) => {
-                    let f = fields.and_then(|f| {
-                        f.iter()
-                            .find(|(_, s)| s.kind == FieldKind::Class)
-                            .map(|(n, _)| n)
-                    });
-                    return Err(missing(f.unwrap_or("class")));
-                }
-                (None, None) => 0,
-            };
-            let label = numeric_label(label, &|| "tar shards".to_owned())?;
-            match fields {
-                None => {
-                    let Some((offset, len)) = s.image else {
-                        return Ok(());
-                    };
-                    items.push_member(n, offset, len, label);
-                }
-                Some(f) => {
-                    if s.image.is_none() {
-                        let name = f.iter().find(|(_, s)| s.kind == FieldKind::Image);
-                        return Err(missing(name.map_or("image", |(n, _)| n)));
-                    }
-                    if let Some(i) = s
-                        .found
-                        .iter()
-                        .zip(&wanted.optional)
-                        .position(|(&found, &optional)| !found && !optional)
-                    {
-                        return Err(missing(wanted.small[i].0));
-                    }
-                    items.push_member(n, s.start, s.end - s.start, label);
-                }
-            }
-            progress.tick()
-        };
+    let shard = Shard {
+        n,
+        path,
+        fields,
+        wanted: &wanted,
+    };
+    let mut finish = |sample: Option<Sample>, items: &mut IndexBuilder| match sample {
+        Some(s) => shard.finish(s, items, progress),
+        None => Ok(()),
+    };
 
     // Where the previous entry's data ended: the next key starts there (its members'
     // extension headers, long names, included).
@@ -278,9 +305,6 @@ pub(super) fn index_entries<R: Read>(
     }
     finish(current.take(), items)
 }
-
-/// Each small field's value, in name order (`None`: absent or null).
-pub(super) type FieldValues = Vec<Option<Vec<u8>>>;
 
 /// The image and small fields of a key read whole (what an item of a tar dataset with
 /// `fields` locates): its members parsed from the bytes, each field the first member with

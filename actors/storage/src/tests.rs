@@ -846,6 +846,10 @@ fn tar_fields_read_one_range_per_key() {
     assert_eq!(plain.split(0, content("a")).unwrap().fields, []);
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a test that reads straight through, one case after another"
+)]
 #[test]
 fn tar_fields_missing_or_malformed() {
     let tmp = tempfile::tempdir().unwrap();
@@ -963,6 +967,10 @@ fn tar_fields_missing_or_malformed() {
     assert!(e.to_string().contains("declares [3]"), "{e}");
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a test that reads straight through, one case after another"
+)]
 #[test]
 fn manifest_fields_from_columns_and_keys() {
     let tmp = tempfile::tempdir().unwrap();

@@ -13,6 +13,8 @@
 //! `KeepAlive`), `augment` (augmentation parameters, `augment_image`, `draw_crop`), `idset`
 //! (`IdSet`) and `error` (`JoaderError`).
 #![deny(unsafe_code)]
+// Functions read as their steps: none over the threshold of the folder's `clippy.toml`.
+#![warn(clippy::too_many_lines)]
 
 use pyo3::prelude::*;
 

@@ -544,6 +544,7 @@ mod tests {
         out
     }
 
+    #[allow(clippy::too_many_lines, reason = "a test that reads straight through")]
     #[test]
     fn padded_batches_place_images_and_draw_as_the_crop_does() {
         let sizes = [(5u32, 7u32), (9, 4), (9, 7), (1, 1)];

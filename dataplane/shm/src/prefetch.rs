@@ -27,7 +27,7 @@ use std::time::Duration;
 use crate::augment::{Augmenter, Crop, Output, RandomResizedCrop};
 use crate::collate::{BatchOut, restride_padded, write_batch, write_padded};
 use crate::error::{Error, Result};
-use crate::reader::{ElementError, EpochEnd, RawReader};
+use crate::reader::{ElementError, EpochEnd, RawBatch, RawReader};
 use crate::stages::{self, client};
 
 pub use crossbeam_channel::Sender;
@@ -99,6 +99,31 @@ pub struct Ready {
     /// Each image's sizes as cached and before the server's pipeline, in order: what carries
     /// annotations of the original image through the pipeline's resize and the crop.
     pub geometry: Vec<Geometry>,
+}
+
+impl Ready {
+    /// A batch with nothing in it yet, with room for `bs` items' metadata.
+    fn empty(bs: usize) -> Ready {
+        Ready {
+            buf: BatchBuf {
+                u8s: Vec::new(),
+                f32s: Vec::new(),
+                labels: Vec::new(),
+            },
+            len: 0,
+            shape: [0; 4],
+            element_ids: Vec::with_capacity(bs),
+            epochs: Vec::with_capacity(bs),
+            positions: Vec::with_capacity(bs),
+            errors: Vec::new(),
+            end_of_epoch: None,
+            end_of_stream: false,
+            padded: 0,
+            crops: Vec::new(),
+            fields: Vec::with_capacity(bs),
+            geometry: Vec::with_capacity(bs),
+        }
+    }
 }
 
 /// An item's image sizes, `(height, width)`: as the server cached it (the image the client's
@@ -340,25 +365,7 @@ impl Worker {
     fn assemble(&mut self) -> Result<Ready> {
         let bs = self.config.batch_size;
         let mut buf = self.buffer();
-        let mut out = Ready {
-            buf: BatchBuf {
-                u8s: Vec::new(),
-                f32s: Vec::new(),
-                labels: Vec::new(),
-            },
-            len: 0,
-            shape: [0; 4],
-            element_ids: Vec::with_capacity(bs),
-            epochs: Vec::with_capacity(bs),
-            positions: Vec::with_capacity(bs),
-            errors: Vec::new(),
-            end_of_epoch: None,
-            end_of_stream: false,
-            padded: 0,
-            crops: Vec::new(),
-            fields: Vec::with_capacity(bs),
-            geometry: Vec::with_capacity(bs),
-        };
+        let mut out = Ready::empty(bs);
         let mut item_shape = [0usize; 3];
         if let Some(end) = self.pending_pad.take() {
             self.pad(&mut buf, &mut out, &mut item_shape);
@@ -391,115 +398,147 @@ impl Worker {
             }
             expect_end |= b.last_of_epoch;
             if !b.items.is_empty() {
-                let items: Vec<_> = b.items.iter().map(|m| (*m, self.reader.bytes(m))).collect();
-                let padded = self.config.output == Output::U8Padded;
-                let s = match &self.config.aug {
-                    _ if padded => crate::collate::padded_shape(&b.items),
-                    Some(a) => crate::collate::augmented_shape(&b.items, a),
-                    None => crate::collate::batch_shape(&b.items),
-                };
-                let s = match s {
-                    Ok(s) => s,
-                    Err(e) => {
-                        drop(items);
-                        self.reader.release(b.start);
-                        return Err(e);
-                    }
-                };
-                let mut shape = [s[1], s[2], s[3]];
-                if padded && out.len > 0 && shape[2] == item_shape[2] {
-                    shape = [
-                        shape[0].max(item_shape[0]),
-                        shape[1].max(item_shape[1]),
-                        shape[2],
-                    ];
-                    widen(&mut buf, &self.config, &out.crops, item_shape, shape);
-                }
-                if out.len > 0 && shape != item_shape {
-                    drop(items);
-                    self.reader.release(b.start);
-                    return Err(Error::Collate(format!(
-                        "element shape changed within a batch: {item_shape:?} then {shape:?}; resize every element to one size or augment"
-                    )));
-                }
-                item_shape = shape;
-                let per: usize = shape.iter().product();
-                grow(&mut buf, &self.config, per);
-                let n = items.len();
-                let range = out.len * per..(out.len + n) * per;
-                let images = if self.config.output.is_float() {
-                    BatchOut::F32(&mut buf.f32s[range])
-                } else {
-                    BatchOut::U8(&mut buf.u8s[range])
-                };
-                let labels = &mut buf.labels[out.len..out.len + n];
-                let written = match images {
-                    BatchOut::U8(images) if padded => write_padded(
-                        &items,
-                        self.config.aug.as_ref(),
-                        self.config.seed,
-                        shape,
-                        images,
-                        labels,
-                        &mut out.crops,
-                        &mut self.augmenters,
-                    ),
-                    images => write_batch(
-                        &items,
-                        self.config.aug.as_ref(),
-                        self.config.seed,
-                        &self.config.output,
-                        images,
-                        labels,
-                        &mut self.augmenters,
-                    )
-                    .map(|_| ()),
-                };
-                drop(items);
+                let written = self.add_items(&b, &mut buf, &mut out, &mut item_shape);
                 if let Err(e) = written {
                     self.reader.release(b.start);
                     return Err(e);
                 }
-                if self.pad_to().is_some() && self.epoch.first.is_none() {
-                    let crop = out.crops.get(out.len).copied();
-                    let fields = self.reader.field_block(&b.items[0]).to_vec();
-                    self.keep_first(&buf, out.len, shape, &b.items[0], crop, fields);
-                }
-                for m in &b.items {
-                    out.fields.push(self.reader.field_block(m).to_vec());
-                    out.geometry.push(Geometry::of(m));
-                    out.element_ids.push(m.element_id);
-                    out.epochs.push(m.epoch);
-                    out.positions.push(m.position);
-                }
-                out.len += n;
             }
             // Copied: now the server may reuse the slots.
             self.reader.release(b.start);
             self.epoch.records += (b.items.len() + b.errors.len()) as u64;
             out.errors.extend_from_slice(&b.errors);
             out.end_of_stream = b.end_of_stream;
-            if let Some(end) = b.end_of_epoch {
-                let short = self
-                    .pad_to()
-                    .is_some_and(|p| self.epoch.records < p && self.epoch.first.is_some());
-                if short && out.len >= bs {
-                    // The batch is full: the padding and the end go into a batch of their own.
-                    self.pending_pad = Some(end);
-                    break;
-                }
-                if short {
-                    self.pad(&mut buf, &mut out, &mut item_shape);
-                }
-                out.end_of_epoch = Some(end);
-                self.epoch = EpochShare::default();
-                self.epochs_ended += 1;
+            if let Some(end) = b.end_of_epoch
+                && self.end_epoch(end, &mut buf, &mut out, &mut item_shape)
+            {
+                break;
             }
         }
         let [h, w, c] = item_shape;
         out.shape = self.config.output.array_shape([out.len, h, w, c]);
         out.buf = buf;
         Ok(out)
+    }
+
+    /// The shape of one item of the batch once `b`'s items join it (the padded mode widens
+    /// the items already in `buf` to the largest); an error if it differs from the batch's.
+    fn item_shape(
+        &self,
+        b: &RawBatch,
+        buf: &mut BatchBuf,
+        out: &Ready,
+        item_shape: [usize; 3],
+    ) -> Result<[usize; 3]> {
+        let padded = self.config.output == Output::U8Padded;
+        let s = match &self.config.aug {
+            _ if padded => crate::collate::padded_shape(&b.items)?,
+            Some(a) => crate::collate::augmented_shape(&b.items, a)?,
+            None => crate::collate::batch_shape(&b.items)?,
+        };
+        let mut shape = [s[1], s[2], s[3]];
+        if padded && out.len > 0 && shape[2] == item_shape[2] {
+            shape = [
+                shape[0].max(item_shape[0]),
+                shape[1].max(item_shape[1]),
+                shape[2],
+            ];
+            widen(buf, &self.config, &out.crops, item_shape, shape);
+        }
+        if out.len > 0 && shape != item_shape {
+            return Err(Error::Collate(format!(
+                "element shape changed within a batch: {item_shape:?} then {shape:?}; resize every element to one size or augment"
+            )));
+        }
+        Ok(shape)
+    }
+
+    /// Copies (collates, augments) `b`'s items into the batch. The caller releases `b`.
+    fn add_items(
+        &mut self,
+        b: &RawBatch,
+        buf: &mut BatchBuf,
+        out: &mut Ready,
+        item_shape: &mut [usize; 3],
+    ) -> Result<()> {
+        let shape = self.item_shape(b, buf, out, *item_shape)?;
+        *item_shape = shape;
+        let per: usize = shape.iter().product();
+        grow(buf, &self.config, per);
+        let n = b.items.len();
+        let range = out.len * per..(out.len + n) * per;
+        let images = if self.config.output.is_float() {
+            BatchOut::F32(&mut buf.f32s[range])
+        } else {
+            BatchOut::U8(&mut buf.u8s[range])
+        };
+        let labels = &mut buf.labels[out.len..out.len + n];
+        let items: Vec<_> = b.items.iter().map(|m| (*m, self.reader.bytes(m))).collect();
+        let padded = self.config.output == Output::U8Padded;
+        match images {
+            BatchOut::U8(images) if padded => write_padded(
+                &items,
+                self.config.aug.as_ref(),
+                self.config.seed,
+                shape,
+                images,
+                labels,
+                &mut out.crops,
+                &mut self.augmenters,
+            )?,
+            images => {
+                write_batch(
+                    &items,
+                    self.config.aug.as_ref(),
+                    self.config.seed,
+                    &self.config.output,
+                    images,
+                    labels,
+                    &mut self.augmenters,
+                )?;
+            }
+        }
+        drop(items);
+        if self.pad_to().is_some() && self.epoch.first.is_none() {
+            let crop = out.crops.get(out.len).copied();
+            let fields = self.reader.field_block(&b.items[0]).to_vec();
+            self.keep_first(buf, out.len, shape, &b.items[0], crop, fields);
+        }
+        for m in &b.items {
+            out.fields.push(self.reader.field_block(m).to_vec());
+            out.geometry.push(Geometry::of(m));
+            out.element_ids.push(m.element_id);
+            out.epochs.push(m.epoch);
+            out.positions.push(m.position);
+        }
+        out.len += n;
+        Ok(())
+    }
+
+    /// The end of an epoch: pads a short last share (the `pad_to` mode) and ends the batch
+    /// with it. Returns true when the batch is full, so that the padding and the end go into
+    /// a batch of their own (the next one).
+    fn end_epoch(
+        &mut self,
+        end: EpochEnd,
+        buf: &mut BatchBuf,
+        out: &mut Ready,
+        item_shape: &mut [usize; 3],
+    ) -> bool {
+        let short = self
+            .pad_to()
+            .is_some_and(|p| self.epoch.records < p && self.epoch.first.is_some());
+        if short && out.len >= self.config.batch_size {
+            self.pending_pad = Some(end);
+            return true;
+        }
+        if short {
+            self.pad(buf, out, item_shape);
+        }
+        out.end_of_epoch = Some(end);
+        self.epoch = EpochShare::default();
+        self.epochs_ended += 1;
+        false
     }
 
     fn keep_first(

@@ -190,6 +190,67 @@ fn open_ready(
     Ok((fd, map, size))
 }
 
+/// The ring's reader index, once the ring is checked to belong to the same server start as
+/// the data segment (not a stale ring of a restarted server) and its index is in range.
+fn ring_reader_index(
+    ring_ro: &Mapping,
+    ring_name_full: &str,
+    boot_id: u64,
+    data_layout: &DataLayout,
+) -> Result<u32> {
+    let ring_boot = ring_ro.read_u64(ring::BOOT_ID);
+    if ring_boot != boot_id {
+        return Err(Error::Corrupt {
+            name: ring_name_full.into(),
+            reason: format!(
+                "ring belongs to server start {ring_boot:#x}, data segment to {boot_id:#x} (stale ring of a restarted server)"
+            ),
+        });
+    }
+    let reader_index = ring_ro.read_u32(ring::READER_INDEX);
+    if reader_index >= data_layout.max_readers() {
+        return Err(Error::Corrupt {
+            name: ring_name_full.into(),
+            reason: format!("reader index {reader_index} out of range"),
+        });
+    }
+    Ok(reader_index)
+}
+
+/// Attaches to the ring as its one consumer: takes its exclusive lock (a live client holds
+/// it; the server's liveness probe takes a shared one for an instant, hence the short retry),
+/// requires a ring never attached before, records our pid and marks it attached. Returns the
+/// acknowledged position to read from.
+fn attach(
+    ring_fd: &std::os::fd::OwnedFd,
+    ring_ctl: &Mapping,
+    ring_name_full: &str,
+    ring_name: &str,
+) -> Result<u64> {
+    let locked = wait_until(Instant::now() + Duration::from_millis(300), || {
+        shm::try_flock(ring_fd, true)
+            .map(|ok| ok.then_some(()))
+            .map_err(|e| Error::io("flock", ring_name_full, e))
+    })?;
+    if locked.is_none() {
+        return Err(Error::RingInUse {
+            ring: ring_name.into(),
+        });
+    }
+    let ctl_state = ring_ctl.atomic_u32(ring::CONSUMER_STATE);
+    if ctl_state.load(Ordering::Acquire) != consumer_state::NEVER {
+        return Err(Error::RingAbandoned {
+            ring: ring_name.into(),
+        });
+    }
+    let ack = ring_ctl.atomic_u64(ring::ACK).load(Ordering::Relaxed);
+    ring_ctl
+        .atomic_u32(ring::CONSUMER_PID)
+        .store(std::process::id(), Ordering::Relaxed);
+    ctl_state.store(consumer_state::ATTACHED, Ordering::Release);
+    Ok(ack)
+}
+
 impl RawReader {
     /// Opens ring `ring` of `instance`, waiting up to `timeout` for both
     /// segments to exist and be ready.
@@ -211,22 +272,7 @@ impl RawReader {
             open_ready(&ring_name_full, true, ring::VERSION, deadline, started)?;
         let ring_layout =
             RingLayout::validate(&copy_header(&ring_ro), &ring_name_full, ring_size, page)?;
-        let ring_boot = ring_ro.read_u64(ring::BOOT_ID);
-        if ring_boot != boot_id {
-            return Err(Error::Corrupt {
-                name: ring_name_full,
-                reason: format!(
-                    "ring belongs to server start {ring_boot:#x}, data segment to {boot_id:#x} (stale ring of a restarted server)"
-                ),
-            });
-        }
-        let reader_index = ring_ro.read_u32(ring::READER_INDEX);
-        if reader_index >= data_layout.max_readers() {
-            return Err(Error::Corrupt {
-                name: ring_name_full,
-                reason: format!("reader index {reader_index} out of range"),
-            });
-        }
+        let reader_index = ring_reader_index(&ring_ro, &ring_name_full, boot_id, &data_layout)?;
         // Only the consumer page is writable for us (I6).
         let ring_ctl = Mapping::map(
             &ring_fd,
@@ -235,30 +281,7 @@ impl RawReader {
             ring_layout.consumer_len as usize,
             true,
         )?;
-
-        // A live client holds an exclusive flock; the server's liveness probe
-        // takes a shared one for an instant, hence the short retry.
-        let locked = wait_until(Instant::now() + Duration::from_millis(300), || {
-            shm::try_flock(&ring_fd, true)
-                .map(|ok| ok.then_some(()))
-                .map_err(|e| Error::io("flock", &ring_name_full, e))
-        })?;
-        if locked.is_none() {
-            return Err(Error::RingInUse {
-                ring: ring_name.into(),
-            });
-        }
-        let ctl_state = ring_ctl.atomic_u32(ring::CONSUMER_STATE);
-        if ctl_state.load(Ordering::Acquire) != consumer_state::NEVER {
-            return Err(Error::RingAbandoned {
-                ring: ring_name.into(),
-            });
-        }
-        let ack = ring_ctl.atomic_u64(ring::ACK).load(Ordering::Relaxed);
-        ring_ctl
-            .atomic_u32(ring::CONSUMER_PID)
-            .store(std::process::id(), Ordering::Relaxed);
-        ctl_state.store(consumer_state::ATTACHED, Ordering::Release);
+        let ack = attach(&ring_fd, &ring_ctl, &ring_name_full, ring_name)?;
 
         let r = RawReader {
             maps: Maps {
@@ -542,6 +565,30 @@ impl RawReader {
         self.take_inner(1, timeout, true)
     }
 
+    /// Reads the records published up to `tail` into `out`, until `max_items` items, an end
+    /// of epoch or of the stream. With `ends_only`, stops before a record that is not an end
+    /// and returns true.
+    fn read_available(
+        &mut self,
+        tail: u64,
+        max_items: usize,
+        ends_only: bool,
+        out: &mut RawBatch,
+    ) -> Result<bool> {
+        while self.cur.head < tail
+            && out.items.len() < max_items
+            && out.end_of_epoch.is_none()
+            && !out.end_of_stream
+        {
+            if ends_only && !self.is_end_record(self.cur.head) {
+                return Ok(true);
+            }
+            self.read_record(self.cur.head, out)?;
+            self.cur.head += 1;
+        }
+        Ok(false)
+    }
+
     fn take_inner(
         &mut self,
         max_items: usize,
@@ -565,26 +612,10 @@ impl RawReader {
                 Ok(t) => t,
                 Err(e) => break Err(e),
             };
-            let mut failed = None;
-            let mut not_an_end = false;
-            while self.cur.head < tail
-                && out.items.len() < max_items
-                && out.end_of_epoch.is_none()
-                && !out.end_of_stream
-            {
-                if ends_only && !self.is_end_record(self.cur.head) {
-                    not_an_end = true;
-                    break;
-                }
-                if let Err(e) = self.read_record(self.cur.head, &mut out) {
-                    failed = Some(e);
-                    break;
-                }
-                self.cur.head += 1;
-            }
-            if let Some(e) = failed {
-                break Err(e);
-            }
+            let not_an_end = match self.read_available(tail, max_items, ends_only, &mut out) {
+                Ok(n) => n,
+                Err(e) => break Err(e),
+            };
             if not_an_end
                 || out.items.len() >= max_items
                 || out.end_of_epoch.is_some()

@@ -346,6 +346,33 @@ impl Writer {
         })
     }
 
+    /// Takes a free slot and `len` bytes of the arena for it, in state `WRITING` with its
+    /// next generation. Returns (slot, generation, offset).
+    fn reserve_slot(&self, len: u64) -> Result<(u32, u32, u64)> {
+        let sh = &*self.shared;
+        let mut st = sh.lock();
+        let Some(s) = st.free_slots.pop() else {
+            return Err(Error::NoFreeSlot {
+                slots: sh.layout.slot_count,
+            });
+        };
+        let offset = match st.arena.alloc(len) {
+            Ok(o) => o,
+            Err(e) => {
+                st.free_slots.push(s);
+                return Err(e);
+            }
+        };
+        let info = &mut st.slots[s as usize];
+        // Generation 0 means "never used"; skip it on wrap-around.
+        info.generation = info.generation.wrapping_add(1).max(1);
+        info.state = slot_state::WRITING;
+        info.offset = offset;
+        info.len = len;
+        info.meta = None;
+        Ok((s, info.generation, offset))
+    }
+
     /// Allocates a slot of `len` bytes, lets `fill` write the payload in place
     /// (e.g. a decoder writing straight into shared memory), then publishes it.
     /// `len` counts the field block of `meta.fields_len` bytes that ends the payload.
@@ -355,44 +382,9 @@ impl Writer {
         len: u64,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<SlotRef> {
-        let fields_len = u64::from(meta.fields_len);
-        let Some(image_len) = len.checked_sub(fields_len) else {
-            return Err(Error::InvalidConfig(format!(
-                "payload of {len} bytes is shorter than its field block ({fields_len} bytes)"
-            )));
-        };
-        if let Some(expected) = meta.format.expected_len()
-            && expected != image_len
-        {
-            return Err(Error::InvalidConfig(format!(
-                "payload of {image_len} bytes does not match format {:?} ({expected} bytes)",
-                meta.format
-            )));
-        }
+        let image_len = image_len(&meta, len)?;
         let sh = &*self.shared;
-        let (s, generation, offset) = {
-            let mut st = sh.lock();
-            let Some(s) = st.free_slots.pop() else {
-                return Err(Error::NoFreeSlot {
-                    slots: sh.layout.slot_count,
-                });
-            };
-            let offset = match st.arena.alloc(len) {
-                Ok(o) => o,
-                Err(e) => {
-                    st.free_slots.push(s);
-                    return Err(e);
-                }
-            };
-            let info = &mut st.slots[s as usize];
-            // Generation 0 means "never used"; skip it on wrap-around.
-            info.generation = info.generation.wrapping_add(1).max(1);
-            info.state = slot_state::WRITING;
-            info.offset = offset;
-            info.len = len;
-            info.meta = None;
-            (s, info.generation, offset)
-        };
+        let (s, generation, offset) = self.reserve_slot(len)?;
         let base = sh.layout.slot_off(s);
         sh.map
             .atomic_u32(base + slot::STATE)
@@ -533,4 +525,23 @@ impl Drop for Writer {
             .store(seg_state::SHUT_DOWN, Ordering::Release);
         let _ = shm::unlink(&self.shared.name);
     }
+}
+/// The image's bytes of a payload of `len` bytes (the field block of `meta.fields_len` bytes
+/// ends it), checked against the format.
+fn image_len(meta: &SlotMeta, len: u64) -> Result<u64> {
+    let fields_len = u64::from(meta.fields_len);
+    let Some(image_len) = len.checked_sub(fields_len) else {
+        return Err(Error::InvalidConfig(format!(
+            "payload of {len} bytes is shorter than its field block ({fields_len} bytes)"
+        )));
+    };
+    if let Some(expected) = meta.format.expected_len()
+        && expected != image_len
+    {
+        return Err(Error::InvalidConfig(format!(
+            "payload of {image_len} bytes does not match format {:?} ({expected} bytes)",
+            meta.format
+        )));
+    }
+    Ok(image_len)
 }

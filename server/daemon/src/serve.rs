@@ -141,7 +141,37 @@ fn parse_mode(s: &str) -> std::result::Result<u32, String> {
     u32::from_str_radix(digits, 8).map_err(|_| format!("'{s}' is not an octal mode such as 660"))
 }
 
+/// `overlay!(args, config; field, ...)`: a field given as an argument (`Some`) replaces the
+/// configuration's.
+macro_rules! overlay {
+    ($a:ident, $c:ident; $($f:ident),* $(,)?) => {
+        $(if let Some(v) = $a.$f {
+            $c.$f = v;
+        })*
+    };
+}
+
+/// As `overlay!`, for a field that is optional in the configuration too.
+macro_rules! overlay_optional {
+    ($a:ident, $c:ident; $($f:ident),* $(,)?) => {
+        $(if $a.$f.is_some() {
+            $c.$f = $a.$f;
+        })*
+    };
+}
+
+/// As `overlay!`, for a list: one given (non-empty) replaces the configuration's.
+macro_rules! overlay_list {
+    ($a:ident, $c:ident; $($f:ident),* $(,)?) => {
+        $(if !$a.$f.is_empty() {
+            $c.$f = $a.$f;
+        })*
+    };
+}
+
 impl ServeArgs {
+    /// The configuration: the file's (`--config`) or the defaults, with the arguments given
+    /// over it, validated.
     pub fn into_config(self) -> Result<Config> {
         let mut c = match &self.config {
             Some(p) => {
@@ -152,100 +182,16 @@ impl ServeArgs {
             }
             None => Config::default(),
         };
-        if let Some(v) = self.bind {
-            c.bind = v;
-        }
-        if let Some(v) = self.data_dir {
-            c.data_dir = v;
-        }
-        if let Some(v) = self.instance {
-            c.instance = v;
-        }
-        if let Some(v) = self.cache_bytes {
-            c.cache_bytes = v;
-        }
-        if let Some(v) = self.cache_slots {
-            c.cache_slots = v;
-        }
-        if let Some(v) = self.cache_policy {
-            c.cache_policy = v;
-        }
-        if let Some(v) = self.loader_workers {
-            c.loader_workers = v;
-        }
-        if let Some(v) = self.http_workers {
-            c.http_workers = v;
-        }
-        if let Some(v) = self.max_pixels {
-            c.max_pixels = v;
-        }
-        if let Some(v) = self.drain_grace_s {
-            c.drain_grace_s = v;
-        }
-        if let Some(v) = self.start_window_ms {
-            c.start_window_ms = v;
-        }
-        if let Some(v) = self.ended_jobs_kept {
-            c.ended_jobs_kept = v;
-        }
-        if let Some(v) = self.ended_job_ttl_s {
-            c.ended_job_ttl_s = v;
-        }
-        if let Some(v) = self.metrics_retention_s {
-            c.metrics_retention_s = v;
-        }
-        if !self.allowed_roots.is_empty() {
-            c.allowed_roots = self.allowed_roots;
-        }
-        if !self.allowed_s3.is_empty() {
-            c.allowed_s3 = self.allowed_s3;
-        }
-        if !self.allowed_s3_endpoints.is_empty() {
-            c.allowed_s3_endpoints = self.allowed_s3_endpoints;
-        }
-        if let Some(v) = self.s3_max_in_flight {
-            c.s3_max_in_flight = v;
-        }
-        if let Some(v) = self.s3_fetch_ahead_bytes {
-            c.s3_fetch_ahead_bytes = v;
-        }
-        if let Some(v) = self.disk_cache {
-            c.disk_cache = Some(v);
-        }
-        if let Some(v) = self.disk_cache_bytes {
-            c.disk_cache_bytes = v;
-        }
-        if let Some(v) = self.s3_retry_budget_s {
-            c.s3_retry_budget_s = v;
-        }
-        if let Some(v) = self.s3_list_page {
-            c.s3_list_page = v;
-        }
-        if self.token.is_some() {
-            c.token = self.token;
-        }
-        if let Some(m) = self.shm_mode {
-            c.shm_mode = m;
-        }
-        if self.shm_gid.is_some() {
-            c.shm_gid = self.shm_gid;
-        }
-        if self.leader.is_some() {
-            c.leader = self.leader;
-        }
-        if self.node_name.is_some() {
-            c.node_name = self.node_name;
-        }
-        if self.advertise.is_some() {
-            c.advertise = self.advertise;
-        }
-        c.leader_only |= self.leader_only;
-        if let Some(v) = self.heartbeat_ms {
-            c.heartbeat_ms = v;
-        }
-        if let Some(v) = self.node_timeout_ms {
-            c.node_timeout_ms = v;
-        }
+        let a = self;
+        // Each argument given on the command line replaces the file's (or the default) value.
+        overlay!(a, c; bind, data_dir, instance, cache_bytes, cache_slots, cache_policy,
+            loader_workers, http_workers, max_pixels, drain_grace_s, start_window_ms,
+            ended_jobs_kept, ended_job_ttl_s, metrics_retention_s, s3_max_in_flight,
+            s3_fetch_ahead_bytes, disk_cache_bytes, s3_retry_budget_s, s3_list_page, shm_mode,
+            heartbeat_ms, node_timeout_ms);
+        overlay_optional!(a, c; disk_cache, token, shm_gid, leader, node_name, advertise);
+        overlay_list!(a, c; allowed_roots, allowed_s3, allowed_s3_endpoints);
+        c.leader_only |= a.leader_only;
         c.validate()?;
         Ok(c)
     }

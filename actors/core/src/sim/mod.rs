@@ -338,6 +338,10 @@ pub fn run(
 
 /// The cases of the appendix's Table 1 with cache sizes 1 to 10000, named after the figures
 /// that plot them (the appendix's text calls the 4-job DSA/ISA figures 6a and 6b).
+#[allow(
+    clippy::too_many_lines,
+    reason = "a data table: the appendix's cases, one after another"
+)]
 pub fn preset_paper_a2(seed: u64, repetitions: u32) -> Vec<Scenario> {
     let sizes: Vec<usize> = std::iter::once(1)
         .chain((1..=20).map(|i| i * 500))

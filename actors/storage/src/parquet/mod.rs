@@ -129,15 +129,8 @@ fn index_all(
     let mut names: Option<(PathBuf, Vec<String>)> = None;
     // The rows the footers declare, so that the columns are allocated once (growing them
     // would leave the server holding up to twice their size).
-    let mut declared = 0usize;
+    let declared = declared_rows(files)?;
     let count = files.named.len();
-    let footer = |n: usize| (files.open)(n)?.metadata(&files.named[n]);
-    for start in (0..count).step_by(files.ahead.max(1)) {
-        for meta in read_ahead(files, start, footer) {
-            let rows = usize::try_from(meta?.file_metadata().num_rows()).unwrap_or(0);
-            declared = declared.saturating_add(rows);
-        }
-    }
     // (A damaged footer may declare any count: beyond 64 M rows the columns grow as read.)
     let mut items = IndexBuilder::rows(declared.min(1 << 26));
     let small_fields = fields.filter(|f| f.small().next().is_some());
@@ -188,27 +181,72 @@ fn index_all(
             }
         }
         // (Read with the footer when the class column was found, as the checks just did.)
-        let mut labels = match (class, labels) {
-            (Some(_), Some(read)) => Some(read.map_err(&bad)?.into_iter()),
+        let labels = match (class, labels) {
+            (Some(_), Some(read)) => Some(read.map_err(&bad)?),
             _ => None,
         };
-        for g in 0..meta.num_row_groups() {
-            let group = u32::try_from(g).map_err(|_| StorageError::TooManyItems)?;
-            let labels = match labels.as_mut() {
-                Some(read) => read.next().unwrap_or_default(),
-                None => vec![Some(0); usize::try_from(meta.row_group(g).num_rows()).unwrap_or(0)],
-            };
-            for (row, label) in labels.into_iter().enumerate() {
-                let what = || format!("row {row} of row group {g} in {}", path.display());
-                // A null class cell is an unlabelled row, as a -1 is (test splits).
-                let label = numeric_label(label.unwrap_or(-1), &what)?;
-                let row = u32::try_from(row).map_err(|_| StorageError::TooManyItems)?;
-                items.push_row(n, group, row, label);
-                progress.tick()?;
-            }
+        push_rows(&mut items, n, path, &meta, labels, progress)?;
+    }
+    let classes = class_names(names, &mut items, class_from)?;
+    let rows = RowsInfo {
+        column: image_column.unwrap_or_default(),
+        roots: roots.canonical().to_vec(),
+        reader: Default::default(),
+    };
+    Ok(items.finish_rows(classes, files.recorded.clone(), rows))
+}
+
+/// The rows the files' footers declare, so that the columns are allocated once (growing
+/// them would leave the server holding up to twice their size).
+fn declared_rows(files: &Files<'_>) -> Result<usize, StorageError> {
+    let mut declared = 0usize;
+    let footer = |n: usize| (files.open)(n)?.metadata(&files.named[n]);
+    for start in (0..files.named.len()).step_by(files.ahead.max(1)) {
+        for meta in read_ahead(files, start, footer) {
+            let rows = usize::try_from(meta?.file_metadata().num_rows()).unwrap_or(0);
+            declared = declared.saturating_add(rows);
         }
     }
-    let classes = match names {
+    Ok(declared)
+}
+
+/// Adds file `n`'s rows, group by group, with their labels (`None`: every label 0, no class
+/// column read).
+fn push_rows(
+    items: &mut IndexBuilder,
+    n: u32,
+    path: &Path,
+    meta: &ParquetMetaData,
+    labels: Option<Vec<Vec<Option<i64>>>>,
+    progress: &mut Progress<'_>,
+) -> Result<(), StorageError> {
+    let mut labels = labels.map(Vec::into_iter);
+    for g in 0..meta.num_row_groups() {
+        let group = u32::try_from(g).map_err(|_| StorageError::TooManyItems)?;
+        let labels = match labels.as_mut() {
+            Some(read) => read.next().unwrap_or_default(),
+            None => vec![Some(0); usize::try_from(meta.row_group(g).num_rows()).unwrap_or(0)],
+        };
+        for (row, label) in labels.into_iter().enumerate() {
+            let what = || format!("row {row} of row group {g} in {}", path.display());
+            // A null class cell is an unlabelled row, as a -1 is (test splits).
+            let label = numeric_label(label.unwrap_or(-1), &what)?;
+            let row = u32::try_from(row).map_err(|_| StorageError::TooManyItems)?;
+            items.push_row(n, group, row, label);
+            progress.tick()?;
+        }
+    }
+    Ok(())
+}
+
+/// The class names: the Hugging Face metadata's (every label must have one), else the
+/// numeric labels' own (see `numeric_classes`).
+fn class_names(
+    names: Option<(PathBuf, Vec<String>)>,
+    items: &mut IndexBuilder,
+    class_from: &str,
+) -> Result<Vec<String>, StorageError> {
+    Ok(match names {
         Some((_, names)) => {
             if let Some(&max) = items
                 .labels_mut()
@@ -228,13 +266,7 @@ fn index_all(
             names
         }
         None => numeric_classes(items.labels_mut()),
-    };
-    let rows = RowsInfo {
-        column: image_column.unwrap_or_default(),
-        roots: roots.canonical().to_vec(),
-        reader: Default::default(),
-    };
-    Ok(items.finish_rows(classes, files.recorded.clone(), rows))
+    })
 }
 
 /// The bytes of leaf `leaf`'s column chunk in a row group.
@@ -301,7 +333,7 @@ pub(super) fn read_fields(
     group: u32,
     row: u32,
     fields: &Fields,
-) -> Result<super::tar_shards::FieldValues, StorageError> {
+) -> Result<crate::fields::FieldValues, StorageError> {
     guarded(path, || {
         let bad = bad(path);
         let file = open_file(path, n, info, group)?;

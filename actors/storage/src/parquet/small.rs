@@ -32,7 +32,7 @@ use parquet::schema::types::{SchemaDescriptor, Type};
 use super::super::fields::{FieldKind, FieldSpec, Fields};
 use super::reader::{FieldValuesOfGroup, OpenFile, Reader};
 use super::{chunk_range, read_cells};
-use crate::tar_shards::FieldValues;
+use crate::fields::FieldValues;
 
 /// Where a small field's values are in a file.
 #[derive(Clone, Debug)]

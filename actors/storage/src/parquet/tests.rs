@@ -327,6 +327,10 @@ fn a_panic_of_the_parquet_reader_is_an_error_of_the_file() {
     assert!(e.to_string().contains("index out of bounds"), "{e}");
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a test that reads straight through, one case after another"
+)]
 #[test]
 fn fields_name_the_columns_and_refuse_what_is_not_supported() {
     let tmp = tempfile::tempdir().unwrap();

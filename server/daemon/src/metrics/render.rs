@@ -11,6 +11,10 @@ use joader_storage::tier::TierStats;
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 
 /// Registers the help text and unit of every metric (once per recorder).
+#[allow(
+    clippy::too_many_lines,
+    reason = "a table of help texts, one call per metric, read straight through"
+)]
 pub(super) fn describe_all() {
     describe_counter!(
         "joader_cache_requests_total",
@@ -136,6 +140,20 @@ pub(super) fn describe_all() {
 /// Appends the object-store stage's families (a server with `--allowed-s3` only). The
 /// latency histogram is written here from the stage's atomic buckets.
 pub(super) fn objects(out: &mut String, s: &ObjectStats) {
+    requests(out, s);
+    fetch_ahead(out, s);
+    family(
+        out,
+        "joader_s3_get_seconds",
+        "gauge",
+        "a GET's time lately (smoothed over about 16): how far ahead the Sampler fetches",
+        &[(vec![], s.get_time().map_or(0.0, |t| t.as_secs_f64()))],
+    );
+    latency(out, s);
+}
+
+/// The object-store requests: their number, bytes, retries, errors, waits and places.
+fn requests(out: &mut String, s: &ObjectStats) {
     let requests: Vec<_> = Op::ALL
         .iter()
         .map(|op| {
@@ -206,6 +224,10 @@ pub(super) fn objects(out: &mut String, s: &ObjectStats) {
         "object-store requests in flight now",
         &[(vec![], s.in_flight() as f64)],
     );
+}
+
+/// The fetch-ahead buffer's counters and size.
+fn fetch_ahead(out: &mut String, s: &ObjectStats) {
     let a = s.ahead();
     let ahead: [(&str, &str, &str, u64); 8] = [
         (
@@ -260,13 +282,10 @@ pub(super) fn objects(out: &mut String, s: &ObjectStats) {
     for (name, kind, help, v) in ahead {
         family(out, name, kind, help, &[(vec![], v as f64)]);
     }
-    family(
-        out,
-        "joader_s3_get_seconds",
-        "gauge",
-        "a GET's time lately (smoothed over about 16): how far ahead the Sampler fetches",
-        &[(vec![], s.get_time().map_or(0.0, |t| t.as_secs_f64()))],
-    );
+}
+
+/// The request latency histogram, from the stage's atomic buckets.
+fn latency(out: &mut String, s: &ObjectStats) {
     let (buckets, count, sum) = s.latency();
     let name = "joader_s3_request_duration_seconds";
     let _ = writeln!(
@@ -282,92 +301,96 @@ pub(super) fn objects(out: &mut String, s: &ObjectStats) {
     let _ = writeln!(out, "{name}_count {count}\n");
 }
 
+/// A counter or gauge of the disk tier.
+type TierField = fn(&TierStats) -> &std::sync::atomic::AtomicU64;
+
+/// The disk tier's families but `dropped`: (name, type, help, field).
+const DISK_CACHE: [(&str, &str, &str, TierField); 13] = [
+    (
+        "joader_disk_cache_queued",
+        "gauge",
+        "fetched objects queued for the disk tier's writer",
+        |t| &t.queued,
+    ),
+    (
+        "joader_disk_cache_capacity_bytes",
+        "gauge",
+        "the disk tier's size limit (0: no disk tier)",
+        |t| &t.capacity,
+    ),
+    (
+        "joader_disk_cache_bytes",
+        "gauge",
+        "bytes of the objects stored in the disk tier (headers included); never above its capacity",
+        |t| &t.bytes,
+    ),
+    (
+        "joader_disk_cache_objects",
+        "gauge",
+        "objects (elements' encoded bytes) stored in the disk tier",
+        |t| &t.objects,
+    ),
+    (
+        "joader_disk_cache_writing",
+        "gauge",
+        "1 while the disk tier writes, 0 once a write error stopped it",
+        |t| &t.writing,
+    ),
+    (
+        "joader_disk_cache_hits_total",
+        "counter",
+        "element reads served from the disk tier instead of the object store",
+        |t| &t.hits,
+    ),
+    (
+        "joader_disk_cache_misses_total",
+        "counter",
+        "element reads the disk tier did not serve (not stored, damaged or unreadable): fetched from the store",
+        |t| &t.misses,
+    ),
+    (
+        "joader_disk_cache_writes_total",
+        "counter",
+        "objects written to the disk tier",
+        |t| &t.writes,
+    ),
+    (
+        "joader_disk_cache_written_bytes_total",
+        "counter",
+        "bytes written to the disk tier",
+        |t| &t.written_bytes,
+    ),
+    (
+        "joader_disk_cache_evictions_total",
+        "counter",
+        "objects evicted from the disk tier to admit others (only objects no active job still needs this epoch)",
+        |t| &t.evictions,
+    ),
+    (
+        "joader_disk_cache_not_admitted_total",
+        "counter",
+        "fetched objects not stored: every stored object was still needed by a job this epoch",
+        |t| &t.not_admitted,
+    ),
+    (
+        "joader_disk_cache_write_errors_total",
+        "counter",
+        "failed writes to the disk tier (the first stops writing; jobs are not affected)",
+        |t| &t.write_errors,
+    ),
+    (
+        "joader_disk_cache_corrupt_total",
+        "counter",
+        "stored objects found torn or failing their checksum, dropped and fetched again",
+        |t| &t.corrupt,
+    ),
+];
+
 /// The disk tier's families (`joader_disk_cache_*`): written by every server, zeros where
 /// there is no tier (`--disk-cache`), so that dashboards find them everywhere.
 pub(super) fn disk_cache(out: &mut String, t: Option<&TierStats>) {
-    type Field = fn(&TierStats) -> &std::sync::atomic::AtomicU64;
-    let v = |f: Field| [(vec![], t.map_or(0.0, |t| f(t).load(Relaxed) as f64))];
-    let rows: [(&str, &str, &str, Field); 13] = [
-        (
-            "joader_disk_cache_queued",
-            "gauge",
-            "fetched objects queued for the disk tier's writer",
-            |t| &t.queued,
-        ),
-        (
-            "joader_disk_cache_capacity_bytes",
-            "gauge",
-            "the disk tier's size limit (0: no disk tier)",
-            |t| &t.capacity,
-        ),
-        (
-            "joader_disk_cache_bytes",
-            "gauge",
-            "bytes of the objects stored in the disk tier (headers included); never above its capacity",
-            |t| &t.bytes,
-        ),
-        (
-            "joader_disk_cache_objects",
-            "gauge",
-            "objects (elements' encoded bytes) stored in the disk tier",
-            |t| &t.objects,
-        ),
-        (
-            "joader_disk_cache_writing",
-            "gauge",
-            "1 while the disk tier writes, 0 once a write error stopped it",
-            |t| &t.writing,
-        ),
-        (
-            "joader_disk_cache_hits_total",
-            "counter",
-            "element reads served from the disk tier instead of the object store",
-            |t| &t.hits,
-        ),
-        (
-            "joader_disk_cache_misses_total",
-            "counter",
-            "element reads the disk tier did not serve (not stored, damaged or unreadable): fetched from the store",
-            |t| &t.misses,
-        ),
-        (
-            "joader_disk_cache_writes_total",
-            "counter",
-            "objects written to the disk tier",
-            |t| &t.writes,
-        ),
-        (
-            "joader_disk_cache_written_bytes_total",
-            "counter",
-            "bytes written to the disk tier",
-            |t| &t.written_bytes,
-        ),
-        (
-            "joader_disk_cache_evictions_total",
-            "counter",
-            "objects evicted from the disk tier to admit others (only objects no active job still needs this epoch)",
-            |t| &t.evictions,
-        ),
-        (
-            "joader_disk_cache_not_admitted_total",
-            "counter",
-            "fetched objects not stored: every stored object was still needed by a job this epoch",
-            |t| &t.not_admitted,
-        ),
-        (
-            "joader_disk_cache_write_errors_total",
-            "counter",
-            "failed writes to the disk tier (the first stops writing; jobs are not affected)",
-            |t| &t.write_errors,
-        ),
-        (
-            "joader_disk_cache_corrupt_total",
-            "counter",
-            "stored objects found torn or failing their checksum, dropped and fetched again",
-            |t| &t.corrupt,
-        ),
-    ];
-    for (name, kind, help, f) in rows {
+    let v = |f: TierField| [(vec![], t.map_or(0.0, |t| f(t).load(Relaxed) as f64))];
+    for (name, kind, help, f) in DISK_CACHE {
         family(out, name, kind, help, &v(f));
     }
     family(

@@ -15,6 +15,9 @@ use super::{ClusterJob, Inner, Leader, lock};
 use crate::cluster::{NodeJob, NodeJobAccepted};
 use crate::error::{Code, Error, Result};
 use crate::registry::Registry;
+use crate::registry::jobs::JobRequest;
+use joader_storage::DatasetIndex;
+use roaring::RoaringBitmap;
 
 impl Leader {
     /// `POST /v1/nodes/{name}/jobs`: a node's ranks of a multi-node job; sampling starts when
@@ -28,60 +31,8 @@ impl Leader {
         let mut identity = req.job.identity();
         identity.local_world_size = None;
         let world = identity.world_size.unwrap_or(1);
-        let (index, ready_len) = {
-            let d = registry.dataset(&identity.dataset)?;
-            let index = d.index.clone().ok_or_else(|| {
-                Error::new(
-                    Code::DatasetNotReady,
-                    format!(
-                        "dataset '{}' is {} on the leader",
-                        identity.dataset, d.record.state
-                    ),
-                )
-            })?;
-            let len = index.len() as u64;
-            (index, len)
-        };
-        if req.items != ready_len {
-            return Err(Error::new(
-                Code::NodeMismatch,
-                format!(
-                    "node {node} indexed {} items of dataset '{}' and the leader {ready_len}: \
-                     every node must read the same source",
-                    req.items, identity.dataset
-                ),
-            ));
-        }
-        if req.ranks.is_empty() || req.ranks.iter().any(|&r| r >= world) {
-            return Err(Error::new(
-                Code::InvalidRequest,
-                format!("ranks {:?} must be some of 0..{world}", req.ranks),
-            ));
-        }
-        let (spec, resume, epochs) = (
-            identity.subset.clone(),
-            identity.resume.clone(),
-            identity.epochs,
-        );
-        // The subset, and for a resumed job the rest of its epoch (whole-index work: on the
-        // blocking pool).
-        let (subset, resume) = actix_web::rt::task::spawn_blocking(move || {
-            let len = index.len() as u32;
-            let subset = match &spec {
-                None => (0..len).collect::<roaring::RoaringBitmap>(),
-                Some(s) => s.resolve(len, |e| index.label(e).unwrap_or(-1), index.classes())?,
-            };
-            let resume = match &resume {
-                Some(r) => {
-                    let (epoch, rest) = r.start(&subset, epochs)?;
-                    Some((epoch, Arc::new(rest)))
-                }
-                None => None,
-            };
-            Ok::<_, Error>((subset, resume))
-        })
-        .await
-        .map_err(Error::internal)??;
+        let index = joined_index(registry, node, &req, &identity, world)?;
+        let (subset, resume) = job_order(index, &identity).await?;
         let mut inner = lock(self)?;
         Self::node_mut(&mut inner, node)?;
         // A node registers a job's name again only once its own copy of that job has failed or
@@ -100,72 +51,10 @@ impl Leader {
         }
         let id = match inner.names.get(&identity.name).copied() {
             Some(id) => {
-                let job = inner
-                    .jobs
-                    .get_mut(&id)
-                    .ok_or_else(|| Error::internal("lost job"))?;
-                if job.request != identity {
-                    return Err(Error::new(
-                        Code::JobExists,
-                        format!(
-                            "multi-node job '{}' runs with other parameters: every rank must \
-                             send the same ones",
-                            identity.name
-                        ),
-                    ));
-                }
-                let taken: Vec<u32> = job
-                    .nodes
-                    .iter()
-                    .filter(|(n, _)| n.as_str() != node)
-                    .flat_map(|(_, r)| r.iter().copied())
-                    .collect();
-                if job.placer.is_some() || req.ranks.iter().any(|r| taken.contains(r)) {
-                    return Err(Error::new(
-                        Code::NodeMismatch,
-                        format!(
-                            "ranks {:?} of job '{}' are already served by another node",
-                            req.ranks, identity.name
-                        ),
-                    ));
-                }
-                job.nodes.insert(node.to_string(), req.ranks.clone());
+                inner.add_ranks(id, node, &req.ranks, &identity)?;
                 id
             }
-            None => {
-                // Ids do not repeat across the leader's restarts (they start at the first
-                // job's time in s × 2^20, below 2^53 for JSON readers), so a node's job the
-                // leader does not know is one it forgot.
-                if inner.next_id == 0 {
-                    let secs = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(1, |d| d.as_secs());
-                    inner.next_id = secs << 20;
-                }
-                inner.next_id += 1;
-                let id = inner.next_id;
-                inner.names.insert(identity.name.clone(), id);
-                inner.jobs.insert(
-                    id,
-                    ClusterJob {
-                        name: identity.name.clone(),
-                        dataset: identity.dataset.clone(),
-                        request: identity.clone(),
-                        world,
-                        nodes: BTreeMap::from([(node.to_string(), req.ranks.clone())]),
-                        subset: Arc::new(subset),
-                        resume,
-                        placer: None,
-                        sampler: None,
-                        pending_credit: 0,
-                        attached: Default::default(),
-                        debt: 0,
-                        failed: None,
-                        finished: false,
-                    },
-                );
-                id
-            }
+            None => inner.add_job(node, &req.ranks, &identity, world, subset, resume),
         };
         self.start_if_complete(&mut inner, id)?;
         tracing::info!(job = %identity.name, node, ranks = ?req.ranks, "node joined a multi-node job");
@@ -238,5 +127,162 @@ impl Leader {
         job.sampler = Some(sampler);
         tracing::info!(job = %job.name, nodes = job.nodes.len(), world = job.world, "multi-node job sampling");
         Ok(())
+    }
+}
+
+/// The leader's index of the job's dataset, once the node's request is checked against it:
+/// the dataset ready here, indexed with as many items on the node, the ranks in the world.
+fn joined_index(
+    registry: &Registry,
+    node: &str,
+    req: &NodeJob,
+    identity: &JobRequest,
+    world: u32,
+) -> Result<Arc<DatasetIndex>> {
+    let d = registry.dataset(&identity.dataset)?;
+    let index = d.index.clone().ok_or_else(|| {
+        Error::new(
+            Code::DatasetNotReady,
+            format!(
+                "dataset '{}' is {} on the leader",
+                identity.dataset, d.record.state
+            ),
+        )
+    })?;
+    let ready_len = index.len() as u64;
+    if req.items != ready_len {
+        return Err(Error::new(
+            Code::NodeMismatch,
+            format!(
+                "node {node} indexed {} items of dataset '{}' and the leader {ready_len}: \
+                 every node must read the same source",
+                req.items, identity.dataset
+            ),
+        ));
+    }
+    if req.ranks.is_empty() || req.ranks.iter().any(|&r| r >= world) {
+        return Err(Error::new(
+            Code::InvalidRequest,
+            format!("ranks {:?} must be some of 0..{world}", req.ranks),
+        ));
+    }
+    Ok(index)
+}
+
+/// The job's subset, and for a resumed job the rest of its epoch (whole-index work: on the
+/// blocking pool).
+async fn job_order(
+    index: Arc<DatasetIndex>,
+    identity: &JobRequest,
+) -> Result<(RoaringBitmap, Option<(u32, Arc<RoaringBitmap>)>)> {
+    let (spec, resume, epochs) = (
+        identity.subset.clone(),
+        identity.resume.clone(),
+        identity.epochs,
+    );
+    actix_web::rt::task::spawn_blocking(move || {
+        let len = index.len() as u32;
+        let subset = match &spec {
+            None => (0..len).collect::<RoaringBitmap>(),
+            Some(s) => s.resolve(len, |e| index.label(e).unwrap_or(-1), index.classes())?,
+        };
+        let resume = match &resume {
+            Some(r) => {
+                let (epoch, rest) = r.start(&subset, epochs)?;
+                Some((epoch, Arc::new(rest)))
+            }
+            None => None,
+        };
+        Ok::<_, Error>((subset, resume))
+    })
+    .await
+    .map_err(Error::internal)?
+}
+
+impl Inner {
+    /// Node `node`'s ranks joining job `id`, which other nodes' ranks registered: the same
+    /// parameters, ranks no other node serves, before the job started.
+    fn add_ranks(
+        &mut self,
+        id: u64,
+        node: &str,
+        ranks: &[u32],
+        identity: &JobRequest,
+    ) -> Result<()> {
+        let job = self
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| Error::internal("lost job"))?;
+        if job.request != *identity {
+            return Err(Error::new(
+                Code::JobExists,
+                format!(
+                    "multi-node job '{}' runs with other parameters: every rank must \
+                     send the same ones",
+                    identity.name
+                ),
+            ));
+        }
+        let taken: Vec<u32> = job
+            .nodes
+            .iter()
+            .filter(|(n, _)| n.as_str() != node)
+            .flat_map(|(_, r)| r.iter().copied())
+            .collect();
+        if job.placer.is_some() || ranks.iter().any(|r| taken.contains(r)) {
+            return Err(Error::new(
+                Code::NodeMismatch,
+                format!(
+                    "ranks {:?} of job '{}' are already served by another node",
+                    ranks, identity.name
+                ),
+            ));
+        }
+        job.nodes.insert(node.to_string(), ranks.to_vec());
+        Ok(())
+    }
+
+    /// A new multi-node job with node `node`'s ranks; returns its id.
+    fn add_job(
+        &mut self,
+        node: &str,
+        ranks: &[u32],
+        identity: &JobRequest,
+        world: u32,
+        subset: RoaringBitmap,
+        resume: Option<(u32, Arc<RoaringBitmap>)>,
+    ) -> u64 {
+        // Ids do not repeat across the leader's restarts (they start at the first
+        // job's time in s × 2^20, below 2^53 for JSON readers), so a node's job the
+        // leader does not know is one it forgot.
+        if self.next_id == 0 {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_secs());
+            self.next_id = secs << 20;
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        self.names.insert(identity.name.clone(), id);
+        self.jobs.insert(
+            id,
+            ClusterJob {
+                name: identity.name.clone(),
+                dataset: identity.dataset.clone(),
+                request: identity.clone(),
+                world,
+                nodes: BTreeMap::from([(node.to_string(), ranks.to_vec())]),
+                subset: Arc::new(subset),
+                resume,
+                placer: None,
+                sampler: None,
+                pending_credit: 0,
+                attached: Default::default(),
+                debt: 0,
+                failed: None,
+                finished: false,
+            },
+        );
+        id
     }
 }
