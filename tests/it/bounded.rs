@@ -245,8 +245,8 @@ fn indexing_a_large_manifest_grows_the_server_by_its_index() {
     )
     .unwrap();
     let ds = c.wait_ready("large", DEADLINE).unwrap();
-    assert_eq!(ds["items"], ENTRIES as u64, "{ds}");
-    let index_kib = ds["index_bytes"].as_u64().unwrap() / 1024;
+    assert_eq!(ds.items, Some(ENTRIES as u64), "{ds:?}");
+    let index_kib = ds.index_bytes.unwrap() / 1024;
     let after = retained_kib(pid);
     let growth = after.saturating_sub(before);
     eprintln!("RssAnon {before} KiB -> {after} KiB (+{growth} KiB); index {index_kib} KiB");

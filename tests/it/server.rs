@@ -1,6 +1,7 @@
 //! The real server end to end: datasets of every kind, jobs in separate processes, pixels and
 //! bytes, bad input, a killed client, a restart.
 
+use server::http::views::DatasetView;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -73,7 +74,7 @@ pub(crate) fn start_with(tag: &str, root: &Path, extra: &[&str]) -> Env {
     }
 }
 
-pub(crate) fn create_folder_dataset(env: &Env, name: &str, root: &Path) -> Value {
+pub(crate) fn create_folder_dataset(env: &Env, name: &str, root: &Path) -> DatasetView {
     let c = env.server.client();
     c.ok(
         "POST",
@@ -283,13 +284,13 @@ fn every_source_kind_indexes_and_the_catalog_survives_a_restart() {
     let f = c.wait_ready("f", DEADLINE).unwrap();
     let t = c.wait_ready("t", DEADLINE).unwrap();
     let m = c.wait_ready("m", DEADLINE).unwrap();
-    assert_eq!(f["items"], list.len());
+    assert_eq!(f.items, Some(list.len() as u64));
     assert_eq!(
-        f["classes"],
-        json!(["class_00", "class_01", "class_02", "class_03"])
+        f.classes.unwrap(),
+        ["class_00", "class_01", "class_02", "class_03"]
     );
-    assert_eq!(t["items"], list.len());
-    assert_eq!(m["items"], 10);
+    assert_eq!(t.items, Some(list.len() as u64));
+    assert_eq!(m.items, Some(10));
     // Read the tar dataset through a job: labels come from the .cls members.
     let s = finish(consumer(
         &server.url,
@@ -903,7 +904,7 @@ fn the_api_answers_while_a_large_manifest_is_indexed_and_persisted() {
         let ready = c.wait_ready("big", DEADLINE);
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         let ready = ready.unwrap();
-        assert_eq!(ready["items"].as_u64(), Some(LINES as u64), "{ready}");
+        assert_eq!(ready.items, Some(LINES as u64), "{ready:?}");
     });
     assert!(probes.into_inner() > 0);
     // The job on the other dataset is still there, and the index survived the commit.
@@ -1111,7 +1112,7 @@ fn a_killed_server_is_noticed_by_its_clients_and_a_restart_cleans_up() {
     let mut again = TestServer::start(&instance, &state.0, root, &[]);
     let c = again.client();
     let d = c.wait_ready("imgs", DEADLINE).unwrap();
-    assert_eq!(d["items"].as_u64(), Some(u64::from(CLASSES * PER_CLASS)));
+    assert_eq!(d.items, Some(u64::from(CLASSES * PER_CLASS)));
     let left: Vec<String> = shm_objects(&instance)
         .into_iter()
         .filter(|n| n.contains("-ring-"))

@@ -4,8 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+use server::http::views::{DatasetState, DatasetView, JobList, JobView, Registration, Stats};
 
 /// REST client; non-2xx answers become errors carrying the server's code and message.
 pub struct Client {
@@ -85,18 +87,58 @@ impl Client {
         Ok(v)
     }
 
+    /// A successful answer read as the server's view type `T` (the typed side of
+    /// [`Client::ok`], which keeps the raw JSON for tests of the wire itself).
+    pub fn typed<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<T> {
+        let v = self.ok(method, path, body)?;
+        serde_json::from_value(v).with_context(|| format!("{method} {path}: unexpected answer"))
+    }
+
+    /// `GET /v1/datasets/{name}`.
+    pub fn dataset(&self, name: &str) -> Result<DatasetView> {
+        self.typed("GET", &format!("/v1/datasets/{name}"), None)
+    }
+
+    /// `GET /v1/jobs/{name}`.
+    pub fn job(&self, name: &str) -> Result<JobView> {
+        self.typed("GET", &format!("/v1/jobs/{name}"), None)
+    }
+
+    /// `GET /v1/jobs`.
+    pub fn jobs(&self) -> Result<Vec<JobView>> {
+        Ok(self.typed::<JobList>("GET", "/v1/jobs", None)?.jobs)
+    }
+
+    /// `GET /v1/stats`.
+    pub fn stats(&self) -> Result<Stats> {
+        self.typed("GET", "/v1/stats", None)
+    }
+
+    /// `POST /v1/jobs` with the request `body`.
+    pub fn register(&self, body: &Value) -> Result<Registration> {
+        self.typed("POST", "/v1/jobs", Some(body))
+    }
+
     /// Waits until a dataset is `ready` (or fails with its error).
-    pub fn wait_ready(&self, dataset: &str, timeout: Duration) -> Result<Value> {
+    pub fn wait_ready(&self, dataset: &str, timeout: Duration) -> Result<DatasetView> {
         let start = Instant::now();
         loop {
-            let v = self.ok("GET", &format!("/v1/datasets/{dataset}"), None)?;
-            match v["state"].as_str() {
-                Some("ready") => return Ok(v),
-                Some("failed") => bail!("dataset {dataset} failed to index: {}", v["error"]),
-                _ if start.elapsed() > timeout => {
+            let d = self.dataset(dataset)?;
+            match d.state {
+                DatasetState::Ready => return Ok(d),
+                DatasetState::Failed => bail!(
+                    "dataset {dataset} failed to index: {}",
+                    d.error.unwrap_or_default()
+                ),
+                DatasetState::Indexing if start.elapsed() > timeout => {
                     bail!("dataset {dataset} is still indexing after {timeout:?}")
                 }
-                _ => std::thread::sleep(Duration::from_millis(50)),
+                DatasetState::Indexing => std::thread::sleep(Duration::from_millis(50)),
             }
         }
     }

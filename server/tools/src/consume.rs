@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use server::http::views::JobStateName;
 
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
@@ -40,23 +41,16 @@ pub struct ConsumeArgs {
 pub fn run(args: ConsumeArgs) -> Result<()> {
     let client = crate::client::Client::new(args.server.clone()).with_token(args.token.clone());
     let body: serde_json::Value = serde_json::from_str(&args.job).context("--job is not JSON")?;
-    let reg = client.ok("POST", "/v1/jobs", Some(&body))?;
-    let rank = reg["ranks"]
-        .as_array()
-        .and_then(|r| r.iter().find(|x| x["rank"] == args.rank))
+    let reg = client.register(&body)?;
+    let rank = reg
+        .ranks
+        .iter()
+        .find(|x| x.rank == args.rank)
         .with_context(|| format!("the server returned no rank {}", args.rank))?;
-    let instance = rank["instance"]
-        .as_str()
-        .context("no instance")?
-        .to_string();
-    let ring = rank["ring"].as_str().context("no ring")?.to_string();
-    let batch = body["batch_size"].as_u64().unwrap_or(32) as usize;
+    let (instance, ring) = (rank.instance.clone(), rank.ring.clone());
+    let batch = reg.job.batch_size as usize;
     // The server names a job registered without a name.
-    let name = reg["job"]["name"]
-        .as_str()
-        .or(body["name"].as_str())
-        .unwrap_or_default()
-        .to_string();
+    let name = reg.job.name.clone();
     // Tell a waiting test that the job is registered.
     eprintln!("registered ring={ring}");
     let per = Duration::from_micros(args.sample_us);
@@ -102,10 +96,10 @@ pub fn run(args: ConsumeArgs) -> Result<()> {
                 .downcast_ref::<dataplane::Error>()
                 .is_some_and(|d| d.code() == "ring_closed");
             if closed
-                && let Ok(job) = client.ok("GET", &format!("/v1/jobs/{name}"), None)
-                && job["state"] == "failed"
+                && let Ok(job) = client.job(&name)
+                && job.state == JobStateName::Failed
             {
-                let reason = job["reason"].as_str().unwrap_or("");
+                let reason = job.reason.as_deref().unwrap_or("");
                 let reason = reason.strip_prefix("job_failed: ").unwrap_or(reason);
                 bail!("job_failed: job {name} failed: {reason}");
             }
@@ -131,22 +125,22 @@ pub fn run(args: ConsumeArgs) -> Result<()> {
 /// it is, and the counters that tell a stall (what was sampled, pushed and acknowledged, the
 /// client's time on an empty ring, the units that waited for room other jobs held).
 pub fn job_state(client: &crate::client::Client, name: &str) -> String {
-    match client.ok("GET", &format!("/v1/jobs/{name}"), None) {
+    match client.job(name) {
         Ok(j) => format!(
             "state {}{}, epoch {} position {}, sampled {} delivered {} acknowledged {}, \
              stall_s {}, waited_for_others {}",
-            j["state"].as_str().unwrap_or("?"),
-            j["reason"]
-                .as_str()
-                .map(|r| format!(" ({r})"))
+            serde_json::to_value(j.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_default(),
-            j["epoch"],
-            j["position"],
-            j["sampled"],
-            j["delivered"],
-            j["acknowledged"],
-            j["stall_s"],
-            j["waited_for_others"],
+            j.reason.map(|r| format!(" ({r})")).unwrap_or_default(),
+            j.epoch,
+            j.position,
+            j.sampled,
+            j.delivered,
+            j.acknowledged,
+            j.stall_s,
+            j.waited_for_others,
         ),
         Err(e) => format!("nothing: the job's state could not be read ({e:#})"),
     }

@@ -112,14 +112,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         Some(&json!({"name": "demo", "source": {"kind": "image_folder", "path": data}})),
     )?;
     let ds = client.wait_ready("demo", Duration::from_secs(120))?;
-    let classes: Vec<String> = ds["classes"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|c| c.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let classes: Vec<String> = ds.classes.unwrap_or_default();
     let half: Vec<String> = classes
         .iter()
         .take(classes.len().div_ceil(2))
@@ -183,10 +176,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
                     if let Some(s) = &plan.subset {
                         req["subset"] = s.clone();
                     }
-                    let reg = client.ok("POST", "/v1/jobs", Some(&req))?;
-                    let total = reg["job"]["subset_size"].as_u64().unwrap_or(0) * u64::from(epochs);
-                    bar.set_length(total);
-                    let ring = reg["ranks"][0]["ring"].as_str().context("no ring in the registration")?.to_string();
+                    let reg = client.register(&req)?;
+                    bar.set_length(reg.job.subset_size * u64::from(epochs));
+                    let ring = reg.ranks.first().context("no ring in the registration")?.ring.clone();
                     let got = consume(
                         &instance,
                         &ring,
@@ -213,8 +205,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
         }
     });
 
-    let stats = client.ok("GET", "/v1/stats", None)?;
-    let jobs = client.ok("GET", "/v1/jobs", None)?;
+    let stats = client.stats()?;
+    let jobs = client.jobs()?;
     let mut results = std::mem::take(&mut *results.lock().expect("results lock"));
     results.sort_by_key(|r| r.0);
     println!();
@@ -226,11 +218,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let mut failed = Vec::new();
     for (i, r) in &results {
         let plan = &plans[*i];
-        let info = jobs["jobs"]
-            .as_array()
-            .and_then(|a| a.iter().find(|j| j["name"] == plan.name))
-            .cloned()
-            .unwrap_or_default();
+        let hit_ratio = jobs
+            .iter()
+            .find(|j| j.name == plan.name)
+            .map_or(0.0, |j| j.hit_ratio);
         match r {
             Ok((samples, epochs, elapsed)) => {
                 independent_decodes += samples;
@@ -241,7 +232,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
                     samples,
                     epochs,
                     *samples as f64 / elapsed.as_secs_f64().max(1e-9),
-                    info["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0
+                    hit_ratio * 100.0
                 );
             }
             Err(e) => {
@@ -250,14 +241,14 @@ pub fn run(args: DemoArgs) -> Result<()> {
             }
         }
     }
-    let decodes = stats["decodes"].as_u64().unwrap_or(0);
+    let decodes = stats.decodes;
     println!();
     println!(
         "decodes performed: {decodes}; independent loaders would have decoded {independent_decodes} ({:.1}x as many); \
          cache hit ratio {:.1}%; mean jobs per sampled element {:.2}",
         independent_decodes as f64 / decodes.max(1) as f64,
-        stats["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
-        stats["mean_share"].as_f64().unwrap_or(0.0),
+        stats.hit_ratio * 100.0,
+        stats.mean_share,
     );
     println!(
         "demo finished in {:.1} s (dataset in {})",

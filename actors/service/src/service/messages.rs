@@ -14,9 +14,40 @@ pub type DatasetId = u16;
 pub type PipelineId = u16;
 pub type JobId = JobKey;
 
-/// Cache key: an element of a base dataset prepared by one pipeline.
-pub fn cache_key(dataset: DatasetId, pipeline: PipelineId, element: u32) -> u64 {
-    (u64::from(dataset) << 48) | (u64::from(pipeline) << 32) | u64::from(element)
+impl std::fmt::LowerHex for CacheKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
+/// The Cache's key of an element of a base dataset prepared by one pipeline: what one slot
+/// holds (the dataset in the top 16 bits, the pipeline in the next 16, the element below).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CacheKey(u64);
+
+impl CacheKey {
+    pub fn new(dataset: DatasetId, pipeline: PipelineId, element: u32) -> CacheKey {
+        CacheKey((u64::from(dataset) << 48) | (u64::from(pipeline) << 32) | u64::from(element))
+    }
+
+    /// The key as the cache policy (`joader_core::cache`) holds it: an opaque `u64`.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// The key of a policy's `u64` (one [`CacheKey::raw`] gave it).
+    pub fn from_raw(raw: u64) -> CacheKey {
+        CacheKey(raw)
+    }
+
+    /// (dataset, pipeline, element).
+    pub fn parts(self) -> (DatasetId, PipelineId, u32) {
+        (
+            (self.0 >> 48) as u16,
+            ((self.0 >> 32) & 0xffff) as u16,
+            self.0 as u32,
+        )
+    }
 }
 
 /// Why an element could not be prepared; `code` is a dataplane element error code.

@@ -21,7 +21,9 @@ errors!(HistoryErrors: InvalidRequest);
 )]
 #[get("/healthz")]
 async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(Health { status: "ok" })
+    HttpResponse::Ok().json(Health {
+        status: "ok".into(),
+    })
 }
 
 /// Cache, loader and sampler counters, the process's CPU seconds and resident memory, and

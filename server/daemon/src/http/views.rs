@@ -8,14 +8,14 @@ use joader_core::sampling::SamplerKind;
 use joader_pipeline::Pipeline;
 use joader_storage::SourceSpec;
 use joader_storage::s3::ObjectChanges;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::registry::{DatasetEntry, JobEntry, RateOver, Registry};
 use crate::state::AppState;
 
 /// A dataset.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct DatasetView {
     pub name: String,
     pub source: SourceSpec,
@@ -37,7 +37,7 @@ pub struct DatasetView {
 }
 
 /// Where a dataset is in its life.
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DatasetState {
     Indexing,
@@ -72,13 +72,13 @@ pub fn dataset_view(d: &DatasetEntry) -> DatasetView {
     }
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct DatasetList {
     pub datasets: Vec<DatasetView>,
 }
 
 /// An element of a dataset that failed to read or decode.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Failure {
     pub element: u32,
     /// `read_failed`, `corrupt_image`, `image_too_large`, `not_an_image`, …
@@ -86,13 +86,13 @@ pub struct Failure {
     pub message: String,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct FailureList {
     pub failures: Vec<Failure>,
 }
 
 /// Where a job is in its life.
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JobStateName {
     Waiting,
@@ -102,7 +102,7 @@ pub enum JobStateName {
 }
 
 /// A job: its parameters and its progress.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct JobView {
     pub name: String,
     pub dataset: String,
@@ -147,7 +147,7 @@ pub struct JobView {
     pub epochs: Option<u32>,
     pub drop_last: bool,
     /// `dsa` or `isa` (independent).
-    pub sampler: &'static str,
+    pub sampler: String,
     pub pipeline: Pipeline,
     pub age_s: f64,
     /// The job records its delivery orders (`GET /v1/jobs/{name}/record/{epoch}`).
@@ -163,7 +163,7 @@ pub struct JobView {
 }
 
 /// A recorded epoch of a job (`record: true`): the ids in the order they were delivered.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct RecordView {
     pub job: String,
     pub epoch: u32,
@@ -222,7 +222,8 @@ pub fn job_view(j: &JobEntry) -> JobView {
             SamplerKind::Isa.name()
         } else {
             j.request.sampler.unwrap_or(SamplerKind::Dsa).name()
-        },
+        }
+        .into(),
         pipeline: j.pipeline.clone(),
         age_s: j.created.elapsed().as_secs_f64(),
         record: j.request.record,
@@ -233,13 +234,13 @@ pub fn job_view(j: &JobEntry) -> JobView {
     }
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct JobList {
     pub jobs: Vec<JobView>,
 }
 
 /// The ring one rank of a job reads.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct RankRing {
     pub rank: u32,
     pub instance: String,
@@ -254,7 +255,7 @@ pub struct RankRing {
 }
 
 /// A registered job and the rings its ranks open.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Registration {
     pub job: JobView,
     /// The shared-memory layout version the server speaks.
@@ -284,10 +285,10 @@ pub fn registration_view(registry: &Registry, j: &JobEntry) -> Registration {
 }
 
 /// `GET /v1/stats`: the cache, the loader, the sampler and the process.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Stats {
     pub instance: String,
-    pub version: &'static str,
+    pub version: String,
     pub uptime_s: f64,
     pub requests: u64,
     pub hits: u64,
@@ -330,7 +331,7 @@ pub struct Stats {
 }
 
 /// The fetch-ahead buffer in `GET /v1/stats` (the metrics `joader_s3_fetch_ahead_*`).
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct FetchAhead {
     /// `--s3-fetch-ahead-bytes` (0: no fetch-ahead).
     pub capacity_bytes: u64,
@@ -361,7 +362,7 @@ fn fetch_ahead_view(state: &AppState) -> Option<FetchAhead> {
 }
 
 /// The disk tier in `GET /v1/stats` (the metrics `joader_disk_cache_*`).
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct DiskCache {
     pub capacity_bytes: u64,
     pub bytes: u64,
@@ -401,7 +402,7 @@ fn disk_cache_view(state: &AppState) -> Option<DiskCache> {
 
 /// The sizes of the server's per-job state: each returns to its idle value once the jobs are
 /// gone and the retention periods have passed (see `registry::housekeep`).
-#[derive(Debug, Default, Serialize, ToSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 pub struct StateSizes {
     pub jobs: u64,
     pub retired_job_names: u64,
@@ -419,7 +420,7 @@ pub fn stats_view(state: &AppState, sizes: StateSizes) -> Stats {
     let process = crate::procstat::process_stats();
     Stats {
         instance: state.registry.config().instance.clone(),
-        version: env!("CARGO_PKG_VERSION"),
+        version: env!("CARGO_PKG_VERSION").into(),
         uptime_s: state.registry.uptime().as_secs_f64(),
         requests,
         hits,
@@ -463,7 +464,7 @@ pub fn stats_view(state: &AppState, sizes: StateSizes) -> Stats {
 }
 
 /// `GET /v1/stats/history`: what the dashboard charts.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct History {
     /// Seconds between samples.
     pub interval_s: f64,
@@ -474,8 +475,8 @@ pub struct History {
     pub samples: Vec<serde_json::Value>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Health {
     /// Always `ok`.
-    pub status: &'static str,
+    pub status: String,
 }

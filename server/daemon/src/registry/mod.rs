@@ -393,7 +393,9 @@ impl JobEntry {
 }
 
 /// What a job's reported samples per second are measured over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum RateOver {
     /// The last second or so (a job that has not ended).

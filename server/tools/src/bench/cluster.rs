@@ -170,7 +170,7 @@ impl Cluster {
             });
             Ok((ready == NODES).then_some(()))
         })?;
-        d["items"].as_u64().context("no items")
+        d.items.context("no items")
     }
 
     fn loads(&self) -> Result<u64> {

@@ -117,12 +117,12 @@ pub fn run(args: ParquetIndexArgs) -> Result<()> {
     let ds = c.wait_ready("large", DEADLINE)?;
     let ready_s = start.elapsed().as_secs_f64();
     let rss1 = server.settled_rss()?;
-    let items = ds["items"].as_u64().context("no items")?;
+    let items = ds.items.context("no items")?;
     if items != args.items {
         bail!("indexed {items} items, generated {}", args.items);
     }
-    let index_bytes = ds["index_bytes"].as_u64().context("no index_bytes")?;
-    let classes = ds["classes"].as_array().map_or(0, Vec::len);
+    let index_bytes = ds.index_bytes.context("no index_bytes")?;
+    let classes = ds.classes.as_ref().map_or(0, Vec::len);
     let per_item = |b: u64| b as f64 / items as f64;
     let rss = rss1.saturating_sub(rss0);
     println!(

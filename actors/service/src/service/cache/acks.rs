@@ -77,7 +77,7 @@ impl CacheActor {
             debug_assert!(e.pushed > 0, "key {key:#x}: released more than was pushed");
             e.pushed = e.pushed.saturating_sub(1);
             if e.uses() == 0 {
-                self.policy.unpin(key);
+                self.policy.unpin(key.raw());
             }
             // Unpinned, or now only queued (evictable for a sooner need): either may make room.
             self.room_changed = true;

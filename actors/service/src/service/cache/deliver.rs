@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use roaring::RoaringBitmap;
 
-use super::{CacheActor, Entry, Pending, split_key};
+use super::{CacheActor, Entry, Pending};
 use crate::service::messages::{
-    DatasetId, Deliver, ElementSource, EndAt, JobId, PipelineId, cache_key,
+    CacheKey, DatasetId, Deliver, ElementSource, EndAt, JobId, PipelineId,
 };
 
 impl CacheActor {
@@ -49,7 +49,7 @@ impl CacheActor {
                 if let Some(s) = &source {
                     s.delivered(item.job, group.element);
                 }
-                let key = cache_key(msg.dataset, pipeline, group.element);
+                let key = CacheKey::new(msg.dataset, pipeline, group.element);
                 self.stats.requests.fetch_add(1, Relaxed);
                 let hit = self.want(key, group.need);
                 let counter = if hit {
@@ -91,7 +91,7 @@ impl CacheActor {
             let Some(j) = self.jobs.get(&job) else {
                 continue;
             };
-            let key = cache_key(dataset, j.pipeline, element);
+            let key = CacheKey::new(dataset, j.pipeline, element);
             if !(self.slots.contains_key(&key)
                 || self.loading.contains_key(&key)
                 || self.pending.contains_key(&key))
@@ -103,14 +103,14 @@ impl CacheActor {
 
     /// A queued delivery of `key` takes a reference on it wherever it is; returns whether it
     /// is served without a read of its own (cached, loading or about to load for another).
-    fn want(&mut self, key: u64, need: u32) -> bool {
+    fn want(&mut self, key: CacheKey, need: u32) -> bool {
         if let Some(e) = self.slots.get_mut(&key) {
             e.queued += 1;
             if e.uses() == 1 {
-                self.policy.pin(key);
+                self.policy.pin(key.raw());
             }
-            self.policy.hit(key);
-            self.policy.set_refcount(key, need);
+            self.policy.hit(key.raw());
+            self.policy.set_refcount(key.raw(), need);
             self.debug_assert_slot(key);
             true
         } else if let Some(l) = self.loading.get_mut(&key) {
@@ -139,12 +139,12 @@ impl CacheActor {
     }
 
     /// Drops the reference a queued (never pushed) entry held.
-    pub(super) fn unref(&mut self, key: u64) {
+    pub(super) fn unref(&mut self, key: CacheKey) {
         if let Some(e) = self.slots.get_mut(&key) {
             debug_assert!(e.queued > 0, "key {key:#x}: unreferenced, not queued");
             e.queued = e.queued.saturating_sub(1);
             if e.uses() == 0 {
-                self.policy.unpin(key);
+                self.policy.unpin(key.raw());
                 self.room_changed = true;
             }
             self.debug_assert_slot(key);
@@ -169,10 +169,10 @@ impl CacheActor {
     /// A job's epoch starts: every cached element of its subset is needed once more.
     fn epoch_started(&mut self, dataset: DatasetId, pipeline: PipelineId, subset: &RoaringBitmap) {
         for &key in self.slots.keys() {
-            let (ds, pl, el) = split_key(key);
+            let (ds, pl, el) = key.parts();
             if ds == dataset && pl == pipeline && subset.contains(el) {
-                let r = self.policy.refcount(key).unwrap_or(0);
-                self.policy.set_refcount(key, r + 1);
+                let r = self.policy.refcount(key.raw()).unwrap_or(0);
+                self.policy.set_refcount(key.raw(), r + 1);
             }
         }
     }

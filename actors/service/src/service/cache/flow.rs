@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use dataplane::{SlotMeta, SlotRef, element_error};
 
-use super::{CacheActor, Entry, Loading, Pending, SlotEntry, split_key};
-use crate::service::messages::{JobId, Load, Loaded, PipelineId, Prepare, Prepared, cache_key};
+use super::{CacheActor, Entry, Loading, Pending, SlotEntry};
+use crate::service::messages::{CacheKey, JobId, Load, Loaded, PipelineId, Prepare, Prepared};
 
 /// A prepared payload that found no room yet.
 pub(super) struct Waiting {
@@ -81,21 +81,21 @@ impl CacheActor {
     }
 
     /// Starts the load of a pending key (with the other pipelines pending for its element).
-    fn issue(&mut self, key: u64) {
+    fn issue(&mut self, key: CacheKey) {
         let Some(p) = self.pending.remove(&key) else {
             return; // no longer needed, or already loading
         };
-        let (dataset, _, element) = split_key(key);
+        let (dataset, _, element) = key.parts();
         let Some(source) = self.sources.get(&dataset).cloned() else {
             return;
         };
         let mut pipelines: Vec<(PipelineId, Arc<dyn Prepare>)> = Vec::new();
-        let mut others: Vec<(u64, Pending)> = Vec::new();
+        let mut others: Vec<(CacheKey, Pending)> = Vec::new();
         for job in self.jobs.values().filter(|j| j.dataset == dataset) {
             if pipelines.iter().any(|(pl, _)| *pl == job.pipeline) {
                 continue;
             }
-            let k = cache_key(dataset, job.pipeline, element);
+            let k = CacheKey::new(dataset, job.pipeline, element);
             if k == key {
                 pipelines.push((job.pipeline, job.prepare.clone()));
             } else if let Some(other) = self.pending.remove(&k) {
@@ -118,7 +118,7 @@ impl CacheActor {
         });
     }
 
-    fn start_loading(&mut self, key: u64, p: Pending) {
+    fn start_loading(&mut self, key: CacheKey, p: Pending) {
         if p.reload {
             self.stats.reloads.fetch_add(1, Relaxed);
             // A reload reads the element again for a queued delivery: that job pays for it,
@@ -139,7 +139,7 @@ impl CacheActor {
     }
 
     /// The job (and the epoch of its delivery) of the first queued delivery of `key`.
-    fn queued_by(&self, key: u64) -> Option<(Arc<crate::service::stats::JobStats>, u64)> {
+    fn queued_by(&self, key: CacheKey) -> Option<(Arc<crate::service::stats::JobStats>, u64)> {
         self.jobs.values().find_map(|job| {
             job.rings.iter().find_map(|rr| {
                 rr.queue.iter().find_map(|entry| match *entry {
@@ -157,7 +157,7 @@ impl CacheActor {
         // its pipelines).
         let mut payer = None;
         for (pipeline, _) in &msg.results {
-            let key = cache_key(msg.dataset, *pipeline, msg.element);
+            let key = CacheKey::new(msg.dataset, *pipeline, msg.element);
             if let Some(p) = self.charged.remove(&key) {
                 payer.get_or_insert(p);
             }
@@ -171,7 +171,7 @@ impl CacheActor {
             }
         }
         for (pipeline, result) in msg.results {
-            let key = cache_key(msg.dataset, pipeline, msg.element);
+            let key = CacheKey::new(msg.dataset, pipeline, msg.element);
             if !self.loading.contains_key(&key) {
                 // No longer needed (its jobs closed, or displaced): a slot a loader thread
                 // wrote it into is freed (nothing references it).
@@ -222,7 +222,7 @@ impl CacheActor {
         self.pump();
     }
 
-    pub(super) fn fail(&mut self, key: u64, code: u32) {
+    pub(super) fn fail(&mut self, key: CacheKey, code: u32) {
         let l = self.loading.remove(&key).unwrap_or_default();
         self.waiting.remove(&key);
         self.stats.load_errors.fetch_add(1, Relaxed);
@@ -231,14 +231,14 @@ impl CacheActor {
         }
     }
 
-    fn evict(&mut self, key: u64) -> Option<SlotEntry> {
+    fn evict(&mut self, key: CacheKey) -> Option<SlotEntry> {
         let e = self.slots.remove(&key)?;
         debug_assert_eq!(
             e.pushed, 0,
             "key {key:#x}: a slot a ring holds is never evicted"
         );
         debug_assert!(
-            !self.policy.contains(key),
+            !self.policy.contains(key.raw()),
             "key {key:#x}: evicted, still tracked"
         );
         self.by_slot.remove(&e.slot.slot);
@@ -247,16 +247,16 @@ impl CacheActor {
         if let Some(w) = &self.writer
             && let Err(err) = w.free_slot(e.slot)
         {
-            tracing::error!(error = %err, key, "evicted key's slot could not be freed");
+            tracing::error!(error = %err, key = key.raw(), "evicted key's slot could not be freed");
         }
         Some(e)
     }
 
     /// Evicts a key that rings have queued but not pushed (no read bit is set on its slot):
     /// its queued deliveries wait for it to be loaded again.
-    fn evict_needed(&mut self, key: u64) {
-        let need = self.policy.refcount(key).unwrap_or(0);
-        self.policy.remove(key);
+    fn evict_needed(&mut self, key: CacheKey) {
+        let need = self.policy.refcount(key.raw()).unwrap_or(0);
+        self.policy.remove(key.raw());
         let Some(e) = self.evict(key) else { return };
         self.stats.evictions_needed.fetch_add(1, Relaxed);
         self.pending.insert(
@@ -283,13 +283,13 @@ impl CacheActor {
     /// Every element of a unit has the same need, and needs are totally ordered by (time,
     /// job), so that room always goes to one unit first: two units each half cached would
     /// otherwise wait for each other.
-    pub(super) fn need_times(&self) -> HashMap<u64, Need> {
+    pub(super) fn need_times(&self) -> HashMap<CacheKey, Need> {
         let fastest = self
             .jobs
             .values()
             .filter_map(|j| j.rate)
             .fold(1.0f64, f64::max);
-        let mut times: HashMap<u64, Need> = HashMap::new();
+        let mut times: HashMap<CacheKey, Need> = HashMap::new();
         for (&id, job) in &self.jobs {
             let rate = job.rate.unwrap_or(fastest).max(MIN_RATE) / job.rings.len() as f64;
             let batch = u64::from(job.batch.max(1));
@@ -318,7 +318,7 @@ impl CacheActor {
     }
 
     /// A loading key's payload is in `slot` now: cached, pinned if rings wait for it.
-    fn stored(&mut self, key: u64, slot: SlotRef) {
+    fn stored(&mut self, key: CacheKey, slot: SlotRef) {
         let l = self.loading.remove(&key).unwrap_or_default();
         self.slots.insert(
             key,
@@ -329,9 +329,9 @@ impl CacheActor {
             },
         );
         self.by_slot.insert(slot.slot, (slot, key));
-        self.policy.insert(key, l.need, None);
+        self.policy.insert(key.raw(), l.need, None);
         if l.refs > 0 {
-            self.policy.pin(key);
+            self.policy.pin(key.raw());
         }
         self.debug_assert_slot(key);
     }
@@ -359,7 +359,7 @@ impl CacheActor {
             let Some(victim) = self.policy.unneeded_victim() else {
                 break;
             };
-            self.evict_victim(victim, 0);
+            self.evict_victim(CacheKey::from_raw(victim), 0);
             evicted = true;
             a = writer.arena_stats();
         }
@@ -370,7 +370,7 @@ impl CacheActor {
 
     /// Evicts the policy's victim (already taken out of the policy), counted by whether some
     /// job still needed it (`refcount`).
-    fn evict_victim(&mut self, victim: u64, refcount: u32) {
+    fn evict_victim(&mut self, victim: CacheKey, refcount: u32) {
         let reason = if refcount == 0 {
             &self.stats.evictions_unneeded
         } else {
@@ -392,8 +392,8 @@ impl CacheActor {
             return;
         }
         self.room_changed = false;
-        let mut times: Option<HashMap<u64, Need>> = None;
-        let mut keys: Vec<u64> = self.waiting.keys().copied().collect();
+        let mut times: Option<HashMap<CacheKey, Need>> = None;
+        let mut keys: Vec<CacheKey> = self.waiting.keys().copied().collect();
         if keys.len() > 1 {
             let t = times.insert(self.need_times());
             keys.sort_by(|a, b| need_of(t, *a).cmp(&need_of(t, *b)).then(a.cmp(b)));
@@ -412,9 +412,9 @@ impl CacheActor {
     /// Stores one payload, making room as the rules allow; gives it back if it must wait.
     fn store(
         &mut self,
-        key: u64,
+        key: CacheKey,
         w: Waiting,
-        times: &mut Option<HashMap<u64, Need>>,
+        times: &mut Option<HashMap<CacheKey, Need>>,
     ) -> Option<Waiting> {
         loop {
             let writer = self.writer.as_ref()?;
@@ -437,7 +437,7 @@ impl CacheActor {
                 }
                 Err(dataplane::Error::Full { .. } | dataplane::Error::NoFreeSlot { .. }) => {
                     if let Some((victim, refcount)) = self.policy.victim_with_refcount() {
-                        self.evict_victim(victim, refcount);
+                        self.evict_victim(CacheKey::from_raw(victim), refcount);
                         continue;
                     }
                     if self.slots.is_empty() {
@@ -503,6 +503,6 @@ impl Need {
 }
 
 /// A key's need; a key no ring has queued is needed never.
-pub(super) fn need_of(times: &HashMap<u64, Need>, key: u64) -> Need {
+pub(super) fn need_of(times: &HashMap<CacheKey, Need>, key: CacheKey) -> Need {
     times.get(&key).copied().unwrap_or(Need::NEVER)
 }

@@ -15,6 +15,7 @@
 //!   records and exactly the data records the rings hold (their `pinned` counts);
 //! - the cache keeps the source of exactly the datasets of its jobs.
 
+use crate::service::messages::CacheKey;
 use std::collections::{HashMap, HashSet};
 
 use super::{CacheActor, Entry};
@@ -32,13 +33,13 @@ impl CacheActor {
     /// queued it, and that its slot maps back to it: what a handler that changed the key's
     /// uses must leave. Constant time.
     #[track_caller]
-    pub(super) fn debug_assert_slot(&self, key: u64) {
+    pub(super) fn debug_assert_slot(&self, key: CacheKey) {
         if !cfg!(debug_assertions) || self.writer.is_none() {
             return;
         }
         if let Some(e) = self.slots.get(&key) {
             debug_assert_eq!(
-                self.policy.is_pinned(key),
+                self.policy.is_pinned(key.raw()),
                 e.uses() > 0,
                 "key {key:#x} ({} queued, {} pushed): pinned exactly while used",
                 e.queued,
@@ -86,10 +87,10 @@ impl CacheActor {
             if self.writer.is_none() {
                 continue;
             }
-            if !self.policy.contains(key) {
+            if !self.policy.contains(key.raw()) {
                 return Err(format!("key {key:#x} is cached but not in the policy"));
             }
-            if self.policy.is_pinned(key) != (e.uses() > 0) {
+            if self.policy.is_pinned(key.raw()) != (e.uses() > 0) {
                 return Err(format!(
                     "key {key:#x} ({} queued, {} pushed) is {}pinned",
                     e.queued,
@@ -140,7 +141,7 @@ impl CacheActor {
         if let Some(key) = self.waiting.keys().find(|k| !self.loading.contains_key(k)) {
             return Err(format!("key {key:#x} waits for room but is not loading"));
         }
-        let ordered: HashSet<u64> = self.pending_order.iter().copied().collect();
+        let ordered: HashSet<CacheKey> = self.pending_order.iter().copied().collect();
         if let Some(key) = self.pending.keys().find(|k| !ordered.contains(k)) {
             return Err(format!("pending key {key:#x} is not in the load order"));
         }
@@ -149,7 +150,7 @@ impl CacheActor {
 
     /// The references each key holds are exactly the deliveries of it queued in the rings.
     fn check_references(&self) -> Result<(), String> {
-        let mut queued: HashMap<u64, u32> = HashMap::new();
+        let mut queued: HashMap<CacheKey, u32> = HashMap::new();
         for rr in self.jobs.values().flat_map(|j| &j.rings) {
             for entry in &rr.queue {
                 if let Entry::Item { key, .. } = *entry {
@@ -269,7 +270,7 @@ pub(crate) mod probe {
     impl Handler<LeakReference> for CacheActor {
         type Result = MessageResult<LeakReference>;
         fn handle(&mut self, _: LeakReference, _: &mut Context<Self>) -> Self::Result {
-            let key = u64::MAX;
+            let key = crate::service::messages::CacheKey::from_raw(u64::MAX);
             self.failed.insert(key, (0, 1));
             let direct = self.check_invariants();
             let panicked = crate::service::tests::until_panic(|| self.after_message());

@@ -43,6 +43,7 @@ mod rings;
 #[cfg(test)]
 pub(crate) use invariants::probe;
 
+use crate::service::messages::CacheKey;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -110,7 +111,7 @@ struct Pending {
 #[derive(Debug, Clone, Copy)]
 enum Entry {
     Item {
-        key: u64,
+        key: CacheKey,
         element: u32,
         epoch: u32,
         position: u32,
@@ -175,18 +176,18 @@ pub struct CacheActor {
     /// The largest payload stored so far (bytes): the unit of the room kept free.
     largest_payload: u64,
     policy: Policy,
-    slots: HashMap<u64, SlotEntry>,
-    by_slot: HashMap<u32, (SlotRef, u64)>,
-    loading: HashMap<u64, Loading>,
+    slots: HashMap<CacheKey, SlotEntry>,
+    by_slot: HashMap<u32, (SlotRef, CacheKey)>,
+    loading: HashMap<CacheKey, Loading>,
     /// Who pays for a key's load in store bytes: the job whose miss issued it, and the epoch
     /// of that delivery (removed when the load ends, or with the job).
-    charged: HashMap<u64, (Arc<JobStats>, u64)>,
-    pending: HashMap<u64, Pending>,
+    charged: HashMap<CacheKey, (Arc<JobStats>, u64)>,
+    pending: HashMap<CacheKey, Pending>,
     /// Pending keys in the order they were first needed (may hold keys no longer pending).
-    pending_order: VecDeque<u64>,
-    failed: HashMap<u64, (u32, u32)>,
+    pending_order: VecDeque<CacheKey>,
+    failed: HashMap<CacheKey, (u32, u32)>,
     /// Prepared payloads waiting for room (their keys are in `loading`).
-    waiting: HashMap<u64, flow::Waiting>,
+    waiting: HashMap<CacheKey, flow::Waiting>,
     /// Something may have made room since the waiting payloads last tried.
     room_changed: bool,
     max_loading: usize,
@@ -205,14 +206,6 @@ pub struct CacheActor {
     poll_delay: Duration,
     /// Messages (and polls) handled, and the full invariant checks run after them.
     checks: Periodic,
-}
-
-fn split_key(key: u64) -> (DatasetId, PipelineId, u32) {
-    (
-        (key >> 48) as u16,
-        ((key >> 32) & 0xffff) as u16,
-        key as u32,
-    )
 }
 
 impl CacheActor {

@@ -4,6 +4,7 @@
 //! that other jobs hold (`JobStats::waited_for_others`): what "a slow job never holds a fast
 //! one back" means, counted.
 
+use crate::service::messages::CacheKey;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -240,7 +241,7 @@ impl CacheActor {
 
     /// The rings, not counted yet, whose next unit could go to its client now but for its
     /// elements that wait for room: (job, rank, those elements' keys).
-    fn blocked(&self) -> Vec<(JobId, usize, Vec<u64>)> {
+    fn blocked(&self) -> Vec<(JobId, usize, Vec<CacheKey>)> {
         let mut out = Vec::new();
         for (&id, job) in &self.jobs {
             if !job.granted {
@@ -305,7 +306,12 @@ impl CacheActor {
     /// Other jobs than `id` hold room that the waiting `keys` cannot take: slots their rings
     /// have pushed and not had acknowledged, or cached elements they have queued and need
     /// sooner.
-    fn held_by_others(&self, id: JobId, keys: &[u64], times: &HashMap<u64, Need>) -> bool {
+    fn held_by_others(
+        &self,
+        id: JobId,
+        keys: &[CacheKey],
+        times: &HashMap<CacheKey, Need>,
+    ) -> bool {
         let pinned = self
             .jobs
             .iter()

@@ -197,10 +197,10 @@ pub(super) fn run_one(
         Some(&json!({"name": "d", "source": spec})),
     )?;
     let d = client.wait_ready("d", DEADLINE)?;
-    if d["items"].as_u64() != Some(ctx.index.len() as u64) {
+    if d.items != Some(ctx.index.len() as u64) {
         bail!(
-            "{system}: {} items, the folder {}",
-            d["items"],
+            "{system}: {:?} items, the folder {}",
+            d.items,
             ctx.index.len()
         );
     }

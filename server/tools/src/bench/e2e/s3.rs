@@ -247,10 +247,10 @@ impl Store {
             Some(&json!({"name": "d", "source": spec})),
         )?;
         let d = client.wait_ready("d", DEADLINE)?;
-        if d["items"].as_u64() != Some(self.sizes.len() as u64) {
+        if d.items != Some(self.sizes.len() as u64) {
             bail!(
-                "the {source:?} dataset has {} items, the bench's {}",
-                d["items"],
+                "the {source:?} dataset has {:?} items, the bench's {}",
+                d.items,
                 self.sizes.len()
             );
         }

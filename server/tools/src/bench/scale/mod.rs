@@ -167,8 +167,8 @@ fn index_and_jobs(args: &ScaleArgs, data: &Path) -> Result<StateFigures> {
     )?;
     let ds = c.wait_ready("large", procs::DEADLINE)?;
     let ready_s = start.elapsed().as_secs_f64();
-    let items = ds["items"].as_u64().context("no items")?;
-    let index_bytes = ds["index_bytes"].as_u64().context("no index_bytes")?;
+    let items = ds.items.context("no items")?;
+    let index_bytes = ds.index_bytes.context("no index_bytes")?;
     let rss1 = server.settled_rss()?;
 
     eprintln!("registering {} jobs…", args.jobs);
