@@ -48,10 +48,17 @@ mod tests;
 
 pub use scaled::DCT_EIGHTHS;
 
-use dataplane::stages::{
-    self,
-    server::{DECODE, RESIZE},
-};
+use joader_stages as stages;
+pub use stage::{DECODE, RESIZE};
+
+/// The stages of the daemon's CPU accounting this crate marks (`joader_stage_cpu_seconds_total`).
+pub mod stage {
+    use joader_stages::Stage;
+    /// Decoding an image to RGB8.
+    pub static DECODE: Stage = Stage::new("decode");
+    /// Resizing and cropping the decoded image.
+    pub static RESIZE: Stage = Stage::new("resize");
+}
 use serde::{Deserialize, Serialize};
 
 /// Largest width, height, resize target or crop side a pipeline may ask for.

@@ -788,10 +788,8 @@ fn dimensions_come_from_the_header() {
 
 #[test]
 fn run_charges_decode_and_resize_apart() {
-    use dataplane::stages::{
-        self,
-        server::{DECODE, RESIZE},
-    };
+    use crate::stage::{DECODE, RESIZE};
+    use joader_stages as stages;
     let bytes = jpeg_rgb(1000, 750);
     let p = decode(Some(256), Some([224, 224]));
     let (decode_ns, resize_ns, used) = std::thread::spawn(move || {

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod procstat;
 pub mod registry;
 pub mod serve;
+pub mod stages;
 pub mod state;
 
 use std::future::Future;
@@ -147,7 +148,7 @@ fn object_stores(config: &Config) -> Result<Option<Arc<joader_storage::s3::Objec
             // Its writer thread's CPU is the object-store stage's.
             let tier =
                 joader_storage::tier::DiskTier::open_with(dir, config.disk_cache_bytes, || {
-                    dataplane::stages::set_base(&dataplane::stages::server::FETCH)
+                    joader_stages::set_base(&stages::FETCH)
                 })?;
             tracing::info!(dir = %dir.display(), bytes = config.disk_cache_bytes, objects = tier.stats().objects.load(std::sync::atomic::Ordering::Relaxed), "disk cache opened");
             Some(Arc::new(tier))
@@ -155,7 +156,7 @@ fn object_stores(config: &Config) -> Result<Option<Arc<joader_storage::s3::Objec
         None => None,
     };
     let stores = joader_storage::s3::ObjectStores::new(config.fetch_config(), allow, tier, || {
-        dataplane::stages::set_base(&dataplane::stages::server::FETCH)
+        joader_stages::set_base(&stages::FETCH)
     })
     .context("cannot start the object-store stage")?;
     Ok(Some(Arc::new(stores)))

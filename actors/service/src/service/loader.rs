@@ -14,8 +14,9 @@ use std::time::Instant;
 use actix::prelude::*;
 use crossbeam_channel::{Sender, unbounded};
 
-use dataplane::stages::{self, server::LOADER, server::READ};
+use super::stages::{LOADER, READ};
 use dataplane::{SlotMeta, SlotRef, Writer};
+use joader_stages as stages;
 
 use super::messages::{Load, LoadFailure, Loaded, Place, Prepared};
 use super::stats::CacheStats;

@@ -13,6 +13,7 @@ pub mod cache;
 pub mod loader;
 pub mod messages;
 pub mod sampler;
+pub mod stages;
 pub mod stats;
 
 pub use cache::{CacheActor, CacheConfig};

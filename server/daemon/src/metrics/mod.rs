@@ -17,7 +17,7 @@
 //!
 //! Naming follows `joader_<what>_<unit>` with `_total` on counters. Labels are of low
 //! cardinality: `dataset`, `job_name`, `kind`, `state`, `method`, `route` (the route *pattern*,
-//! never the raw path), `status` and `stage` (the fixed list of `dataplane::stages::SERVER`). Never an element id. The job's label is `job_name`, not
+//! never the raw path), `status` and `stage` (the fixed list of `crate::stages::SERVER`). Never an element id. The job's label is `job_name`, not
 //! `job`: Prometheus attaches `job` (the scrape job) to every series and would rename ours to
 //! `exported_job` under its default `honor_labels: false`.
 
@@ -38,10 +38,8 @@ use metrics_exporter_prometheus::{
 };
 use serde_json::json;
 
-use dataplane::stages::{
-    self,
-    server::{HTTP, METRICS},
-};
+use crate::stages::{HTTP, METRICS};
+use joader_stages as stages;
 
 use crate::procstat::process_stats;
 use crate::state::AppState;
@@ -234,7 +232,7 @@ impl Metrics {
         render::disk_cache(&mut extra, tier.map(|t| &**t.stats()));
         // This thread's time so far, so that a scrape's own work is in its figures.
         stages::flush();
-        let rows: Vec<_> = stages::SERVER
+        let rows: Vec<_> = crate::stages::SERVER
             .iter()
             .map(|st| (vec![("stage", st.name().to_string())], st.seconds()))
             .collect();

@@ -425,7 +425,7 @@ impl CacheActor {
                 fields_len: w.prepared.fields_len,
                 source: w.prepared.source,
             };
-            let copy = dataplane::stages::enter(&dataplane::stages::server::SLOT_WRITE);
+            let copy = joader_stages::enter(&crate::service::stages::SLOT_WRITE);
             let written = writer.write_slot(meta, &w.prepared.bytes);
             drop(copy);
             match written {

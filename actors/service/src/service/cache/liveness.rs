@@ -96,7 +96,7 @@ impl CacheActor {
         let idle = self.idle();
         let delay = if idle { IDLE_POLL } else { self.poll_delay };
         let handle = ctx.run_later(delay, |act, ctx| {
-            let _cpu = dataplane::stages::enter(&dataplane::stages::server::CACHE);
+            let _cpu = joader_stages::enter(&crate::service::stages::CACHE);
             act.next_poll = None;
             let found = act.poll();
             act.pace_polls(found);

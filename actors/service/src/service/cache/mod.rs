@@ -49,10 +49,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use crate::service::stages::CACHE;
 use actix::prelude::*;
-use dataplane::stages::{self, server::CACHE};
 use dataplane::{RingWriter, SlotRef, Writer};
 use joader_core::invariants::Periodic;
+use joader_stages as stages;
 use roaring::RoaringBitmap;
 
 use super::messages::*;

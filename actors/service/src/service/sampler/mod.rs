@@ -27,8 +27,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use crate::service::stages::SAMPLER;
 use actix::prelude::*;
-use dataplane::stages::{self, server::SAMPLER};
+use joader_stages as stages;
 
 mod ahead;
 mod invariants;

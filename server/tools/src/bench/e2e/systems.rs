@@ -72,7 +72,7 @@ pub(super) struct Outcome {
 
 /// Every stage's CPU seconds in this process so far: the server's, then the client's.
 fn stage_seconds() -> Vec<(&'static str, f64)> {
-    dataplane::stages::SERVER
+    server::stages::SERVER
         .iter()
         .chain(dataplane::stages::CLIENT.iter())
         .map(|s| (s.name(), s.seconds()))
