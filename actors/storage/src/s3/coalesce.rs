@@ -101,7 +101,7 @@ pub(super) async fn dispatch(
             tokio::spawn(async move {
                 let outcome = run(&remote, group).await;
                 remote.stats.in_flight.fetch_sub(1, Relaxed);
-                remote.limit.release(place, outcome);
+                place.release(outcome);
                 remote
                     .stats
                     .limit

@@ -19,7 +19,7 @@
 //!   broken connection) halves it, once per round trip (the failures of requests that were
 //!   already in flight when it was cut do not cut it again).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -96,9 +96,28 @@ pub(super) enum Outcome {
     Other,
 }
 
-/// A place among the requests in flight; give it back with [`InFlight::release`].
+/// A place among the requests in flight, given back with [`Permit::release`] and the
+/// request's outcome, or on drop (a request abandoned before its answer: the limit learns
+/// nothing from it, but the place is free again).
 #[must_use]
-pub(super) struct Place(());
+pub(super) struct Permit(Option<Arc<InFlight>>);
+
+impl Permit {
+    /// Gives the place back and adapts the limit to how the request went.
+    pub(super) fn release(mut self, outcome: Outcome) {
+        if let Some(limit) = self.0.take() {
+            limit.give_back(outcome);
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(limit) = self.0.take() {
+            limit.give_back(Outcome::Other);
+        }
+    }
+}
 
 impl InFlight {
     pub(super) fn new(ceiling: usize) -> Self {
@@ -138,12 +157,12 @@ impl InFlight {
     }
 
     /// A place if one is free now; otherwise marks that a fetch wants one.
-    pub(super) fn try_acquire(&self) -> Option<Place> {
+    pub(super) fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
         let mut s = self.lock();
         if s.in_flight < s.limit as usize {
             s.in_flight += 1;
             s.wanted = false;
-            Some(Place(()))
+            Some(Permit(Some(self.clone())))
         } else {
             s.wanted = true;
             None
@@ -151,7 +170,7 @@ impl InFlight {
     }
 
     /// Waits for a place.
-    pub(super) async fn acquire(&self) -> Place {
+    pub(super) async fn acquire(self: &Arc<Self>) -> Permit {
         loop {
             if let Some(p) = self.try_acquire() {
                 return p;
@@ -161,9 +180,8 @@ impl InFlight {
         }
     }
 
-    /// Gives a place back and adapts the limit to how the request went.
-    pub(super) fn release(&self, place: Place, outcome: Outcome) {
-        let Place(()) = place;
+    /// A place given back (by its [`Permit`]), and what the request's outcome says.
+    fn give_back(&self, outcome: Outcome) {
         let mut s = self.lock();
         s.in_flight -= 1;
         s.since_cut += 1;
@@ -208,7 +226,7 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     /// Takes every free place (the fetches then want more).
-    fn fill(l: &InFlight, places: &mut Vec<Place>) {
+    fn fill(l: &Arc<InFlight>, places: &mut Vec<Permit>) {
         while let Some(p) = l.try_acquire() {
             places.push(p);
         }
@@ -216,14 +234,14 @@ mod tests {
 
     #[test]
     fn the_limit_grows_while_fetches_wait_and_stops_at_the_ceiling() {
-        let l = InFlight::new(100);
+        let l = Arc::new(InFlight::new(100));
         let mut places = Vec::new();
         fill(&l, &mut places);
         assert_eq!(places.len(), START);
         // Requests keep succeeding while more fetches wait: slow start, one more per success.
         for _ in 0..500 {
             let p = places.pop().unwrap();
-            l.release(p, Outcome::Served(MS));
+            p.release(Outcome::Served(MS));
             fill(&l, &mut places);
             assert!(l.in_flight() <= l.limit(), "more in flight than the limit");
             assert_eq!(places.len(), l.in_flight());
@@ -234,48 +252,48 @@ mod tests {
 
     #[test]
     fn a_limit_nobody_reaches_does_not_grow() {
-        let l = InFlight::new(100);
+        let l = Arc::new(InFlight::new(100));
         for _ in 0..100 {
             let p = l.try_acquire().unwrap();
-            l.release(p, Outcome::Served(MS));
+            p.release(Outcome::Served(MS));
         }
         assert_eq!(l.limit(), START);
     }
 
     #[test]
     fn overload_halves_the_limit_once_per_round_trip_then_it_grows_slowly() {
-        let l = InFlight::new(1000);
+        let l = Arc::new(InFlight::new(1000));
         let mut places = Vec::new();
         fill(&l, &mut places);
         for _ in 0..48 {
-            l.release(places.pop().unwrap(), Outcome::Served(MS));
+            places.pop().unwrap().release(Outcome::Served(MS));
             fill(&l, &mut places);
         }
         assert_eq!(l.limit(), 64);
         // Every request in flight fails (a throttling store): one cut, not 64.
         let n = places.len();
         for p in places.drain(..) {
-            l.release(p, Outcome::Overloaded);
+            p.release(Outcome::Overloaded);
         }
         assert_eq!(l.limit(), 32, "{n} failures of one round trip cut once");
         // The next round trip's failures cut again.
         fill(&l, &mut places);
         for p in places.drain(..) {
-            l.release(p, Outcome::Overloaded);
+            p.release(Outcome::Overloaded);
         }
         assert_eq!(l.limit(), 16);
         // Then one more per round trip of successes (congestion avoidance), not one each.
         fill(&l, &mut places);
         for _ in 0..20 {
-            l.release(places.pop().unwrap(), Outcome::Served(MS));
+            places.pop().unwrap().release(Outcome::Served(MS));
             fill(&l, &mut places);
         }
         assert_eq!(l.limit(), 17);
         // And never below one.
-        let l = InFlight::new(4);
+        let l = Arc::new(InFlight::new(4));
         for _ in 0..20 {
             let p = l.try_acquire().unwrap();
-            l.release(p, Outcome::Overloaded);
+            p.release(Outcome::Overloaded);
         }
         assert_eq!(l.limit(), 1);
     }
@@ -284,13 +302,13 @@ mod tests {
     fn the_limit_stops_growing_when_the_store_queues_what_it_is_sent() {
         // A store that serves 32 requests at once in 10 ms: beyond that, each request waits
         // in it for its turn (its time grows with what is in flight).
-        let l = InFlight::new(1000);
+        let l = Arc::new(InFlight::new(1000));
         let mut places = Vec::new();
         fill(&l, &mut places);
         for _ in 0..5000 {
             let in_flight = places.len() as u32;
             let took = Duration::from_millis(10) * in_flight.div_ceil(32).max(1);
-            l.release(places.pop().unwrap(), Outcome::Served(took));
+            places.pop().unwrap().release(Outcome::Served(took));
             fill(&l, &mut places);
         }
         let limit = l.limit();
@@ -299,10 +317,10 @@ mod tests {
             "the limit grew to {limit} against a store that serves 32 at once"
         );
         // A store whose answers do not slow down lets it grow to the ceiling.
-        let l = InFlight::new(1000);
+        let l = Arc::new(InFlight::new(1000));
         fill(&l, &mut places);
         for _ in 0..5000 {
-            l.release(places.pop().unwrap(), Outcome::Served(MS * 10));
+            places.pop().unwrap().release(Outcome::Served(MS * 10));
             fill(&l, &mut places);
         }
         assert_eq!(l.limit(), 1000);
@@ -310,17 +328,29 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_waiting_fetch_gets_the_place_given_back() {
-        let l = std::sync::Arc::new(InFlight::new(1));
+        let l = Arc::new(InFlight::new(1));
         let first = l.acquire().await;
         let waiter = {
             let l = l.clone();
             tokio::spawn(async move { l.acquire().await })
         };
         tokio::task::yield_now().await;
-        l.release(first, Outcome::Served(MS));
+        first.release(Outcome::Served(MS));
         let second = waiter.await.unwrap();
         assert_eq!(l.in_flight(), 1);
-        l.release(second, Outcome::Served(MS));
+        second.release(Outcome::Served(MS));
         assert_eq!(l.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_permit_dropped_without_an_outcome_frees_its_place() {
+        let l = Arc::new(InFlight::new(1));
+        let first = l.try_acquire().unwrap();
+        assert!(l.try_acquire().is_none());
+        drop(first);
+        assert_eq!(l.in_flight(), 0);
+        let limit = l.limit();
+        assert!(l.try_acquire().is_some(), "the place is free again");
+        assert_eq!(l.limit(), limit, "an abandoned request says nothing of the store");
     }
 }

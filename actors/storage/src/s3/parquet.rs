@@ -145,7 +145,7 @@ async fn get_range(
         Ok(_) => Outcome::Served(asked.elapsed()),
         Err(_) => Outcome::Other,
     };
-    remote.limit.release(place, outcome);
+    place.release(outcome);
     remote
         .stats
         .limit
