@@ -19,8 +19,8 @@
 //!   broken connection) halves it, once per round trip (the failures of requests that were
 //!   already in flight when it was cut do not cut it again).
 
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -351,6 +351,10 @@ mod tests {
         assert_eq!(l.in_flight(), 0);
         let limit = l.limit();
         assert!(l.try_acquire().is_some(), "the place is free again");
-        assert_eq!(l.limit(), limit, "an abandoned request says nothing of the store");
+        assert_eq!(
+            l.limit(),
+            limit,
+            "an abandoned request says nothing of the store"
+        );
     }
 }

@@ -11,7 +11,7 @@ use joader_storage::ParquetReads;
 use metrics::{counter, gauge};
 
 use crate::procstat::process_stats;
-use crate::registry::{DatasetEntry, JobEntry, Retired, job_counts};
+use crate::registry::{DatasetEntry, JobCounts, JobEntry, Retired};
 use crate::state::AppState;
 
 /// Kinds of element failures (`StorageError::code`, `PipelineError::code`) seen in practice.
@@ -27,43 +27,53 @@ pub(super) const COMMON_FAILURE_KINDS: [&str; 6] = [
 /// Job states exported by `joader_jobs` (each scrape sets all of them, zeros included).
 pub(super) const JOB_STATES: [&str; 4] = ["waiting", "running", "finished", "failed"];
 
-/// The per-job integer counters, in the order of [`JobSeries::counts`].
-pub(super) const JOB_COUNTERS: [(&str, &str); 9] = [
+/// The per-job integer counters: (name, help, the counter of [`JobCounts`] it reports).
+type Count = fn(&JobCounts) -> u64;
+pub(super) const JOB_COUNTERS: [(&str, &str, Count); 9] = [
     (
         "joader_job_sampled_total",
         "deliveries the sampler decided for the job",
+        |c| c.sampled,
     ),
     (
         "joader_ring_pushed_total",
         "records pushed into the job's delivery rings (data and error records)",
+        |c| c.pushed,
     ),
     (
         "joader_ring_popped_total",
         "records the job's client took from its rings and acknowledged (ring occupancy = pushed - popped)",
+        |c| c.acknowledged,
     ),
     (
         "joader_job_delivered_samples_total",
         "samples the job's client received and acknowledged",
+        |c| c.acknowledged,
     ),
     (
         "joader_job_hits_total",
         "deliveries to the job served by a cached slot or another job's load in flight",
+        |c| c.hits,
     ),
     (
         "joader_job_misses_total",
         "deliveries to the job that needed a load of their own",
+        |c| c.misses,
     ),
     (
         "joader_job_errors_total",
         "elements that failed to load, delivered to the job as error records",
+        |c| c.errors,
     ),
     (
         "joader_job_waits_for_others_total",
         "times a unit (a rank's next batch) of the job waited for cache room other jobs held (records they had not acknowledged, elements they needed sooner) while its client had taken everything and had credit; zero while the cache holds two batches per reading rank",
+        |c| c.waited_for_others,
     ),
     (
         "joader_job_store_read_bytes_total",
         "bytes object stores sent for the loads the job's misses issued (a load shared with other jobs counts for the job whose miss issued it)",
+        |c| c.store_read_bytes,
     ),
 ];
 
@@ -76,7 +86,7 @@ pub(super) const JOB_COUNTERS: [(&str, &str); 9] = [
 /// `metrics_retention_s`) is dropped here too: its series end.
 pub(super) struct JobSeries {
     dataset: String,
-    counts: [u64; 9],
+    counts: JobCounts,
     stall: f64,
 }
 
@@ -264,14 +274,14 @@ fn job_labels(name: &str, dataset: &str) -> Labels {
 fn continue_series(series: &mut BTreeMap<String, JobSeries>, j: &JobEntry, retired: Retired) {
     let e = series.entry(j.name.clone()).or_insert_with(|| JobSeries {
         dataset: j.dataset.clone(),
-        counts: [0; 9],
+        counts: JobCounts::default(),
         stall: 0.0,
     });
     e.dataset = j.dataset.clone();
-    let now = job_counts(&j.stats);
-    for i in 0..now.len() {
-        e.counts[i] = e.counts[i].max(retired.counts[i] + now[i]);
-    }
+    let total = retired
+        .counts
+        .zip_with(JobCounts::of(&j.stats), u64::saturating_add);
+    e.counts = e.counts.zip_with(total, u64::max);
     e.stall = e
         .stall
         .max(retired.stall_s + j.stats.stall_us.load(Relaxed) as f64 / 1e6);
@@ -279,10 +289,10 @@ fn continue_series(series: &mut BTreeMap<String, JobSeries>, j: &JobEntry, retir
 
 /// The job counters and the stall time of every remembered name.
 fn series_families(series: &BTreeMap<String, JobSeries>, out: &mut Labelled) {
-    for (i, (metric, help)) in JOB_COUNTERS.iter().enumerate() {
+    for (metric, help, count) in JOB_COUNTERS {
         let rows = series
             .iter()
-            .map(|(name, e)| (job_labels(name, &e.dataset), e.counts[i] as f64))
+            .map(|(name, e)| (job_labels(name, &e.dataset), count(&e.counts) as f64))
             .collect();
         out.families.push((metric, "counter", help, rows));
     }

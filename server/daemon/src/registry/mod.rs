@@ -232,20 +232,48 @@ impl Inner {
     }
 }
 
-/// A job's integer counters, in the order the metrics export them (`metrics::record`).
-pub fn job_counts(s: &JobStats) -> [u64; 9] {
-    let acked = s.acknowledged.load(Relaxed);
-    [
-        s.sampled.load(Relaxed),
-        s.delivered.load(Relaxed),
-        acked,
-        acked,
-        s.hits.load(Relaxed),
-        s.misses.load(Relaxed),
-        s.errors.load(Relaxed),
-        s.waited_for_others.load(Relaxed),
-        s.store_read_bytes.load(Relaxed),
-    ]
+/// A job's integer counters, as the metrics export them (`metrics::record::JOB_COUNTERS`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobCounts {
+    pub sampled: u64,
+    /// Records pushed into the job's rings.
+    pub pushed: u64,
+    /// Records (samples) the client took and acknowledged.
+    pub acknowledged: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub errors: u64,
+    pub waited_for_others: u64,
+    pub store_read_bytes: u64,
+}
+
+impl JobCounts {
+    pub fn of(s: &JobStats) -> JobCounts {
+        JobCounts {
+            sampled: s.sampled.load(Relaxed),
+            pushed: s.delivered.load(Relaxed),
+            acknowledged: s.acknowledged.load(Relaxed),
+            hits: s.hits.load(Relaxed),
+            misses: s.misses.load(Relaxed),
+            errors: s.errors.load(Relaxed),
+            waited_for_others: s.waited_for_others.load(Relaxed),
+            store_read_bytes: s.store_read_bytes.load(Relaxed),
+        }
+    }
+
+    /// Applies `f` to each pair of counters.
+    pub fn zip_with(self, o: JobCounts, f: impl Fn(u64, u64) -> u64) -> JobCounts {
+        JobCounts {
+            sampled: f(self.sampled, o.sampled),
+            pushed: f(self.pushed, o.pushed),
+            acknowledged: f(self.acknowledged, o.acknowledged),
+            hits: f(self.hits, o.hits),
+            misses: f(self.misses, o.misses),
+            errors: f(self.errors, o.errors),
+            waited_for_others: f(self.waited_for_others, o.waited_for_others),
+            store_read_bytes: f(self.store_read_bytes, o.store_read_bytes),
+        }
+    }
 }
 
 /// A registration in progress: the job's parameters, and a channel whose sender is dropped
@@ -255,11 +283,11 @@ pub struct Registering {
     pub done: tokio::sync::watch::Receiver<()>,
 }
 
-/// What the stopped jobs of one name had counted, in the order of [`job_counts`], and when
+/// What the stopped jobs of one name had counted, and when
 /// the last of them stopped (the registry forgets the name `metrics_retention_s` later).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Retired {
-    pub counts: [u64; 9],
+    pub counts: JobCounts,
     pub stall_s: f64,
     pub at: Option<Instant>,
 }
@@ -267,12 +295,10 @@ pub struct Retired {
 impl Inner {
     /// Adds a stopped job's final counters to its name's retired counters.
     fn retire(&mut self, name: &str, stats: &JobStats) {
-        let now = job_counts(stats);
+        let now = JobCounts::of(stats);
         let stall = stats.stall_us.load(Relaxed) as f64 / 1e6;
         let r = self.retired.entry(name.to_string()).or_default();
-        for (acc, v) in r.counts.iter_mut().zip(now) {
-            *acc += v;
-        }
+        r.counts = r.counts.zip_with(now, u64::saturating_add);
         r.stall_s += stall;
         r.at = Some(Instant::now());
     }
