@@ -31,9 +31,22 @@ use parquet::file::metadata::{
 };
 use parquet::file::reader::{ChunkReader, Length};
 
-use super::bad;
-use super::reader::lock;
+use super::{ImageColumn, bad};
 use crate::StorageError;
+
+/// A file's descriptor and parsed footer.
+pub(super) struct OpenFile {
+    pub(super) file: Arc<Input>,
+    pub(super) meta: ParquetMetaData,
+    pub(super) image: ImageColumn,
+}
+
+/// Locks one of the reader's mutexes.
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves consistent state (inserts and removes
+    // are single operations): carry on with it.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// The tail of an object fetched to read its footer: one GET holds the footers of files as
 /// Hugging Face writes them (a few KiB); a larger footer takes a second.

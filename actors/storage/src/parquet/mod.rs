@@ -39,11 +39,12 @@ mod reader;
 mod small;
 mod snappy;
 
+use input::OpenFile;
 use input::{FileRead, read_ahead, read_file};
 pub(crate) use input::{Files, Input, Ranges};
+use reader::Found;
 pub(crate) use reader::Objects;
 pub use reader::ParquetReads;
-use reader::{Found, OpenFile};
 
 use super::fields::{FieldKind, Fields};
 use super::index::{IndexBuilder, SampleFields};

@@ -13,7 +13,7 @@ use parquet::errors::ParquetError;
 use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::serialized_reader::SerializedPageReader;
 
-use super::reader::{OpenFile, lock};
+use super::input::{OpenFile, lock};
 use super::snappy::{self, Span};
 
 /// Where a row's image bytes are.

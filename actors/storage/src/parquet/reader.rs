@@ -33,11 +33,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use parquet::data_type::ByteArray;
-use parquet::file::metadata::ParquetMetaData;
 
+use super::Input;
+use super::input::{OpenFile, lock};
 use super::pages::{self, Directory, Row, fewer_rows};
 use super::snappy;
-use super::{ImageColumn, Input};
 
 /// Files whose footer and descriptor are kept at once.
 pub(super) const MAX_OPEN_FILES: usize = 256;
@@ -78,13 +78,6 @@ struct Counters {
     decoded_hits: AtomicU64,
     field_groups: AtomicU64,
     field_hits: AtomicU64,
-}
-
-/// A file's descriptor and parsed footer.
-pub(super) struct OpenFile {
-    pub(super) file: Arc<Input>,
-    pub(super) meta: ParquetMetaData,
-    pub(super) image: ImageColumn,
 }
 
 /// A file's state: `None` until it is opened (a failed open leaves it `None`).
@@ -464,12 +457,6 @@ impl<K: Hash + Eq + Clone, V> Fifo<K, V> {
             }
         }
     }
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves consistent state (inserts and removes
-    // are single operations): carry on with it.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

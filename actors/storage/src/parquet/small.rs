@@ -30,7 +30,8 @@ use parquet::record::{Field, Row};
 use parquet::schema::types::{SchemaDescriptor, Type};
 
 use super::super::fields::{FieldKind, FieldSpec, Fields};
-use super::reader::{FieldValuesOfGroup, OpenFile, Reader};
+use super::input::OpenFile;
+use super::reader::{FieldValuesOfGroup, Reader};
 use super::{chunk_range, read_cells};
 use crate::fields::FieldValues;
 

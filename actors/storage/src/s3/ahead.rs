@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use super::fetch::Done;
+use super::request::Done;
 use super::stats::ObjectStats;
 use crate::StorageError;
 

@@ -15,9 +15,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use tokio::sync::mpsc;
 
-use super::fetch::{Request, SourceInner};
 use super::limit::Outcome;
 use super::remote::Remote;
+use super::request::{Request, SourceInner};
 use crate::tier::DiskTier;
 use crate::{Location, MAX_MEMBER_LEN, StorageError};
 

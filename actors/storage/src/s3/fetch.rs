@@ -15,7 +15,6 @@
 //! The Sampler asks for the bytes of what it picked beyond what the Cache loads now
 //! ([`S3Source::fetch_ahead`]); they wait in one bounded buffer for their load (`ahead`).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -29,10 +28,11 @@ use super::ahead::{Ahead, Reserve};
 use super::coalesce::dispatch;
 use super::limit::InFlight;
 use super::remote::Remote;
+use super::request::{Done, Request, SourceInner};
 use super::stats::{ObjectStats, Op};
 use super::{ObjectVersion, S3Allow, S3Dataset, S3Index, S3Layout, S3Url};
-use crate::tier::{Demand, DiskTier, Owner, TierKey};
-use crate::{DatasetIndex, Location, Progress, StorageError};
+use crate::tier::{Demand, DiskTier};
+use crate::{DatasetIndex, Progress, StorageError};
 
 /// How the stage talks to object stores.
 #[derive(Debug, Clone)]
@@ -59,22 +59,6 @@ impl Default for FetchConfig {
             ahead_bytes: super::ahead::DEFAULT_BYTES,
         }
     }
-}
-
-/// Called once with an element's bytes or why it could not be fetched, on a thread of the
-/// fetch stage, and the bytes the store sent for it (0 when they came from the disk tier or
-/// the fetch failed; a coalesced request's bytes between members count for none).
-pub type Done = Box<dyn FnOnce(Result<Vec<u8>, StorageError>, u64) + Send>;
-
-/// One queued element fetch.
-pub(super) struct Request {
-    pub(super) source: Arc<SourceInner>,
-    pub(super) element: u32,
-    pub(super) done: Done,
-    /// When it was queued.
-    pub(super) queued_at: std::time::Instant,
-    /// The disk tier was asked already (it missed): fetch from the store.
-    pub(super) tier_checked: bool,
 }
 
 /// The server's object-store access: its runtime, its limits and counters, the allowed list.
@@ -289,58 +273,6 @@ impl Drop for ObjectStores {
         // May be dropped on an async thread (an actor's): never wait for the runtime there.
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
-        }
-    }
-}
-
-/// What every fetch of one dataset shares.
-pub(super) struct SourceInner {
-    /// Unique in the process: its elements' keys in the fetch-ahead buffer.
-    id: u64,
-    pub(super) dataset: S3Dataset,
-    pub(super) index: Arc<DatasetIndex>,
-    /// Each indexed object's ETag, by key.
-    pub(super) etags: HashMap<String, String>,
-    /// The store's name in tier keys: its endpoint (or `aws`) and bucket.
-    store: String,
-    /// The elements its jobs still need this epoch (the tier's admission).
-    demand: Arc<Demand>,
-}
-
-impl SourceInner {
-    /// The ETag the index holds for `key`.
-    pub(super) fn etag(&self, key: &str) -> Option<&str> {
-        self.etags.get(key).map(String::as_str)
-    }
-
-    /// The tier key of `element`'s bytes (`None` when its object has no ETag: not stored).
-    pub(super) fn tier_key(&self, element: u32) -> Option<TierKey> {
-        let (object, range) = match self.index.location(element)? {
-            Location::File(key) => (key.to_string_lossy().into_owned(), None),
-            Location::TarMember { shard, offset, len } => (
-                self.index
-                    .shards()
-                    .get(shard as usize)?
-                    .to_string_lossy()
-                    .into_owned(),
-                Some(offset..offset + len),
-            ),
-            Location::ParquetRow { .. } => return None,
-        };
-        let etag = self.etag(&object)?.to_owned();
-        Some(TierKey {
-            store: self.store.clone(),
-            object,
-            etag,
-            range,
-        })
-    }
-
-    /// Whose element a stored object holds.
-    pub(super) fn owner(&self, element: u32) -> Owner {
-        Owner {
-            demand: Arc::downgrade(&self.demand),
-            element,
         }
     }
 }

@@ -32,9 +32,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use bytes::Bytes;
 use tokio::runtime::Handle;
 
-use super::fetch::Request;
 use super::limit::Outcome;
 use super::remote::Remote;
+use super::request::Request;
 use super::{ObjectStores, ObjectVersion, S3Dataset, files_of};
 use crate::parquet::{self as local, Files, Input, Objects, Ranges};
 use crate::{DatasetIndex, Progress, StorageError};
