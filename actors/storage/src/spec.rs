@@ -1,0 +1,194 @@
+//! [`SourceSpec`]: where a dataset comes from, as a request names it, and the checks of a
+//! spec before any indexing (its fields against what its kind can hold, its paths against the
+//! allowed roots).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fields::{self, FieldKind};
+use crate::{StorageError, s3};
+use crate::{manifest, roots};
+
+/// Where a dataset comes from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceSpec {
+    /// torchvision `ImageFolder`: one folder per class.
+    ImageFolder {
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        path: PathBuf,
+    },
+    /// WebDataset tar shards: each path is a `.tar` file or a folder of them.
+    TarShards {
+        #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
+        paths: Vec<PathBuf>,
+        /// The sample's fields, each `from` member extensions separated by `;` (WebDataset
+        /// names a key's members `0001.jpg`, `0001.txt`): one of kind `image` (default
+        /// `jpg;jpeg;png;webp`), at most one `class` (default `cls`; without one every
+        /// label is 0), and `text`, `json`, `npy`, `bytes` fields (default: the field's
+        /// name). Every key is then a sample and a key missing a declared field fails the
+        /// indexing, naming it. Default: the image and the `.cls` label.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(value_type = Option<std::collections::BTreeMap<String, fields::FieldSpec>>)
+        )]
+        fields: Option<fields::Fields>,
+    },
+    /// A CSV or JSON-lines list of `path, label`.
+    Manifest {
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        path: PathBuf,
+        /// The sample's fields, each `from` a CSV column (the CSV then needs a header) or a
+        /// JSON key: one of kind `image` (default `path`), at most one `class` (default
+        /// `label`; without one every label is 0), and `text` or `json` fields, whose values
+        /// are the cells, or `npy` or `bytes` fields, whose cells name files (relative to the
+        /// manifest's folder or absolute, under the allowed roots) read when the element is
+        /// loaded (default: the field's name). An entry missing a declared field, or whose
+        /// field's file is missing, fails the indexing, naming its line. Default: `path` and
+        /// `label`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(value_type = Option<std::collections::BTreeMap<String, fields::FieldSpec>>)
+        )]
+        fields: Option<fields::Fields>,
+    },
+    /// An S3-compatible object store: `url` is `s3://bucket/prefix` (for `manifest`, the
+    /// manifest object). Credentials come from the server's environment, never from here.
+    S3 {
+        url: String,
+        layout: s3::S3Layout,
+        /// The store's address (MinIO, Garage, Ceph RGW, R2); default: `AWS_ENDPOINT_URL`,
+        /// else AWS.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        endpoint: Option<String>,
+        /// Default: `AWS_REGION`, else `us-east-1`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        region: Option<String>,
+        /// The sample's fields, as for the local layout of the same name (`tar_shards`:
+        /// member extensions; `manifest`: columns or keys, `text` and `json` only;
+        /// `parquet`: top-level columns); an `image_folder` takes none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(value_type = Option<std::collections::BTreeMap<String, fields::FieldSpec>>)
+        )]
+        fields: Option<fields::Fields>,
+    },
+    /// Parquet files as the Hugging Face Hub stores image datasets: each path is a
+    /// `.parquet` file or a folder of them (not recursive; name one split's files).
+    Parquet {
+        #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
+        paths: Vec<PathBuf>,
+        /// The sample's fields, each `from` a top-level column: one of kind `image`, at most
+        /// one `class`, and `text`, `json`, `npy`, `bytes` fields (binary or string columns
+        /// give their bytes; a struct or list column a `json` document, a list of numbers an
+        /// `npy` array). Default: the column Hugging Face's metadata types as `Image`, else
+        /// the first one holding Hugging Face's image struct `{bytes, path}` or binary; and
+        /// the `label` column.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(value_type = Option<std::collections::BTreeMap<String, fields::FieldSpec>>)
+        )]
+        fields: Option<fields::Fields>,
+    },
+}
+
+/// The small-field kinds a source that holds every kind takes.
+const ALL_SMALL_KINDS: &[FieldKind] = &[
+    FieldKind::Text,
+    FieldKind::Json,
+    FieldKind::Npy,
+    FieldKind::Bytes,
+];
+
+impl SourceSpec {
+    /// Checks that the source kind can follow its `fields` declaration: `tar_shards`,
+    /// `parquet` and a local `manifest` take every kind; an `s3` manifest `text` and `json`
+    /// (its `npy`/`bytes` cells would name objects, each a request of its own per element);
+    /// an image folder none (an `s3` source as its layout).
+    pub fn check_fields(&self) -> Result<(), StorageError> {
+        let mut why = "";
+        let (fields, supported, kind): (_, &[FieldKind], _) = match self {
+            SourceSpec::TarShards { fields, .. }
+            | SourceSpec::S3 {
+                layout: s3::S3Layout::TarShards,
+                fields,
+                ..
+            } => (fields, ALL_SMALL_KINDS, "tar_shards"),
+            SourceSpec::Manifest { fields, .. } => (fields, ALL_SMALL_KINDS, "manifest"),
+            SourceSpec::S3 {
+                layout: s3::S3Layout::Manifest,
+                fields,
+                ..
+            } => {
+                why = ": an `s3` manifest's element is one object, fetched, kept on the disk \
+                       tier and fetched ahead as one; a file per field would be another \
+                       request per element outside all three. Keep the arrays as `.npy` \
+                       members of `tar_shards` or in a `parquet` column, or use a local \
+                       manifest";
+                (fields, manifest::TEXT_KINDS, "manifest")
+            }
+            SourceSpec::S3 {
+                layout: s3::S3Layout::ImageFolder,
+                fields: Some(_),
+                ..
+            } => {
+                return Err(StorageError::BadFields {
+                    reason: "an `image_folder` layout declares no fields (its samples are an \
+                             image and its folder's class)"
+                        .into(),
+                });
+            }
+            SourceSpec::Parquet { fields, .. }
+            | SourceSpec::S3 {
+                layout: s3::S3Layout::Parquet,
+                fields,
+                ..
+            } => (fields, ALL_SMALL_KINDS, "parquet"),
+            SourceSpec::ImageFolder { .. } | SourceSpec::S3 { .. } => return Ok(()),
+        };
+        match fields.as_ref().and_then(|f| f.unsupported(supported)) {
+            Some((name, k)) => Err(StorageError::BadFields {
+                reason: format!(
+                    "field `{name}`: a `{kind}` source cannot hold fields of kind `{}` (it \
+                     holds {}){why}",
+                    k.name(),
+                    supported
+                        .iter()
+                        .map(|k| format!("`{}`", k.name()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks, before any indexing, that the source's top-level paths lie under the allowed
+    /// roots (what lies below them is checked again while indexing). Only `OutsideRoots` is
+    /// reported here; missing paths fail the indexing with their own error.
+    pub fn check_roots(&self, allowed: &[PathBuf]) -> Result<(), StorageError> {
+        let roots = roots::Roots::new(allowed);
+        let paths: Vec<&Path> = match self {
+            SourceSpec::ImageFolder { path } | SourceSpec::Manifest { path, .. } => {
+                vec![path.as_path()]
+            }
+            SourceSpec::TarShards { paths, .. } | SourceSpec::Parquet { paths, .. } => {
+                paths.iter().map(PathBuf::as_path).collect()
+            }
+            // Checked against `--allowed-s3` by the object-store stage.
+            SourceSpec::S3 { .. } => Vec::new(),
+        };
+        for p in paths {
+            if let Err(e @ StorageError::OutsideRoots { .. }) = roots.check(p) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
