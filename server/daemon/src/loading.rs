@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use actors::service::{ElementSource, Fetched, LoadFailure, Place, Prepare, Prepared};
+use actors::service::{
+    Demand, ElementSource, Fetch, Fetched, LoadFailure, Place, Prepare, Prepared,
+};
 use dataplane::element_error;
 use joader_pipeline::{self as pipeline, Limits, Output, Pipeline, PipelineError};
 use joader_storage::s3::{self, ObjectStores, ObjectVersion, S3Source};
@@ -103,19 +105,25 @@ impl ElementSource for S3ElementSource {
         self.0.label(element)
     }
 
-    fn is_remote(&self) -> bool {
-        true
+    fn split(&self, element: u32, stored: Vec<u8>) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
+        split(self.0.index(), element, stored)
     }
 
+    fn fetching(&self) -> Option<&dyn Fetch> {
+        Some(self)
+    }
+
+    fn demand(&self) -> Option<&dyn Demand> {
+        Some(self)
+    }
+}
+
+impl Fetch for S3ElementSource {
     fn fetch(&self, element: u32, done: Fetched) {
         self.0.fetch(
             element,
             Box::new(move |r, n| done(r.map_err(|e| failure(&e)), n)),
         );
-    }
-
-    fn split(&self, element: u32, stored: Vec<u8>) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
-        split(self.0.index(), element, stored)
     }
 
     fn fetch_time(&self) -> Option<std::time::Duration> {
@@ -125,8 +133,10 @@ impl ElementSource for S3ElementSource {
     fn fetch_ahead(&self, element: u32) {
         self.0.fetch_ahead(element);
     }
+}
 
-    // What the jobs still need this epoch, for the disk tier's admission.
+// What the jobs still need this epoch, for the disk tier's admission.
+impl Demand for S3ElementSource {
     fn epoch_started(&self, job: u64, remaining: &roaring::RoaringBitmap) {
         self.0.epoch_started(job, remaining);
     }

@@ -237,11 +237,12 @@ impl Handler<Load> for Loader {
     fn handle(&mut self, msg: Load, _: &mut Context<Self>) {
         if let Some(tx) = &self.tx {
             self.stats.loader_queue.fetch_add(1, Relaxed);
-            if msg.source.is_remote() {
+            let source = msg.source.clone();
+            if let Some(stage) = source.fetching().filter(|f| f.is_remote()) {
                 // The bytes come from the source's fetch stage; a send after the Loader
                 // stopped finds no worker, and the load is dropped with the server.
-                let (tx, source, element) = (tx.clone(), msg.source.clone(), msg.element);
-                source.fetch(
+                let (tx, element) = (tx.clone(), msg.element);
+                stage.fetch(
                     element,
                     Box::new(move |r, n| drop(tx.send((msg, Some((r, n)))))),
                 );

@@ -121,51 +121,56 @@ pub trait ElementSource: Send + Sync {
         Ok((stored, Vec::new()))
     }
 
-    /// True for a source whose reads wait on the network (an object store): the Loader
-    /// then asks [`ElementSource::fetch`] instead of reading on a decode thread, so that a
-    /// slow request never holds one.
+    /// The source's own fetch stage, for a source that fetches (an object store's).
+    fn fetching(&self) -> Option<&dyn Fetch> {
+        None
+    }
+
+    /// What the source keeps of its jobs' needs, for a source that keeps it (a remote
+    /// source's disk tier, whose admission asks it).
+    fn demand(&self) -> Option<&dyn Demand> {
+        None
+    }
+}
+
+/// An element source's fetch stage: its reads on the network, and its bytes fetched ahead.
+pub trait Fetch: Send + Sync {
+    /// True when reads wait on the network: the Loader then asks [`Fetch::fetch`] instead of
+    /// reading on a decode thread, so that a slow request never holds one.
     fn is_remote(&self) -> bool {
-        false
+        true
     }
 
     /// Starts reading `element` in the source's own fetch stage; `done` gets the bytes. Only
-    /// called when [`ElementSource::is_remote`].
-    fn fetch(&self, element: u32, done: Fetched) {
-        done(self.read(element), 0);
-    }
+    /// called when [`Fetch::is_remote`].
+    fn fetch(&self, element: u32, done: Fetched);
 
     /// How long fetching an element takes now, for a source that fetches ahead (a remote
     /// source with a fetch-ahead buffer): the Sampler then samples its jobs that much further
     /// ahead and holds those picks back a while, and the Cache asks the source for their bytes
-    /// meanwhile ([`ElementSource::fetch_ahead`]; see `sampler::ahead`). `None`: no
-    /// fetch-ahead.
+    /// meanwhile ([`Fetch::fetch_ahead`]; see `sampler::ahead`). `None`: no fetch-ahead.
     fn fetch_time(&self) -> Option<std::time::Duration> {
         None
     }
 
     /// Starts fetching `element`'s bytes for a load to come (only called when
-    /// [`ElementSource::fetch_time`] is `Some`, by the Cache, for an element it neither holds
-    /// nor loads).
+    /// [`Fetch::fetch_time`] is `Some`, by the Cache, for an element it neither holds nor
+    /// loads).
     fn fetch_ahead(&self, element: u32) {
         let _ = element;
     }
+}
 
-    /// The Cache's news of a job, for a source that keeps what jobs still need (a remote
-    /// source's disk tier): `job` starts an epoch needing `remaining` (its subset, or a
-    /// resumed epoch's rest).
-    fn epoch_started(&self, job: JobId, remaining: &RoaringBitmap) {
-        let _ = (job, remaining);
-    }
+/// The Cache's news of its jobs, for a source that keeps what they still need.
+pub trait Demand: Send + Sync {
+    /// `job` starts an epoch needing `remaining` (its subset, or a resumed epoch's rest).
+    fn epoch_started(&self, job: JobId, remaining: &RoaringBitmap);
 
     /// `job` was handed `element` in its current epoch (queued for its ring).
-    fn delivered(&self, job: JobId, element: u32) {
-        let _ = (job, element);
-    }
+    fn delivered(&self, job: JobId, element: u32);
 
     /// `job` closed.
-    fn job_closed(&self, job: JobId) {
-        let _ = job;
-    }
+    fn job_closed(&self, job: JobId);
 }
 
 /// The shared, deterministic part of the preparation (decode, resize, crop).

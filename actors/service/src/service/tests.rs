@@ -96,7 +96,7 @@ enum News {
     FetchAhead(u32),
 }
 
-impl ElementSource for Source {
+impl Demand for Source {
     fn epoch_started(&self, job: JobId, remaining: &RoaringBitmap) {
         self.news
             .lock()
@@ -112,8 +112,28 @@ impl ElementSource for Source {
     fn job_closed(&self, job: JobId) {
         self.news.lock().unwrap().push(News::Closed(job));
     }
+}
+
+/// The test source reads on the loader threads (not remote); it only records what the Cache
+/// asks it to fetch ahead.
+impl Fetch for Source {
+    fn is_remote(&self) -> bool {
+        false
+    }
+    fn fetch(&self, _: u32, _: crate::service::messages::Fetched) {
+        unreachable!("a source that is not remote is read, not fetched")
+    }
     fn fetch_ahead(&self, element: u32) {
         self.news.lock().unwrap().push(News::FetchAhead(element));
+    }
+}
+
+impl ElementSource for Source {
+    fn fetching(&self) -> Option<&dyn Fetch> {
+        Some(self)
+    }
+    fn demand(&self) -> Option<&dyn Demand> {
+        Some(self)
     }
     fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure> {
         self.reads.fetch_add(1, Relaxed);

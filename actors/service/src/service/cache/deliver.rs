@@ -37,17 +37,17 @@ impl CacheActor {
                 if let Some(remaining) = resumed {
                     // A resumed epoch starts: only what remains of it is needed once more.
                     self.epoch_started(msg.dataset, pipeline, &remaining);
-                    if let Some(s) = &source {
-                        s.epoch_started(item.job, &remaining);
+                    if let Some(d) = source.as_ref().and_then(|s| s.demand()) {
+                        d.epoch_started(item.job, &remaining);
                     }
                 } else if item.position == 0 {
                     self.epoch_started(msg.dataset, pipeline, &subset);
-                    if let Some(s) = &source {
-                        s.epoch_started(item.job, &subset);
+                    if let Some(d) = source.as_ref().and_then(|s| s.demand()) {
+                        d.epoch_started(item.job, &subset);
                     }
                 }
-                if let Some(s) = &source {
-                    s.delivered(item.job, group.element);
+                if let Some(d) = source.as_ref().and_then(|s| s.demand()) {
+                    d.delivered(item.job, group.element);
                 }
                 let key = CacheKey::new(msg.dataset, pipeline, group.element);
                 self.stats.requests.fetch_add(1, Relaxed);
@@ -87,6 +87,9 @@ impl CacheActor {
     /// for one job and then for another, or again in a later epoch, while it is cached, is
     /// not fetched again.
     fn fetch_ahead(&self, source: &dyn ElementSource, dataset: DatasetId, ahead: &[(u32, JobId)]) {
+        let Some(stage) = source.fetching() else {
+            return;
+        };
         for &(element, job) in ahead {
             let Some(j) = self.jobs.get(&job) else {
                 continue;
@@ -96,7 +99,7 @@ impl CacheActor {
                 || self.loading.contains_key(&key)
                 || self.pending.contains_key(&key))
             {
-                source.fetch_ahead(element);
+                stage.fetch_ahead(element);
             }
         }
     }

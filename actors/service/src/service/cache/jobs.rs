@@ -110,8 +110,8 @@ impl CacheActor {
         job.stats.closed.store(true, Relaxed);
         self.charged
             .retain(|_, (stats, _)| !std::sync::Arc::ptr_eq(stats, &job.stats));
-        if let Some(source) = self.sources.get(&job.dataset) {
-            source.job_closed(id);
+        if let Some(d) = self.sources.get(&job.dataset).and_then(|s| s.demand()) {
+            d.job_closed(id);
         }
         // The last job of a dataset forgets its source (the dataset may be deleted: its index
         // must not live on here). Loads in flight hold their own reference.

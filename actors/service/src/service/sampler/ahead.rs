@@ -103,7 +103,7 @@ impl FetchAhead {
 
     /// How long a fetch takes now (`None`: the source no longer fetches ahead).
     pub(super) fn fetch_time(&self) -> Option<Duration> {
-        self.source.fetch_time()
+        self.source.fetching().and_then(|f| f.fetch_time())
     }
 
     /// A job joins with `credit` and `lookahead` (its depth is set once it starts).

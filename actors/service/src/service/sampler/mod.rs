@@ -133,7 +133,7 @@ impl SamplerActor {
     /// Samples the jobs ahead and asks `source` for the bytes of their picks before the Cache
     /// loads them, when the source fetches ahead (see [`ahead`]).
     pub fn with_fetch_ahead(mut self, source: Arc<dyn ElementSource>) -> Self {
-        if source.fetch_time().is_some() {
+        if source.fetching().and_then(|f| f.fetch_time()).is_some() {
             self.ahead = Some(ahead::FetchAhead::new(source));
         }
         self

@@ -3,6 +3,7 @@
 //! ([`WindowOver`]), so that sharing is the algorithm's, not timing's.
 
 use super::*;
+use crate::service::messages::Fetch;
 use roaring::RoaringBitmap;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -356,6 +357,15 @@ impl ElementSource for Remote {
     }
     fn label(&self, _: u32) -> i64 {
         0
+    }
+    fn fetching(&self) -> Option<&dyn Fetch> {
+        Some(self)
+    }
+}
+
+impl Fetch for Remote {
+    fn fetch(&self, _: u32, _: crate::service::messages::Fetched) {
+        unreachable!("the sampler fetches nothing")
     }
     // Instant fetches: the depth is the lookahead once the rate is known, two lookaheads
     // before, whatever the rate the test's clock makes of its credit.
