@@ -93,7 +93,7 @@ fn failure(e: &StorageError) -> LoadFailure {
 }
 
 /// An `s3` dataset read through the object-store stage: the Loader hands its loads to the
-/// stage ([`ElementSource::fetch`]), and its decode threads get the bytes.
+/// stage ([`Fetch::fetch`]), and its decode threads get the bytes.
 pub struct S3ElementSource(pub S3Source);
 
 impl ElementSource for S3ElementSource {

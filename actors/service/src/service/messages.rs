@@ -213,7 +213,7 @@ pub struct Deliver {
     pub ends: Vec<EndAt>,
     /// Picks `(element, job)` the Sampler holds back for a while (a dataset read from an
     /// object store): the Cache asks the source for their bytes ahead
-    /// ([`ElementSource::fetch_ahead`]) unless the element is cached, loading or pending.
+    /// ([`Fetch::fetch_ahead`]) unless the element is cached, loading or pending.
     pub ahead: Vec<(u32, JobId)>,
 }
 
