@@ -79,7 +79,7 @@ impl std::fmt::Display for PolicyKind {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+struct Tracked {
     inserted: u64,
     used: u64,
     refcount: u32,
@@ -93,7 +93,7 @@ type Rank = (u64, u64, u64);
 #[derive(Debug, Clone)]
 pub struct Policy {
     kind: PolicyKind,
-    entries: HashMap<u64, Entry>,
+    entries: HashMap<u64, Tracked>,
     /// Evictable keys by eviction priority (smallest first); unused by Random.
     order: BTreeSet<(Rank, u64)>,
     /// Evictable keys for Random, with each key's index in the vector.
@@ -141,7 +141,7 @@ impl Policy {
         }
     }
 
-    fn rank(&self, e: &Entry) -> Rank {
+    fn rank(&self, e: &Tracked) -> Rank {
         match self.kind {
             PolicyKind::Fifo => (e.inserted, 0, 0),
             PolicyKind::Lru => (e.used, 0, 0),
@@ -155,7 +155,7 @@ impl Policy {
         }
     }
 
-    fn add_candidate(&mut self, key: u64, e: Entry) {
+    fn add_candidate(&mut self, key: u64, e: Tracked) {
         if self.kind == PolicyKind::Random {
             self.pool_index.insert(key, self.pool.len());
             self.pool.push(key);
@@ -165,7 +165,7 @@ impl Policy {
         }
     }
 
-    fn drop_candidate(&mut self, key: u64, e: Entry) {
+    fn drop_candidate(&mut self, key: u64, e: Tracked) {
         if self.kind == PolicyKind::Random {
             if let Some(i) = self.pool_index.remove(&key) {
                 self.pool.swap_remove(i);
@@ -180,7 +180,7 @@ impl Policy {
     }
 
     /// Changes an entry, keeping the candidate order in step.
-    fn update(&mut self, key: u64, f: impl FnOnce(&mut Entry)) {
+    fn update(&mut self, key: u64, f: impl FnOnce(&mut Tracked)) {
         let Some(&old) = self.entries.get(&key) else {
             return;
         };
@@ -209,7 +209,7 @@ impl Policy {
             });
             return;
         }
-        let e = Entry {
+        let e = Tracked {
             inserted: now,
             used: now,
             refcount,

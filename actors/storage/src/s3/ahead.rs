@@ -47,7 +47,7 @@ pub(super) struct Ahead {
 
 #[derive(Default)]
 struct State {
-    entries: HashMap<Key, Entry>,
+    entries: HashMap<Key, Buffered>,
     /// Bytes of the ready entries plus the estimates of those being fetched.
     bytes: u64,
     /// Elements fetched ahead and their bytes, for the estimate.
@@ -57,7 +57,7 @@ struct State {
     swept: Option<Instant>,
 }
 
-enum Entry {
+enum Buffered {
     Fetching {
         estimate: u64,
         /// A load that came while the bytes were on their way.
@@ -90,7 +90,7 @@ impl State {
         let mut freed = 0;
         let mut dropped = 0;
         self.entries.retain(|_, e| match e {
-            Entry::Ready { bytes, at, .. } if now.duration_since(*at) >= STALE => {
+            Buffered::Ready { bytes, at, .. } if now.duration_since(*at) >= STALE => {
                 freed += bytes.len() as u64;
                 dropped += 1;
                 false
@@ -150,7 +150,7 @@ impl Ahead {
         s.bytes += estimate;
         s.entries.insert(
             key,
-            Entry::Fetching {
+            Buffered::Fetching {
                 estimate,
                 waiter: None,
             },
@@ -164,7 +164,7 @@ impl Ahead {
     /// here for it (a failure is forgotten unless a load waits).
     pub(super) fn fetched(&self, key: Key, result: Result<Vec<u8>, StorageError>, sent: u64) {
         let mut s = self.lock();
-        let Some(Entry::Fetching { estimate, waiter }) = s.entries.remove(&key) else {
+        let Some(Buffered::Fetching { estimate, waiter }) = s.entries.remove(&key) else {
             return;
         };
         s.bytes -= estimate;
@@ -182,7 +182,7 @@ impl Ahead {
                 s.bytes += bytes.len() as u64;
                 s.entries.insert(
                     key,
-                    Entry::Ready {
+                    Buffered::Ready {
                         bytes,
                         sent,
                         at: Instant::now(),
@@ -202,13 +202,13 @@ impl Ahead {
     pub(super) fn take(&self, key: Key, done: Done) -> Option<Done> {
         let mut s = self.lock();
         match s.entries.get_mut(&key) {
-            Some(Entry::Fetching { waiter, .. }) if waiter.is_none() => {
+            Some(Buffered::Fetching { waiter, .. }) if waiter.is_none() => {
                 *waiter = Some(done);
                 self.stats.ahead_joined.fetch_add(1, Relaxed);
                 None
             }
-            Some(Entry::Ready { .. }) => {
-                let Some(Entry::Ready { bytes, sent, .. }) = s.entries.remove(&key) else {
+            Some(Buffered::Ready { .. }) => {
+                let Some(Buffered::Ready { bytes, sent, .. }) = s.entries.remove(&key) else {
                     unreachable!("matched above");
                 };
                 s.bytes -= bytes.len() as u64;
@@ -330,7 +330,7 @@ mod tests {
         {
             let mut s = a.lock();
             let old = Instant::now() - STALE;
-            if let Some(Entry::Ready { at, .. }) = s.entries.get_mut(&(1, 0)) {
+            if let Some(Buffered::Ready { at, .. }) = s.entries.get_mut(&(1, 0)) {
                 *at = old;
             }
             s.swept = None;

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 pub const SCAN: usize = 256;
 
 #[derive(Debug, Clone)]
-struct Entry<O> {
+struct StoredObject<O> {
     len: u64,
     used: u64,
     owner: Option<O>,
@@ -46,7 +46,7 @@ pub struct TierIndex<O> {
     capacity: u64,
     used_bytes: u64,
     clock: u64,
-    entries: HashMap<u128, Entry<O>>,
+    entries: HashMap<u128, StoredObject<O>>,
     /// Objects by last use, least recent first.
     order: BTreeMap<u64, u128>,
 }
@@ -115,7 +115,7 @@ impl<O: Clone> TierIndex<O> {
         let used = self.tick();
         self.entries.insert(
             name,
-            Entry {
+            StoredObject {
                 len,
                 used,
                 owner,

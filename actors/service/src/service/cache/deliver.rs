@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use roaring::RoaringBitmap;
 
-use super::{CacheActor, Entry, Pending};
+use super::{CacheActor, Pending, RingRecord};
 use crate::service::messages::{
     CacheKey, DatasetId, Deliver, ElementSource, EndAt, JobId, PipelineId,
 };
@@ -63,7 +63,7 @@ impl CacheActor {
                 counter.0.fetch_add(1, Relaxed);
                 counter.1.fetch_add(1, Relaxed);
                 if let Some(job) = self.jobs.get_mut(&item.job) {
-                    job.rings[rank].queue.push_back(Entry::Item {
+                    job.rings[rank].queue.push_back(RingRecord::Item {
                         key,
                         element: group.element,
                         epoch: item.epoch,
@@ -183,9 +183,10 @@ impl CacheActor {
     fn queue_end(&mut self, end: &EndAt) {
         if let Some(j) = self.jobs.get_mut(&end.job) {
             for rr in &mut j.rings {
-                rr.queue.push_back(Entry::EndOfEpoch { epoch: end.epoch });
+                rr.queue
+                    .push_back(RingRecord::EndOfEpoch { epoch: end.epoch });
                 if end.finished {
-                    rr.queue.push_back(Entry::EndOfStream);
+                    rr.queue.push_back(RingRecord::EndOfStream);
                 }
             }
         }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use dataplane::{SlotMeta, SlotRef, element_error};
 
-use super::{CacheActor, Entry, Loading, Pending, SlotEntry};
+use super::{CacheActor, Loading, Pending, RingRecord, SlotEntry};
 use crate::service::messages::{CacheKey, JobId, Load, Loaded, PipelineId, Prepare, Prepared};
 
 /// A prepared payload that found no room yet.
@@ -143,7 +143,7 @@ impl CacheActor {
         self.jobs.values().find_map(|job| {
             job.rings.iter().find_map(|rr| {
                 rr.queue.iter().find_map(|entry| match *entry {
-                    Entry::Item { key: k, epoch, .. } if k == key => {
+                    RingRecord::Item { key: k, epoch, .. } if k == key => {
                         Some((job.stats.clone(), u64::from(epoch)))
                     }
                     _ => None,
@@ -296,7 +296,7 @@ impl CacheActor {
             for rr in &job.rings {
                 let ahead = rr.ring.pushed() - rr.ring.consumer_position().min(rr.ring.pushed());
                 for (i, entry) in rr.queue.iter().enumerate() {
-                    if let Entry::Item { key, .. } = *entry {
+                    if let RingRecord::Item { key, .. } = *entry {
                         let unit = (ahead + i as u64) / batch;
                         let need = Need {
                             time: (unit * batch) as f64 / rate,

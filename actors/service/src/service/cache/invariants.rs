@@ -18,7 +18,7 @@
 use crate::service::messages::CacheKey;
 use std::collections::{HashMap, HashSet};
 
-use super::{CacheActor, Entry};
+use super::{CacheActor, RingRecord};
 
 impl CacheActor {
     /// Counts a handled message (or poll) and runs the full check when it is due (debug
@@ -153,7 +153,7 @@ impl CacheActor {
         let mut queued: HashMap<CacheKey, u32> = HashMap::new();
         for rr in self.jobs.values().flat_map(|j| &j.rings) {
             for entry in &rr.queue {
-                if let Entry::Item { key, .. } = *entry {
+                if let RingRecord::Item { key, .. } = *entry {
                     *queued.entry(key).or_default() += 1;
                 }
             }

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use super::{CacheActor, CacheJob, Entry, RankRing};
+use super::{CacheActor, CacheJob, RankRing, RingRecord};
 use crate::service::messages::{JobId, JobSignal, OpenJob, OpenJobError, RingInfo};
 use crate::service::stats::JobState;
 
@@ -100,7 +100,7 @@ impl CacheActor {
         }
         for rr in job.rings.drain(..) {
             for entry in rr.queue {
-                if let Entry::Item { key, .. } = entry {
+                if let RingRecord::Item { key, .. } = entry {
                     self.unref(key);
                 }
             }

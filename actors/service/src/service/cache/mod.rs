@@ -110,7 +110,7 @@ struct Pending {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Entry {
+enum RingRecord {
     Item {
         key: CacheKey,
         element: u32,
@@ -125,7 +125,7 @@ enum Entry {
 
 struct RankRing {
     ring: RingWriter,
-    queue: VecDeque<Entry>,
+    queue: VecDeque<RingRecord>,
     /// How many entries at the queue's front are known ready (cached, failed, or an end), at
     /// most one unit; `ready_items` of them are items.
     ready: usize,

@@ -9,17 +9,17 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::flow::{Need, need_of};
-use super::{CacheActor, Entry, JobId, RankRing};
+use super::{CacheActor, JobId, RankRing, RingRecord};
 use crate::service::stats::JobState;
 
 impl CacheActor {
     /// The entry can be pushed now.
-    pub(super) fn is_ready(&self, entry: &Entry) -> bool {
+    pub(super) fn is_ready(&self, entry: &RingRecord) -> bool {
         match entry {
-            Entry::Item { key, .. } => {
+            RingRecord::Item { key, .. } => {
                 self.slots.contains_key(key) || self.failed.contains_key(key)
             }
-            Entry::EndOfEpoch { .. } | Entry::EndOfStream => true,
+            RingRecord::EndOfEpoch { .. } | RingRecord::EndOfStream => true,
         }
     }
 
@@ -32,15 +32,15 @@ impl CacheActor {
             }
             rr.ready += 1;
             match entry {
-                Entry::Item { .. } => rr.ready_items += 1,
-                Entry::EndOfEpoch { .. } | Entry::EndOfStream => break,
+                RingRecord::Item { .. } => rr.ready_items += 1,
+                RingRecord::EndOfEpoch { .. } | RingRecord::EndOfStream => break,
             }
         }
         rr.ready_items == batch
             || (rr.ready > 0
                 && matches!(
                     rr.queue[rr.ready - 1],
-                    Entry::EndOfEpoch { .. } | Entry::EndOfStream
+                    RingRecord::EndOfEpoch { .. } | RingRecord::EndOfStream
                 ))
     }
 
@@ -112,7 +112,7 @@ impl CacheActor {
     fn push(
         &mut self,
         rr: &mut RankRing,
-        entry: Entry,
+        entry: RingRecord,
         stats: &crate::service::stats::JobStats,
         epoch_end: Option<(u64, u64)>,
     ) -> Result<(), dataplane::Error> {
@@ -122,13 +122,13 @@ impl CacheActor {
         // end record (its state moves to the next epoch with the other ranks').
         // With the job's own positions a rank's last position of an epoch is known too (the
         // end may come with a later pass when other ranks' last elements come later).
-        let last = matches!(rr.queue.front(), Some(Entry::EndOfEpoch { .. }))
+        let last = matches!(rr.queue.front(), Some(RingRecord::EndOfEpoch { .. }))
             || epoch_end.is_some_and(|(n, ranks)| match entry {
-                Entry::Item { position, .. } => u64::from(position) + ranks >= n,
+                RingRecord::Item { position, .. } => u64::from(position) + ranks >= n,
                 _ => false,
             });
         match entry {
-            Entry::Item {
+            RingRecord::Item {
                 key,
                 element,
                 epoch,
@@ -162,13 +162,13 @@ impl CacheActor {
                     debug_assert!(false, "key {key:#x} pushed neither cached nor failed");
                 }
             }
-            Entry::EndOfEpoch { epoch } => {
+            RingRecord::EndOfEpoch { epoch } => {
                 rr.ring
                     .push_end_of_epoch(u64::from(epoch), rr.epoch_count)?;
                 rr.shadow.push_back(false);
                 rr.epoch_count = 0;
             }
-            Entry::EndOfStream => {
+            RingRecord::EndOfStream => {
                 // Finished before the client can see the end: a client that reads it and then
                 // asks the API about its job finds it finished, not still running.
                 let before = stats.state();
@@ -256,7 +256,7 @@ impl CacheActor {
                 let (mut records, mut items, mut keys) = (0u64, 0usize, Vec::new());
                 for entry in &rr.queue {
                     records += 1;
-                    let Entry::Item { key, .. } = *entry else {
+                    let RingRecord::Item { key, .. } = *entry else {
                         break;
                     };
                     if self.waiting.contains_key(&key) {
