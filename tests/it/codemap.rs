@@ -3,7 +3,7 @@
 //! fails the test command.
 //!
 //! The map is a list of bullets. A bullet that opens with a folder in backticks
-//! (`` `actors/service/src/service/` — ``) is that folder's entry; a file under it is named there,
+//! (`` `actors/service/src/` — ``) is that folder's entry; a file under it is named there,
 //! or in the bullets nested under it, by its name in backticks (`` `pace.rs` ``) with each
 //! folder between the entry's folder and the file named with a slash (`` `sampler/` ``), or
 //! by its path from the entry's folder (`` `tree/draw.rs` ``) or from the repository's root. The deepest entry whose folder holds the file is the one that must name

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use actix::{Actor, AsyncContext};
 use actix_web::{App, HttpServer, web};
-use actors::service::{CacheActor, CacheConfig, CacheStats, Loader, Shutdown};
+use actors::{CacheActor, CacheConfig, CacheStats, Loader, Shutdown};
 use anyhow::{Context, Result};
 use dataplane::{SegmentConfig, Writer};
 use utoipa_actix_web::AppExt;

@@ -4,9 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use actors::service::{
-    Demand, ElementSource, Fetch, Fetched, LoadFailure, Place, Prepare, Prepared,
-};
+use actors::{Demand, ElementSource, Fetch, Fetched, LoadFailure, Place, Prepare, Prepared};
 use dataplane::element_error;
 use joader_pipeline::{self as pipeline, Limits, Output, Pipeline, PipelineError};
 use joader_storage::s3::{self, ObjectStores, ObjectVersion, S3Source};

@@ -14,13 +14,13 @@ pub static FETCH: Stage = Stage::new("fetch");
 
 /// The daemon's stages, in the order the metrics list them.
 pub static SERVER: [&Stage; 11] = [
-    &actors::service::stages::READ,
+    &actors::stages::READ,
     &joader_pipeline::DECODE,
     &joader_pipeline::RESIZE,
-    &actors::service::stages::LOADER,
-    &actors::service::stages::SLOT_WRITE,
-    &actors::service::stages::CACHE,
-    &actors::service::stages::SAMPLER,
+    &actors::stages::LOADER,
+    &actors::stages::SLOT_WRITE,
+    &actors::stages::CACHE,
+    &actors::stages::SAMPLER,
     &HTTP,
     &METRICS,
     &FETCH,

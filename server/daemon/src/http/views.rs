@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use actors::service::JobState;
+use actors::JobState;
 use joader_core::sampling::SamplerKind;
 use joader_pipeline::Pipeline;
 use joader_storage::SourceSpec;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
-use actors::service::JobState;
+use actors::JobState;
 use joader_storage::ParquetReads;
 use metrics::{counter, gauge};
 

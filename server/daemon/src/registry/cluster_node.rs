@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use actix::Recipient;
-use actors::service::{DatasetId, JobId, JobSignal, JobStats, RemoveJob};
+use actors::{DatasetId, JobId, JobSignal, JobStats, RemoveJob};
 use futures::future::LocalBoxFuture;
 
 use super::jobs::JobRequest;

@@ -17,9 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use actix::Addr;
-use actors::service::{
-    CacheActor, CacheStats, ElementSource, JobState, JobStats, RingInfo, SamplerActor,
-};
+use actors::{CacheActor, CacheStats, ElementSource, JobState, JobStats, RingInfo, SamplerActor};
 use joader_pipeline::Pipeline;
 use joader_storage::DatasetIndex;
 use joader_storage::s3::{ObjectChanges, ObjectStores};
@@ -373,7 +371,7 @@ pub struct JobEntry {
     pub stats: Arc<JobStats>,
     pub rings: Vec<RingInfo>,
     /// What samples the job: its dataset's Sampler, or the node's agent (multi-node jobs).
-    pub sampler: actix::Recipient<actors::service::RemoveJob>,
+    pub sampler: actix::Recipient<actors::RemoveJob>,
     pub created: Instant,
     /// The dataset's fingerprint when the job registered (`DatasetIndex::fingerprint`).
     pub fingerprint: String,

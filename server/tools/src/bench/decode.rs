@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::{Actor, Addr, Handler};
-use actors::service::{CacheStats, ElementSource, Load, LoadFailure, Loaded, Loader, Prepare};
+use actors::{CacheStats, ElementSource, Load, LoadFailure, Loaded, Loader, Prepare};
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use joader_pipeline::{self as pipeline, Limits, Pipeline};

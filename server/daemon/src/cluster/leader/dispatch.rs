@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::actors::service::Deliver;
+use ::actors::Deliver;
 use actix::prelude::*;
 
 use super::{Inner, Leader};
@@ -83,7 +83,7 @@ impl Leader {
 }
 
 /// A job's epoch ended: pad its nodes to their quota, then end the epoch on each.
-fn end_epoch(inner: &mut Inner, end: &::actors::service::EndAt) {
+fn end_epoch(inner: &mut Inner, end: &::actors::EndAt) {
     let Some(job) = inner.jobs.get_mut(&end.job).filter(|j| j.live()) else {
         return;
     };

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ::actors::service::{AddJob, JobStats, SamplerActor};
+use ::actors::{AddJob, JobStats, SamplerActor};
 use actix::Actor;
 use joader_core::cluster::{EpochPlacer, node_key};
 use joader_core::sampling::SamplerKind;
@@ -89,7 +89,7 @@ impl Leader {
             .entry(dataset)
             .or_insert_with(|| {
                 let tick = self.tick;
-                let stats = Arc::new(::actors::service::CacheStats::default());
+                let stats = Arc::new(::actors::CacheStats::default());
                 SamplerActor::start_in_arbiter(&arbiter, move |_| {
                     SamplerActor::new(0, dispatch.recipient(), tick, stats)
                 })

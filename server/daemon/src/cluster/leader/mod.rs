@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ::actors::service::{JobSignal, RemoveJob, SamplerActor};
+use ::actors::{JobSignal, RemoveJob, SamplerActor};
 use actix::prelude::*;
 use joader_core::cluster::{EpochPlacer, node_key};
 use tokio::sync::Notify;

@@ -5,9 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 
-use ::actors::service::{
-    DatasetId, Deliver, DeliverGroup, DeliverItem, EndAt, JobId, JobSignal, RemoveJob,
-};
+use ::actors::{DatasetId, Deliver, DeliverGroup, DeliverItem, EndAt, JobId, JobSignal, RemoveJob};
 use actix::prelude::*;
 
 use super::{NodeAgent, Tracked};

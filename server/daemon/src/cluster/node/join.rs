@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::actors::service::{DatasetId, JobId, JobSignal, JobStats, RemoveJob};
+use ::actors::{DatasetId, JobId, JobSignal, JobStats, RemoveJob};
 use actix::prelude::*;
 use futures::future::LocalBoxFuture;
 

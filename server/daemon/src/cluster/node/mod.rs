@@ -30,7 +30,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use ::actors::service::{CloseJob, DatasetId, JobId, JobState, JobStats};
+use ::actors::{CloseJob, DatasetId, JobId, JobState, JobStats};
 use actix::prelude::*;
 
 use super::{

@@ -9,7 +9,7 @@ use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr, Recipient};
-use actors::service::{
+use actors::{
     AddJob, CloseJob, DatasetId, ElementSource, JobId, JobSignal, JobStats, OpenJob, OpenJobError,
     PipelineId, RemoveJob, RingInfo, SamplerActor,
 };

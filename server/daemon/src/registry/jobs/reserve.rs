@@ -4,7 +4,7 @@
 //! with other parameters. The name is reserved before the registration's first await, so
 //! that ranks arriving together (as torchrun starts them) create the job once and join it.
 
-use actors::service::JobState;
+use actors::JobState;
 use tokio::sync::watch;
 
 use super::request::JobRequest;

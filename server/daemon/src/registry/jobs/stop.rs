@@ -1,7 +1,7 @@
 //! Stopping a job: no more sampling, its rings closed and its slots released, its counters
 //! retired under its name.
 
-use actors::service::{CloseJob, JobState, RemoveJob};
+use actors::{CloseJob, JobState, RemoveJob};
 
 use crate::error::{Error, Result};
 use crate::registry::Registry;

@@ -5,7 +5,7 @@
 use dataplane::SlotRef;
 
 use super::{CacheActor, CacheJob, RankRing};
-use crate::service::messages::{JobId, JobSignal};
+use crate::messages::{JobId, JobSignal};
 
 impl RankRing {
     /// Takes the client's new acknowledgements: the slots of the data records they cover (one

@@ -15,7 +15,7 @@
 //!   records and exactly the data records the rings hold (their `pinned` counts);
 //! - the cache keeps the source of exactly the datasets of its jobs.
 
-use crate::service::messages::CacheKey;
+use crate::messages::CacheKey;
 use std::collections::{HashMap, HashSet};
 
 use super::{CacheActor, RingRecord};
@@ -247,7 +247,7 @@ pub(crate) mod probe {
 
     use super::super::CacheActor;
 
-    pub(crate) use crate::service::probe::{Inspect, Inspection};
+    pub(crate) use crate::probe::{Inspect, Inspection};
 
     impl Handler<Inspect> for CacheActor {
         type Result = MessageResult<Inspect>;
@@ -270,10 +270,10 @@ pub(crate) mod probe {
     impl Handler<LeakReference> for CacheActor {
         type Result = MessageResult<LeakReference>;
         fn handle(&mut self, _: LeakReference, _: &mut Context<Self>) -> Self::Result {
-            let key = crate::service::messages::CacheKey::from_raw(u64::MAX);
+            let key = crate::messages::CacheKey::from_raw(u64::MAX);
             self.failed.insert(key, (0, 1));
             let direct = self.check_invariants();
-            let panicked = crate::service::tests::until_panic(|| self.after_message());
+            let panicked = crate::tests::until_panic(|| self.after_message());
             self.failed.remove(&key);
             MessageResult((direct, panicked))
         }

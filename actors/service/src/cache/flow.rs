@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use dataplane::{SlotMeta, SlotRef, element_error};
 
 use super::{CacheActor, Loading, Pending, RingRecord, SlotEntry};
-use crate::service::messages::{CacheKey, JobId, Load, Loaded, PipelineId, Prepare, Prepared};
+use crate::messages::{CacheKey, JobId, Load, Loaded, PipelineId, Prepare, Prepared};
 
 /// A prepared payload that found no room yet.
 pub(super) struct Waiting {
@@ -139,7 +139,7 @@ impl CacheActor {
     }
 
     /// The job (and the epoch of its delivery) of the first queued delivery of `key`.
-    fn queued_by(&self, key: CacheKey) -> Option<(Arc<crate::service::stats::JobStats>, u64)> {
+    fn queued_by(&self, key: CacheKey) -> Option<(Arc<crate::stats::JobStats>, u64)> {
         self.jobs.values().find_map(|job| {
             job.rings.iter().find_map(|rr| {
                 rr.queue.iter().find_map(|entry| match *entry {
@@ -425,7 +425,7 @@ impl CacheActor {
                 fields_len: w.prepared.fields_len,
                 source: w.prepared.source,
             };
-            let copy = joader_stages::enter(&crate::service::stages::SLOT_WRITE);
+            let copy = joader_stages::enter(&crate::stages::SLOT_WRITE);
             let written = writer.write_slot(meta, &w.prepared.bytes);
             drop(copy);
             match written {

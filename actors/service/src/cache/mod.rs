@@ -43,13 +43,13 @@ mod rings;
 #[cfg(test)]
 pub(crate) use invariants::probe;
 
-use crate::service::messages::CacheKey;
+use crate::messages::CacheKey;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use crate::service::stages::CACHE;
+use crate::stages::CACHE;
 use actix::prelude::*;
 use dataplane::{RingWriter, SlotRef, Writer};
 use joader_core::invariants::Periodic;
@@ -165,7 +165,7 @@ struct CacheJob {
     sampler: Recipient<JobSignal>,
     /// A resumed job's first epoch, until its first delivery: the elements it still needs.
     resume: Option<Arc<RoaringBitmap>>,
-    /// See [`OpenJob::own_positions`](crate::service::messages::OpenJob::own_positions).
+    /// See [`OpenJob::own_positions`](crate::messages::OpenJob::own_positions).
     own_positions: bool,
 }
 

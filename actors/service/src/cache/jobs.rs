@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use super::{CacheActor, CacheJob, RankRing, RingRecord};
-use crate::service::messages::{JobId, JobSignal, OpenJob, OpenJobError, RingInfo};
-use crate::service::stats::JobState;
+use crate::messages::{JobId, JobSignal, OpenJob, OpenJobError, RingInfo};
+use crate::stats::JobState;
 
 impl CacheActor {
     /// Opens one ring per rank for a new job. Its credit waits for every rank's client to

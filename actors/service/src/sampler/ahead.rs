@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use joader_core::sampling::SamplerKind;
 
-use crate::service::messages::{Deliver, DeliverGroup, DeliverItem, ElementSource, EndAt, JobId};
+use crate::messages::{Deliver, DeliverGroup, DeliverItem, ElementSource, EndAt, JobId};
 
 /// A held pick waits at least this many fetch times before the Cache needs it.
 pub(super) const MARGIN: f64 = 3.0;

@@ -12,8 +12,8 @@ use actix::prelude::*;
 use dataplane::ReaderStatus;
 
 use super::{CacheActor, CacheJob, Polled, RankRing};
-use crate::service::messages::JobId;
-use crate::service::stats::{JobState, JobStats};
+use crate::messages::JobId;
+use crate::stats::{JobState, JobStats};
 
 /// How often the clients' liveness is probed (two syscalls per ring).
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(20);
@@ -96,7 +96,7 @@ impl CacheActor {
         let idle = self.idle();
         let delay = if idle { IDLE_POLL } else { self.poll_delay };
         let handle = ctx.run_later(delay, |act, ctx| {
-            let _cpu = joader_stages::enter(&crate::service::stages::CACHE);
+            let _cpu = joader_stages::enter(&crate::stages::CACHE);
             act.next_poll = None;
             let found = act.poll();
             act.pace_polls(found);

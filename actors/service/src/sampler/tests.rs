@@ -3,7 +3,7 @@
 //! ([`WindowOver`]), so that sharing is the algorithm's, not timing's.
 
 use super::*;
-use crate::service::messages::Fetch;
+use crate::messages::Fetch;
 use roaring::RoaringBitmap;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -352,7 +352,7 @@ async fn jobs_of_one_pace_returning_credit_in_turn_are_sampled_together() {
 struct Remote;
 
 impl ElementSource for Remote {
-    fn read(&self, _: u32) -> Result<Vec<u8>, crate::service::LoadFailure> {
+    fn read(&self, _: u32) -> Result<Vec<u8>, crate::LoadFailure> {
         unreachable!("the sampler reads nothing")
     }
     fn label(&self, _: u32) -> i64 {
@@ -364,7 +364,7 @@ impl ElementSource for Remote {
 }
 
 impl Fetch for Remote {
-    fn fetch(&self, _: u32, _: crate::service::messages::Fetched) {
+    fn fetch(&self, _: u32, _: crate::messages::Fetched) {
         unreachable!("the sampler fetches nothing")
     }
     // Instant fetches: the depth is the lookahead once the rate is known, two lookaheads

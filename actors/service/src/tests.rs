@@ -120,7 +120,7 @@ impl Fetch for Source {
     fn is_remote(&self) -> bool {
         false
     }
-    fn fetch(&self, _: u32, _: crate::service::messages::Fetched) {
+    fn fetch(&self, _: u32, _: crate::messages::Fetched) {
         unreachable!("a source that is not remote is read, not fetched")
     }
     fn fetch_ahead(&self, element: u32) {

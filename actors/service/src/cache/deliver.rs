@@ -8,9 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use roaring::RoaringBitmap;
 
 use super::{CacheActor, Pending, RingRecord};
-use crate::service::messages::{
-    CacheKey, DatasetId, Deliver, ElementSource, EndAt, JobId, PipelineId,
-};
+use crate::messages::{CacheKey, DatasetId, Deliver, ElementSource, EndAt, JobId, PipelineId};
 
 impl CacheActor {
     /// Queues a Sampler's deliveries and ends of epochs in their rings, then loads and pushes

@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use joader_core::sampling::{Sampler, SamplerKind};
 
 use super::SamplerActor;
-use crate::service::messages::JobId;
+use crate::messages::JobId;
 
 impl SamplerActor {
     /// Counts a handled message (or timed pass) and runs the full check when it is due (debug
@@ -93,9 +93,9 @@ pub(crate) mod probe {
     use actix::prelude::*;
 
     use super::super::SamplerActor;
-    use crate::service::messages::JobId;
+    use crate::messages::JobId;
 
-    pub(crate) use crate::service::probe::{Inspect, Inspection};
+    pub(crate) use crate::probe::{Inspect, Inspection};
 
     impl Handler<Inspect> for SamplerActor {
         type Result = MessageResult<Inspect>;
@@ -121,7 +121,7 @@ pub(crate) mod probe {
             let j = self.jobs.get_mut(&msg.0).expect("the job to overdraw");
             let credit = std::mem::replace(&mut j.credit, -i64::from(j.lookahead) - 1);
             let direct = self.check_invariants();
-            let panicked = crate::service::tests::until_panic(|| self.after_message());
+            let panicked = crate::tests::until_panic(|| self.after_message());
             if let Some(j) = self.jobs.get_mut(&msg.0) {
                 j.credit = credit;
             }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use crate::service::stages::SAMPLER;
+use crate::stages::SAMPLER;
 use actix::prelude::*;
 use joader_stages as stages;
 
@@ -38,11 +38,11 @@ mod pace;
 #[cfg(test)]
 pub(crate) use invariants::probe;
 
-use crate::service::messages::{
+use crate::messages::{
     AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, ElementSource, EndAt, JobId, JobSignal,
     Pass, RemoveJob,
 };
-use crate::service::stats::{CacheStats, JobStats};
+use crate::stats::{CacheStats, JobStats};
 use joader_core::invariants::Periodic;
 use joader_core::sampling::{
     DependentSamplingTree, IndependentSampler, JobEvent, JobSpec, Round, Sampler, SamplerError,

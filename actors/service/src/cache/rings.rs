@@ -4,13 +4,13 @@
 //! that other jobs hold (`JobStats::waited_for_others`): what "a slow job never holds a fast
 //! one back" means, counted.
 
-use crate::service::messages::CacheKey;
+use crate::messages::CacheKey;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::flow::{Need, need_of};
 use super::{CacheActor, JobId, RankRing, RingRecord};
-use crate::service::stats::JobState;
+use crate::stats::JobState;
 
 impl CacheActor {
     /// The entry can be pushed now.
@@ -113,7 +113,7 @@ impl CacheActor {
         &mut self,
         rr: &mut RankRing,
         entry: RingRecord,
-        stats: &crate::service::stats::JobStats,
+        stats: &crate::stats::JobStats,
         epoch_end: Option<(u64, u64)>,
     ) -> Result<(), dataplane::Error> {
         // The epoch's end is queued with its last deliveries (the Sampler's `EndAt` comes in

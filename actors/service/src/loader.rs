@@ -267,7 +267,7 @@ impl Drop for Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::messages::{ElementSource, LoadFailure, Prepare, Prepared};
+    use crate::messages::{ElementSource, LoadFailure, Prepare, Prepared};
     use std::sync::Mutex;
 
     struct Source;
