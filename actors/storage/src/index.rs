@@ -27,7 +27,68 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::fields::Fields;
-use super::parquet::RowsInfo;
+
+/// What reading a Parquet row needs besides its location: the image column's name, and the
+/// allowed roots (canonical) that a row's `path` must lie under; and the dataset's read state
+/// (the Parquet source's, which this module does not know: see [`ReadState`]).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub(crate) struct RowsInfo {
+    pub(crate) column: String,
+    pub(crate) roots: Vec<PathBuf>,
+    #[serde(skip)]
+    pub(crate) state: ReadState,
+}
+
+/// A source's read state kept with its index, of a type only that source knows: made on
+/// first use, never persisted (it starts empty when the index is read back). It is a cache,
+/// so a copy of an index starts with none, and two indexes compare by their columns only.
+#[derive(Default)]
+pub(crate) struct ReadState(std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>);
+
+impl ReadState {
+    /// A state made already (tests give one with other bounds).
+    #[cfg(test)]
+    pub(crate) fn with<T: std::any::Any + Send + Sync>(state: T) -> ReadState {
+        let made = std::sync::OnceLock::new();
+        let _ = made.set(Box::new(state) as Box<dyn std::any::Any + Send + Sync>);
+        ReadState(made)
+    }
+
+    /// The state, made with `T::default()` on first use.
+    ///
+    /// # Panics
+    /// If it was first used as another type (one source kind per index).
+    pub(crate) fn get_or_default<T: std::any::Any + Default + Send + Sync>(&self) -> &T {
+        self.0
+            .get_or_init(|| Box::new(T::default()))
+            .downcast_ref::<T>()
+            .expect("one read state type per index")
+    }
+}
+
+impl Clone for ReadState {
+    fn clone(&self) -> Self {
+        ReadState::default()
+    }
+}
+
+impl PartialEq for ReadState {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ReadState {}
+
+impl std::fmt::Debug for ReadState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "ReadState(made)"
+        } else {
+            "ReadState(empty)"
+        })
+    }
+}
 
 /// The first bytes of a persisted index; the last one is the format's version (3: with
 /// [`SampleFields`]; version 2, the same without them, still reads back).

@@ -42,7 +42,8 @@ impl DatasetIndex {
 
     /// What the reads of a `parquet` dataset have cost so far (`None` for other sources).
     pub fn parquet_reads(&self) -> Option<ParquetReads> {
-        self.rows_info().map(|info| info.reader.reads())
+        self.rows_info()
+            .map(|info| parquet::reader_of(info).reads())
     }
 
     /// Drops the decoded rows a `parquet` dataset's reads keep (at most 64 MiB), as an epoch
@@ -50,7 +51,7 @@ impl DatasetIndex {
     /// located in their pages. Reads stay correct either way.
     pub fn parquet_drop_decoded(&self) {
         if let Some(info) = self.rows_info() {
-            info.reader.drop_decoded();
+            parquet::reader_of(info).drop_decoded();
         }
     }
 

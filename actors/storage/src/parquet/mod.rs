@@ -47,7 +47,7 @@ pub(crate) use reader::Objects;
 pub use reader::ParquetReads;
 
 use super::fields::{FieldKind, Fields};
-use super::index::{IndexBuilder, SampleFields};
+use super::index::{IndexBuilder, RowsInfo, SampleFields};
 use super::roots::Roots;
 use super::{DatasetIndex, MAX_MEMBER_LEN, Progress, StorageError, numeric_classes, numeric_label};
 
@@ -192,7 +192,7 @@ fn index_all(
     let rows = RowsInfo {
         column: image_column.unwrap_or_default(),
         roots: roots.canonical().to_vec(),
-        reader: Default::default(),
+        state: Default::default(),
     };
     Ok(items.finish_rows(classes, files.recorded.clone(), rows))
 }
@@ -276,15 +276,10 @@ fn chunk_range(group: &RowGroupMetaData, leaf: usize) -> std::ops::Range<u64> {
     start..start.saturating_add(len)
 }
 
-/// What reading a row needs besides its location: the image column's name, and the allowed
-/// roots (canonical) that a row's `path` must lie under; and the dataset's read state (never
-/// persisted: it starts empty when the index is read back).
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq, Default)]
-pub(crate) struct RowsInfo {
-    pub(crate) column: String,
-    pub(crate) roots: Vec<PathBuf>,
-    #[serde(skip)]
-    pub(crate) reader: Box<reader::Reader>,
+/// The dataset's read state (`reader.rs`), kept in its index's [`RowsInfo`] (made on first
+/// use, never persisted).
+pub(crate) fn reader_of(info: &RowsInfo) -> &reader::Reader {
+    info.state.get_or_default::<reader::Reader>()
 }
 
 /// Reads the image of row `row` of row group `group` in file number `n`, at `path`.
@@ -307,8 +302,8 @@ fn open_file(
     group: u32,
 ) -> Result<Arc<OpenFile>, StorageError> {
     let bad = bad(path);
-    let file = info.reader.file(n, || {
-        let file = match info.reader.objects() {
+    let file = reader_of(info).file(n, || {
+        let file = match reader_of(info).objects() {
             Some(objects) => objects.open(n, path)?,
             None => Input::open(path).map_err(|e| StorageError::read(path, e))?,
         };
@@ -340,7 +335,7 @@ pub(super) fn read_fields(
         let file = open_file(path, n, info, group)?;
         let columns =
             small::columns(file.meta.file_metadata().schema_descr(), fields).map_err(&bad)?;
-        small::read(&info.reader, n, &file, &columns, fields, group, row)
+        small::read(reader_of(info), n, &file, &columns, fields, group, row)
             .map_err(|e| bad(format!("row {row} of row group {group}: {e}")))
     })
 }
@@ -354,8 +349,7 @@ fn read_row(
 ) -> Result<Vec<u8>, StorageError> {
     let bad = bad(path);
     let file = open_file(path, n, info, group)?;
-    let found = info
-        .reader
+    let found = reader_of(info)
         .read_row(n, &file, group, row)
         .map_err(|e| bad(format!("row {row} of row group {group}: {e}")))?;
     match found {

@@ -137,22 +137,6 @@ impl Default for Budgets {
     }
 }
 
-// The state is a cache of the files: a copy of an index starts with none, and two indexes
-// compare by their columns only.
-impl Clone for Reader {
-    fn clone(&self) -> Self {
-        Reader::default()
-    }
-}
-
-impl PartialEq for Reader {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for Reader {}
-
 impl std::fmt::Debug for Reader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reader")

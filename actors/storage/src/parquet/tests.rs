@@ -244,7 +244,7 @@ fn a_row_of_an_object_with_only_a_path_is_an_error_naming_the_path() {
     write_hf(&file, &rows, 10, Compression::SNAPPY, None);
     let store = Store::of(std::slice::from_ref(&file));
     let ix = index_objects(&store, std::slice::from_ref(&file), None, Vec::new()).unwrap();
-    ix.rows_info().unwrap().reader.set_objects(Arc::new(store));
+    super::reader_of(ix.rows_info().unwrap()).set_objects(Arc::new(store));
     assert_eq!(ix.read(0).unwrap(), image(3));
     // No file is read from the local disk for an object's row, even one that exists.
     let e = ix.read(1).unwrap_err();
@@ -562,7 +562,7 @@ fn info_with(ix: &DatasetIndex, budgets: Budgets) -> RowsInfo {
     RowsInfo {
         column: info.column.clone(),
         roots: info.roots.clone(),
-        reader: Box::new(Reader::with_budgets(budgets)),
+        state: crate::index::ReadState::with(Reader::with_budgets(budgets)),
     }
 }
 
@@ -593,7 +593,7 @@ fn every_layout_reads_right_and_a_located_row_costs_about_its_bytes() {
             "item {id}"
         );
     }
-    let first = info.reader.reads();
+    let first = super::reader_of(&info).reads();
     let groups = layouts().len() as u64 * 3;
     assert_eq!(first.rows, u64::from(n));
     // Snappy and uncompressed groups are decoded once; zstd and gzip (2 files) each time
@@ -606,7 +606,7 @@ fn every_layout_reads_right_and_a_located_row_costs_about_its_bytes() {
             "item {id}"
         );
     }
-    let second = info.reader.reads();
+    let second = super::reader_of(&info).reads();
     let layouts = layouts();
     let located: Vec<u32> = (0..n)
         .filter(|&id| {
@@ -630,7 +630,7 @@ fn every_layout_reads_right_and_a_located_row_costs_about_its_bytes() {
     for &id in &located {
         read_with(&ix, &info2, id);
     }
-    let built = info2.reader.reads();
+    let built = super::reader_of(&info2).reads();
     for &id in &located {
         assert_eq!(
             read_with(&ix, &info2, id),
@@ -638,7 +638,7 @@ fn every_layout_reads_right_and_a_located_row_costs_about_its_bytes() {
             "item {id}"
         );
     }
-    let again = info2.reader.reads();
+    let again = super::reader_of(&info2).reads();
     let bytes: u64 = located
         .iter()
         .map(|&id| expected[id as usize].len() as u64)
@@ -677,7 +677,7 @@ fn memory_stays_within_the_budgets_and_dropped_state_is_rebuilt() {
                 expected[id as usize],
                 "pass {pass} item {id}"
             );
-            let held = info.reader.held();
+            let held = super::reader_of(&info).held();
             assert!(held.files <= budgets.files, "{held:?}");
             assert!(
                 held.group_bytes <= budgets.directories || held.groups == 1,
@@ -687,7 +687,7 @@ fn memory_stays_within_the_budgets_and_dropped_state_is_rebuilt() {
         }
     }
     // Groups were dropped and read again.
-    assert!(info.reader.reads().groups_decoded > layouts().len() as u64 * 3);
+    assert!(super::reader_of(&info).reads().groups_decoded > layouts().len() as u64 * 3);
 }
 
 #[test]
@@ -859,7 +859,7 @@ fn objects_read_through_ranges_give_the_local_rows_at_a_request_per_row() {
             ..Budgets::default()
         },
     );
-    info.reader.set_objects(Arc::new(store.clone()));
+    super::reader_of(&info).set_objects(Arc::new(store.clone()));
     let n = expected.len() as u32;
     let read_all = || {
         for id in shuffled(n) {
@@ -873,7 +873,7 @@ fn objects_read_through_ranges_give_the_local_rows_at_a_request_per_row() {
     let after = store.asked();
     assert!(after.0 - before.0 <= u64::from(n), "{before:?} {after:?}");
     assert!(after.1 - before.1 < 2 * images, "{before:?} {after:?}");
-    assert_eq!(info.reader.reads().rows, 2 * u64::from(n));
+    assert_eq!(super::reader_of(&info).reads().rows, 2 * u64::from(n));
 }
 
 #[test]
@@ -909,10 +909,7 @@ fn a_store_that_fails_is_the_error_of_indexing_and_of_reads_not_a_damaged_file()
     assert_eq!(e.code(), "s3_unavailable", "{e}");
     store.down.store(false, Relaxed);
     let ix = index_objects(&store, files, None, Vec::new()).unwrap();
-    ix.rows_info()
-        .unwrap()
-        .reader
-        .set_objects(Arc::new(store.clone()));
+    super::reader_of(ix.rows_info().unwrap()).set_objects(Arc::new(store.clone()));
     store.down.store(true, Relaxed);
     let e = ix.read(0).unwrap_err();
     assert_eq!(e.code(), "s3_unavailable", "{e}");

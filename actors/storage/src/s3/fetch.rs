@@ -241,7 +241,7 @@ impl ObjectStores {
         // A Parquet dataset's reads open its objects through the stage.
         if let Some(info) = index.rows_info() {
             let opener = super::parquet::Opener::new(self, &dataset, versions);
-            info.reader.set_objects(Arc::new(opener));
+            crate::parquet::reader_of(info).set_objects(Arc::new(opener));
         }
         static SOURCES: AtomicU64 = AtomicU64::new(0);
         let inner = Arc::new(SourceInner {
