@@ -62,6 +62,14 @@ mod read;
 mod roots;
 pub mod s3;
 mod spec;
+
+/// The stage of the daemon's CPU accounting this crate marks (`joader_stage_cpu_seconds_total`).
+pub mod stage {
+    use joader_stages::Stage;
+    /// Object-store requests: the fetch stage's runtime threads (requests, bodies, the disk
+    /// tier's reads, fetch-ahead's bookkeeping) and the disk tier's writer thread.
+    pub static FETCH: Stage = Stage::new("fetch");
+}
 mod tar_shards;
 #[cfg(test)]
 mod tests;

@@ -11,8 +11,8 @@
 //!
 //! The mechanism lives here, a small crate under every crate that marks a boundary (storage,
 //! the pipeline, the actors, the daemon, the clients' prefetch), so that one clock per thread
-//! serves them all; each crate defines the stages it marks (`joader_pipeline::stages`,
-//! `actors::stages`, `joader_storage::s3::FETCH_STAGE`, `dataplane::stages`), and the
+//! serves them all; each crate defines the stages it marks (`joader_pipeline::stage`,
+//! `actors::stages`, `joader_storage::stage`, `dataplane::stages`), and the
 //! daemon lists its own (`server::stages::SERVER`, `joader_stage_cpu_seconds_total`).
 //!
 //! A thread may also be [`attach`]ed to a [`StageSink`]: its time is then counted there too,

@@ -145,20 +145,14 @@ fn object_stores(config: &Config) -> Result<Option<Arc<joader_storage::s3::Objec
             .with_environment();
     let tier = match &config.disk_cache {
         Some(dir) => {
-            // Its writer thread's CPU is the object-store stage's.
-            let tier =
-                joader_storage::tier::DiskTier::open_with(dir, config.disk_cache_bytes, || {
-                    joader_stages::set_base(&stages::FETCH)
-                })?;
+            let tier = joader_storage::tier::DiskTier::open(dir, config.disk_cache_bytes)?;
             tracing::info!(dir = %dir.display(), bytes = config.disk_cache_bytes, objects = tier.stats().objects.load(std::sync::atomic::Ordering::Relaxed), "disk cache opened");
             Some(Arc::new(tier))
         }
         None => None,
     };
-    let stores = joader_storage::s3::ObjectStores::new(config.fetch_config(), allow, tier, || {
-        joader_stages::set_base(&stages::FETCH)
-    })
-    .context("cannot start the object-store stage")?;
+    let stores = joader_storage::s3::ObjectStores::new(config.fetch_config(), allow, tier)
+        .context("cannot start the object-store stage")?;
     Ok(Some(Arc::new(stores)))
 }
 

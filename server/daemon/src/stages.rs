@@ -1,6 +1,6 @@
 //! The daemon's stages of per-stage CPU accounting (`joader_stage_cpu_seconds_total`): those it
-//! marks itself, and the list of all it reports, with the ones storage, the pipeline and the
-//! actors mark (the mechanism is `joader-stages`).
+//! marks itself, and the list of all it reports, with the ones storage (`fetch`), the pipeline
+//! and the actors mark (the mechanism is `joader-stages`).
 
 use joader_stages::{RUNTIME, Stage};
 
@@ -8,9 +8,6 @@ use joader_stages::{RUNTIME, Stage};
 pub static HTTP: Stage = Stage::new("http");
 /// Rendering `/metrics` and sampling the dashboard's history.
 pub static METRICS: Stage = Stage::new("metrics");
-/// Object-store requests: the fetch stage's runtime threads (requests, bodies, the disk
-/// tier's reads, fetch-ahead's bookkeeping) and the disk tier's writer thread.
-pub static FETCH: Stage = Stage::new("fetch");
 
 /// The daemon's stages, in the order the metrics list them.
 pub static SERVER: [&Stage; 11] = [
@@ -23,7 +20,7 @@ pub static SERVER: [&Stage; 11] = [
     &actors::stages::SAMPLER,
     &HTTP,
     &METRICS,
-    &FETCH,
+    &joader_storage::stage::FETCH,
     &RUNTIME,
 ];
 

@@ -73,18 +73,17 @@ pub struct ObjectStores {
 
 impl ObjectStores {
     /// Starts the stage's runtime (two threads: requests wait on the network, they do not
-    /// compute), with the disk tier of encoded bytes when the server has one; each of its
-    /// threads runs `on_thread_start` first (the server names their CPU accounting stage).
+    /// compute), with the disk tier of encoded bytes when the server has one; its threads'
+    /// CPU is the fetch stage's ([`crate::stage::FETCH`]).
     pub fn new(
         config: FetchConfig,
         allow: S3Allow,
         tier: Option<Arc<DiskTier>>,
-        on_thread_start: impl Fn() + Send + Sync + 'static,
     ) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("joader-fetch")
-            .on_thread_start(on_thread_start)
+            .on_thread_start(|| joader_stages::set_base(&crate::stage::FETCH))
             .enable_all()
             .build()?;
         let limit = Arc::new(InFlight::new(config.max_in_flight));

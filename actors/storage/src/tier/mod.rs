@@ -179,17 +179,8 @@ impl DiskTier {
     /// removes unfinished writes and rebuilds the index from the stored objects' names and
     /// headers (damaged ones are removed; the most recently written are kept when there are
     /// more than `capacity` holds). Starts the writer thread.
+    /// The writer thread's CPU is the fetch stage's ([`crate::stage::FETCH`]).
     pub fn open(dir: &Path, capacity: u64) -> Result<DiskTier, TierError> {
-        Self::open_with(dir, capacity, || {})
-    }
-
-    /// [`DiskTier::open`], the writer thread running `on_thread_start` first (the server names
-    /// its CPU accounting stage).
-    pub fn open_with(
-        dir: &Path,
-        capacity: u64,
-        on_thread_start: impl FnOnce() + Send + 'static,
-    ) -> Result<DiskTier, TierError> {
         if capacity == 0 {
             return Err(TierError::Empty);
         }
@@ -238,7 +229,7 @@ impl DiskTier {
         let writer = std::thread::Builder::new()
             .name("joader-tier".into())
             .spawn(move || {
-                on_thread_start();
+                joader_stages::set_base(&crate::stage::FETCH);
                 writer.write_all(rx)
             })
             .map_err(io)?;
