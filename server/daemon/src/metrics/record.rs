@@ -248,9 +248,13 @@ fn job_families(
     }
     // Names with neither a job nor retired counters are forgotten; the others that have no
     // job no longer run.
-    let running = |name: &String| jobs.iter().any(|j| &j.name == name);
-    series.retain(|name, _| running(name) || retired.contains_key(name));
-    for (name, e) in series.iter().filter(|(name, _)| !running(name)) {
+    // (A set: a scrape stays linear in the jobs and names the registry keeps.)
+    let known: std::collections::BTreeSet<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+    series.retain(|name, _| known.contains(name.as_str()) || retired.contains_key(name));
+    for (name, e) in series
+        .iter()
+        .filter(|(name, _)| !known.contains(name.as_str()))
+    {
         gauges[3].push((job_labels(name, &e.dataset), 0.0));
         gauges[4].push((job_labels(name, &e.dataset), 0.0));
     }
