@@ -1301,3 +1301,51 @@ fn an_object_rewritten_in_place_is_an_element_error_in_every_layout_with_or_with
         }
     }
 }
+
+#[test]
+fn s3_shards_are_named_by_brace_ranges_and_glob_patterns() {
+    let Some(bin) = s3s_fs("s3_shards_are_named_by_brace_ranges_and_glob_patterns") else {
+        return;
+    };
+    let s3 = S3Server::start(bin, "s3_patterns");
+    let n = write_layouts(&s3.bucket());
+    // Shards part-000..part-002 of n elements in all; a fourth object no pattern below takes.
+    std::fs::write(s3.bucket().join("shards/part-000.tar.md5"), "checksum").unwrap();
+    let j = joader(
+        "s3_patterns",
+        &s3.bucket(),
+        &["--allowed-s3", "s3://bkt/shards"],
+        &credentials(&s3),
+    );
+    let local =
+        json!({"kind": "tar_shards", "paths": [s3.bucket().join("shards/part-{000..002}.tar")]});
+    create(&j, "local", local);
+    for (name, url) in [
+        ("range", "s3://bkt/shards/part-{000..002}.tar"),
+        ("glob", "s3://bkt/shards/part-*.tar"),
+        ("both", "s3://bkt/shards/part-{000,00[12]}.tar"),
+    ] {
+        create(
+            &j,
+            name,
+            json!({"kind": "s3", "url": url, "layout": "tar_shards"}),
+        );
+        let v = settled(&j, name);
+        assert_eq!(v["state"], "ready", "{url}: {v}");
+        assert_eq!(v["items"], n, "{url}");
+    }
+    let (want, _) = read_raw(&j, "lj", "local");
+    let (got, ids) = read_raw(&j, "gj", "glob");
+    assert_permutation(&ids, n, "the epoch");
+    assert_eq!(got, want);
+    // A pattern matching nothing fails the indexing naming it.
+    create(
+        &j,
+        "none",
+        json!({"kind": "s3", "url": "s3://bkt/shards/train-*.tar", "layout": "tar_shards"}),
+    );
+    let v = settled(&j, "none");
+    assert_eq!(v["state"], "failed", "{v}");
+    let error = v["error"].as_str().unwrap();
+    assert!(error.contains("s3://bkt/shards/train-*.tar"), "{error}");
+}

@@ -22,6 +22,12 @@ pub enum StorageError {
     },
     #[error("bad shard {}: {reason}", path.display())]
     BadShard { path: PathBuf, reason: String },
+    /// A path pattern (glob or braces) that cannot be read.
+    #[error("bad path pattern {pattern}: {reason}")]
+    BadPattern { pattern: String, reason: String },
+    /// A path pattern, or a dataset folder's split, that names no file.
+    #[error("{pattern} matches no `.{ext}` file (nor folder)")]
+    NoMatch { pattern: String, ext: String },
     #[error("bad Parquet file {}: {reason}", path.display())]
     BadParquet { path: PathBuf, reason: String },
     #[error("bad label for {what}: {reason}")]
@@ -85,6 +91,8 @@ impl StorageError {
             StorageError::BadManifest { .. } => "bad_manifest",
             StorageError::BadShard { .. } => "bad_shard",
             StorageError::BadParquet { .. } => "bad_parquet",
+            StorageError::BadPattern { .. } => "bad_pattern",
+            StorageError::NoMatch { .. } => "no_match",
             StorageError::BadLabel { .. } => "bad_label",
             StorageError::BadFields { .. } => "bad_fields",
             StorageError::MissingField { .. } => "missing_field",

@@ -61,6 +61,7 @@ mod parquet;
 mod read;
 mod roots;
 pub mod s3;
+mod select;
 mod spec;
 
 /// The stage of the daemon's CPU accounting this crate marks (`joader_stage_cpu_seconds_total`).
@@ -115,8 +116,13 @@ pub fn index(
         SourceSpec::Manifest { path, fields } => {
             manifest::index(path, fields.as_ref(), &roots, &mut counter)?
         }
-        SourceSpec::Parquet { paths, fields } => {
-            parquet::index(paths, fields.as_ref(), &roots, &mut counter)?
+        SourceSpec::Parquet {
+            paths,
+            split,
+            fields,
+        } => {
+            let files = parquet::files(paths, split.as_deref(), &roots)?;
+            parquet::index(&files, fields.as_ref(), &roots, &mut counter)?
         }
         SourceSpec::S3 { url, .. } => {
             return Err(StorageError::S3NotAllowed {

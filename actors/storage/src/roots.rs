@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use super::StorageError;
 
 /// Canonical allowed roots.
-pub(super) struct Roots(Vec<PathBuf>);
+pub(crate) struct Roots(Vec<PathBuf>);
 
 impl Roots {
     /// Canonicalizes the roots; a root that does not exist cannot contain anything and is
@@ -30,7 +30,8 @@ impl Roots {
         &self.0
     }
 
-    /// The files named by `paths`, each checked: files as they are, folders expanded to the
+    /// The files named by `paths` (brace ranges and glob patterns expanded first,
+    /// [`crate::select::expand`]), each checked: files as they are, folders expanded to the
     /// files they hold whose extension is `ext` (any case; not recursive, hidden files
     /// skipped), sorted by name within each folder.
     pub(super) fn files_with_extension(
@@ -39,7 +40,7 @@ impl Roots {
         ext: &str,
     ) -> Result<Vec<PathBuf>, StorageError> {
         let mut files = Vec::new();
-        for path in paths {
+        for path in &crate::select::expand(self, paths, ext)? {
             let canonical = self.check(path)?;
             if !canonical.is_dir() {
                 files.push(canonical);
@@ -74,7 +75,7 @@ impl Roots {
     ///
     /// A missing path is `NotFound` only if it would lie under a root when resolved
     /// lexically: paths outside the roots are refused without telling whether they exist.
-    pub(super) fn check(&self, path: &Path) -> Result<PathBuf, StorageError> {
+    pub(crate) fn check(&self, path: &Path) -> Result<PathBuf, StorageError> {
         match std::fs::canonicalize(path) {
             Ok(c) if self.contains(&c) => Ok(c),
             Ok(_) => Err(StorageError::OutsideRoots {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fields::{self, FieldKind};
 use crate::{StorageError, s3};
-use crate::{manifest, roots};
+use crate::{manifest, roots, select};
 
 /// Where a dataset comes from.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -20,7 +20,8 @@ pub enum SourceSpec {
         #[cfg_attr(feature = "openapi", schema(value_type = String))]
         path: PathBuf,
     },
-    /// WebDataset tar shards: each path is a `.tar` file or a folder of them.
+    /// WebDataset tar shards: each path is a `.tar` file, a folder of them, a glob pattern
+    /// (`/data/laion/*.tar`) or brace ranges (`/data/shards-{000000..000146}.tar`).
     TarShards {
         #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
         paths: Vec<PathBuf>,
@@ -79,10 +80,19 @@ pub enum SourceSpec {
         fields: Option<fields::Fields>,
     },
     /// Parquet files as the Hugging Face Hub stores image datasets: each path is a
-    /// `.parquet` file or a folder of them (not recursive; name one split's files).
+    /// `.parquet` file, a folder of them (not recursive) or a glob pattern
+    /// (`/data/beans/data/train-*.parquet`); with `split`, each path is a dataset folder as
+    /// downloaded from the Hub, read for that split's files.
     Parquet {
         #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
         paths: Vec<PathBuf>,
+        /// A split (`train`, `validation`, `test`, ...): its files in each folder of `paths`,
+        /// as the dataset card's `configs` give them, else as the Hub lays them out
+        /// (`data/train-00000-of-00004.parquet`, `train/0000.parquet`,
+        /// `default/train/0000.parquet`, `train.parquet`; `validation` also `valid`, `dev`,
+        /// `val`; `test` also `eval`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        split: Option<String>,
         /// The sample's fields, each `from` a top-level column: one of kind `image`, at most
         /// one `class`, and `text`, `json`, `npy`, `bytes` fields (binary or string columns
         /// give their bytes; a struct or list column a `json` document, a list of numbers an
@@ -170,10 +180,31 @@ impl SourceSpec {
     }
 
     /// Checks, before any indexing, that the source's top-level paths lie under the allowed
-    /// roots (what lies below them is checked again while indexing). Only `OutsideRoots` is
-    /// reported here; missing paths fail the indexing with their own error.
+    /// roots (what lies below them is checked again while indexing), that its path patterns
+    /// are well formed and match files (`BadPattern`, `NoMatch`), and that a Parquet split is
+    /// found. Missing literal paths fail the indexing with their own error.
     pub fn check_roots(&self, allowed: &[PathBuf]) -> Result<(), StorageError> {
         let roots = roots::Roots::new(allowed);
+        let selected = match self {
+            SourceSpec::TarShards { paths, .. } => select::expand(&roots, paths, "tar").map(drop),
+            SourceSpec::Parquet {
+                paths,
+                split: Some(split),
+                ..
+            } => paths
+                .iter()
+                .try_for_each(|p| select::hub_split(&roots, p, split).map(drop)),
+            SourceSpec::Parquet { paths, .. } => select::expand(&roots, paths, "parquet").map(drop),
+            _ => Ok(()),
+        };
+        if let Err(
+            e @ (StorageError::OutsideRoots { .. }
+            | StorageError::NoMatch { .. }
+            | StorageError::BadPattern { .. }),
+        ) = selected
+        {
+            return Err(e);
+        }
         let paths: Vec<&Path> = match self {
             SourceSpec::ImageFolder { path } | SourceSpec::Manifest { path, .. } => {
                 vec![path.as_path()]

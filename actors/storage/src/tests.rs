@@ -1086,3 +1086,86 @@ fn manifest_fields_from_columns_and_keys() {
         "{e}"
     );
 }
+
+fn shards(paths: Vec<PathBuf>) -> SourceSpec {
+    SourceSpec::TarShards {
+        paths,
+        fields: None,
+    }
+}
+
+#[test]
+fn shard_paths_take_brace_ranges_and_glob_patterns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("wds");
+    for n in 0..12 {
+        let key = format!("k{n:02}");
+        let jpg = format!("{key}.jpg");
+        let cls = format!("{key}.cls");
+        let label = (n % 3).to_string();
+        write(
+            &dir.join(format!("shards-{n:06}.tar")),
+            &shard(&[(jpg.as_str(), b"img"), (cls.as_str(), label.as_bytes())]),
+        );
+    }
+    write(&dir.join("shards-000099.tar.md5"), b"not a shard");
+    let roots = [tmp.path().to_owned()];
+    let size = |p: &str| index_ok(&shards(vec![dir.join(p)]), &roots).len();
+    // WebDataset's range, zero-padded; a list; a glob; a range spanning two patterns.
+    assert_eq!(size("shards-{000000..000009}.tar"), 10);
+    assert_eq!(size("shards-{000001,000003}.tar"), 2);
+    assert_eq!(size("shards-*.tar"), 12);
+    assert_eq!(size("shards-00001[01].tar"), 2);
+    assert_eq!(size("shards-0000{0,1}?.tar"), 12);
+    // In the order named: a list keeps its order, a glob its sorted matches.
+    let ix = index_ok(
+        &shards(vec![
+            dir.join("shards-{000002,000001}.tar"),
+            dir.join("shards-00000[0].tar"),
+        ]),
+        &roots,
+    );
+    let labels: Vec<Option<i64>> = (0..3).map(|i| ix.label(i)).collect();
+    assert_eq!(labels, [Some(2), Some(1), Some(0)]);
+    // A descending range expands to nothing: refused, not an empty list.
+    let down = shards(vec![dir.join("shards-{000002..000001}.tar")]);
+    assert_eq!(down.check_roots(&roots).unwrap_err().code(), "bad_pattern");
+    // Checked when the dataset is created: a pattern matching nothing, or a range naming a
+    // missing shard (that one when indexing, as a missing literal path).
+    let spec = shards(vec![dir.join("train-*.tar")]);
+    let e = spec.check_roots(&roots).unwrap_err();
+    assert_eq!(e.code(), "no_match");
+    assert!(e.to_string().contains("train-*.tar"), "{e}");
+    let missing = shards(vec![dir.join("shards-{000010..000013}.tar")]);
+    missing.check_roots(&roots).unwrap();
+    assert_eq!(index_err(&missing, &roots).code(), "not_found");
+    let bad = shards(vec![dir.join("shards-[.tar")]);
+    assert_eq!(bad.check_roots(&roots).unwrap_err().code(), "bad_pattern");
+}
+
+#[test]
+fn patterns_list_nothing_outside_the_roots() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (allowed, outside) = (tmp.path().join("allowed"), tmp.path().join("outside"));
+    write(&outside.join("s.tar"), &shard(&[("x.jpg", b"x")]));
+    write(&allowed.join("a.tar"), &shard(&[("x.jpg", b"x")]));
+    let roots = [allowed.clone()];
+    for p in [
+        outside.join("*.tar"),
+        allowed.join("../outside/*.tar"),
+        allowed.join("../*/s.tar"),
+    ] {
+        let spec = shards(vec![p.clone()]);
+        assert_eq!(
+            spec.check_roots(&roots).unwrap_err().code(),
+            "outside_roots",
+            "{}",
+            p.display()
+        );
+        assert_eq!(index_err(&spec, &roots).code(), "outside_roots");
+    }
+    // A symlink under the roots to a shard outside: matched, then refused.
+    symlink(outside.join("s.tar"), allowed.join("b.tar")).unwrap();
+    let spec = shards(vec![allowed.join("*.tar")]);
+    assert_eq!(index_err(&spec, &roots).code(), "outside_roots");
+}

@@ -84,17 +84,33 @@ fn reader_failed(path: &Path, panic: &(dyn std::any::Any + Send)) -> StorageErro
     bad(path)(format!("the Parquet reader failed: {what}"))
 }
 
-pub(super) fn index(
+/// The Parquet files a source names: with a `split`, that split's files of each dataset folder
+/// in `paths` ([`crate::select::hub_split`]); else `paths` as files, folders and patterns.
+pub(crate) fn files(
     paths: &[PathBuf],
+    split: Option<&str>,
+    roots: &Roots,
+) -> Result<Vec<PathBuf>, StorageError> {
+    let Some(split) = split else {
+        return roots.files_with_extension(paths, "parquet");
+    };
+    let mut files = Vec::new();
+    for folder in paths {
+        files.extend(crate::select::hub_split(roots, folder, split)?);
+    }
+    Ok(files)
+}
+
+pub(super) fn index(
+    files: &[PathBuf],
     fields: Option<&Fields>,
     roots: &Roots,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
-    let files = roots.files_with_extension(paths, "parquet")?;
     let open = |n: usize| Input::open(&files[n]).map_err(|e| StorageError::io(&files[n], e));
     let inputs = Files {
-        recorded: files.clone(),
-        named: files.clone(),
+        recorded: files.to_vec(),
+        named: files.to_vec(),
         open: &open,
         ahead: 1,
     };
@@ -121,16 +137,20 @@ fn index_all(
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
     let image_from = fields.and_then(|f| f.from_of(FieldKind::Image).flatten());
+    // The rows the footers declare, so that the columns are allocated once (growing them
+    // would leave the server holding up to twice their size); and the column the first
+    // file's Hugging Face metadata types as `ClassLabel`.
+    let (declared, class_label) = declared_rows(files)?;
+    // The class column: the declared one, else the `ClassLabel` column (`labels` in some
+    // published sets), else `label`.
     let class_from = fields
         .and_then(|f| f.from_of(FieldKind::Class).flatten())
+        .or(class_label.as_deref())
         .unwrap_or(DEFAULT_CLASS_COLUMN);
     // Declared fields without a class: every label is 0, no class column is read.
     let labelled = fields.is_none_or(|f| f.has(FieldKind::Class));
     let mut image_column: Option<String> = None;
     let mut names: Option<(PathBuf, Vec<String>)> = None;
-    // The rows the footers declare, so that the columns are allocated once (growing them
-    // would leave the server holding up to twice their size).
-    let declared = declared_rows(files)?;
     let count = files.named.len();
     // (A damaged footer may declare any count: beyond 64 M rows the columns grow as read.)
     let mut items = IndexBuilder::rows(declared.min(1 << 26));
@@ -199,16 +219,23 @@ fn index_all(
 
 /// The rows the files' footers declare, so that the columns are allocated once (growing
 /// them would leave the server holding up to twice their size).
-fn declared_rows(files: &Files<'_>) -> Result<usize, StorageError> {
+/// The rows the files' footers declare, and the `ClassLabel` column of the first file's
+/// Hugging Face metadata.
+fn declared_rows(files: &Files<'_>) -> Result<(usize, Option<String>), StorageError> {
     let mut declared = 0usize;
+    let mut class_label = None;
     let footer = |n: usize| (files.open)(n)?.metadata(&files.named[n]);
     for start in (0..files.named.len()).step_by(files.ahead.max(1)) {
         for meta in read_ahead(files, start, footer) {
-            let rows = usize::try_from(meta?.file_metadata().num_rows()).unwrap_or(0);
+            let meta = meta?;
+            if start == 0 && class_label.is_none() {
+                class_label = HfFeatures::of(&meta).class_label_column();
+            }
+            let rows = usize::try_from(meta.file_metadata().num_rows()).unwrap_or(0);
             declared = declared.saturating_add(rows);
         }
     }
-    Ok(declared)
+    Ok((declared, class_label))
 }
 
 /// Adds file `n`'s rows, group by group, with their labels (`None`: every label 0, no class
@@ -652,6 +679,15 @@ impl HfFeatures {
 
     fn type_of(&self, column: &str) -> Option<&str> {
         self.0.as_ref()?.get(column)?.get("_type")?.as_str()
+    }
+
+    /// The first column (by name) typed `ClassLabel`.
+    fn class_label_column(&self) -> Option<String> {
+        let features = self.0.as_ref()?.as_object()?;
+        features
+            .iter()
+            .find(|(_, f)| f.get("_type").and_then(|t| t.as_str()) == Some("ClassLabel"))
+            .map(|(name, _)| name.clone())
     }
 
     /// The names of a `ClassLabel` column.

@@ -969,3 +969,83 @@ fn loader_threads_share_the_fields_kept() {
         "{reads:?}"
     );
 }
+
+/// A split of a Hugging Face dataset folder: `{"kind": "parquet", "paths": [folder],
+/// "split": split}`.
+fn split_spec(folder: &std::path::Path, split: &str) -> SourceSpec {
+    serde_json::from_value(
+        serde_json::json!({"kind": "parquet", "paths": [folder], "split": split}),
+    )
+    .unwrap()
+}
+
+/// Writes `n` rows into `path` (creating its folder).
+fn rows_file(path: &std::path::Path, n: u8) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let rows: Vec<Row> = (0..n).map(|i| row(i + 1, i64::from(i % 2))).collect();
+    write_hf(path, &rows, 10, Compression::SNAPPY, None);
+}
+
+#[test]
+fn a_hub_folder_gives_the_split_named_as_the_hub_lays_it_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    // As `datasets` uploads a dataset: data/<split>-NNNNN-of-NNNNN.parquet.
+    let beans = root.join("beans");
+    rows_file(&beans.join("data/train-00000-of-00002.parquet"), 3);
+    rows_file(&beans.join("data/train-00001-of-00002.parquet"), 4);
+    rows_file(&beans.join("data/validation-00000-of-00001.parquet"), 2);
+    rows_file(&beans.join("data/test-00000-of-00001.parquet"), 5);
+    fs::write(beans.join("README.md"), "# beans\nno front matter\n").unwrap();
+    let len = |spec: &SourceSpec| index_of(spec, root).unwrap().len();
+    assert_eq!(len(&split_spec(&beans, "train")), 7);
+    assert_eq!(len(&split_spec(&beans, "validation")), 2);
+    assert_eq!(len(&split_spec(&beans, "test")), 5);
+    // The whole folder (not recursive) holds no file: the split is what a user names.
+    let e = split_spec(&beans, "dev").check_roots(&[root.to_owned()]);
+    assert!(e.is_ok(), "`dev` is a name of the validation split: {e:?}");
+    let e = split_spec(&beans, "unlabeled")
+        .check_roots(&[root.to_owned()])
+        .unwrap_err();
+    assert_eq!(e.code(), "no_match");
+    assert!(e.to_string().contains("split `unlabeled`"), "{e}");
+    // The Hub's Parquet conversion: <config>/<split>/NNNN.parquet; a folder per split.
+    let converted = root.join("converted");
+    rows_file(&converted.join("default/train/0000.parquet"), 3);
+    rows_file(&converted.join("default/test/0000.parquet"), 1);
+    assert_eq!(len(&split_spec(&converted, "train")), 3);
+    assert_eq!(len(&split_spec(&converted, "test")), 1);
+    // A split in the file's name.
+    let flat = root.join("flat");
+    rows_file(&flat.join("mnist-train-0.parquet"), 2);
+    rows_file(&flat.join("mnist-test-0.parquet"), 1);
+    assert_eq!(len(&split_spec(&flat, "train")), 2);
+    // Glob patterns in `paths` select files too.
+    let glob = spec(&[&beans.join("data/train-*.parquet")], None);
+    assert_eq!(len(&glob), 7);
+}
+
+#[test]
+fn a_dataset_card_configs_give_the_split_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let ds = root.join("ds");
+    rows_file(&ds.join("parts/a-0.parquet"), 3);
+    rows_file(&ds.join("parts/a-1.parquet"), 2);
+    rows_file(&ds.join("parts/b-0.parquet"), 4);
+    // The Hub's layout would find nothing here: the card's configs name the files.
+    fs::write(
+        ds.join("README.md"),
+        "---\nlicense: mit\nconfigs:\n- config_name: small\n  data_files:\n  - split: train\n    path: parts/b-*\n\
+         - config_name: full\n  default: true\n  data_files:\n  - split: train\n    path:\n    - parts/a-*\n  \
+         - split: test\n    path: parts/b-0.parquet\n---\n# ds\n",
+    )
+    .unwrap();
+    assert_eq!(index_of(&split_spec(&ds, "train"), root).unwrap().len(), 5);
+    assert_eq!(index_of(&split_spec(&ds, "test"), root).unwrap().len(), 4);
+    let e = split_spec(&ds, "validation")
+        .check_roots(&[root.to_owned()])
+        .unwrap_err();
+    assert_eq!(e.code(), "no_match");
+    assert!(e.to_string().contains("names other splits"), "{e}");
+}

@@ -130,34 +130,67 @@ fn list_all(
     }
 }
 
-/// The objects of a layout of files (`.tar` shards, `.parquet` files): those under the url
-/// whose key `is_file` accepts, hidden names skipped, sorted by key; or the one object the
-/// url names when `is_file` accepts its key. None is the url's `not_found`.
+/// The objects of a layout of files (`.tar` shards, `.parquet` files) that the url names:
+/// its brace ranges and lists expanded in their order, then per key the objects a glob
+/// pattern matches (sorted; none is `NoMatch`), or those under a prefix whose key `is_file`
+/// accepts (sorted), or the one object the key names when `is_file` accepts it; hidden names
+/// skipped. A prefix or a named object with nothing is the url's `not_found`.
 fn files_of(
     stores: &ObjectStores,
     ds: &S3Dataset,
+    ext: &str,
     is_file: impl Fn(&str) -> bool,
 ) -> Result<Vec<ObjectMeta>, StorageError> {
-    let one = is_file(&ds.url.key);
-    let (objects, _) = if one {
-        list_all(stores, ds, &ds.url.key, false)?
-    } else {
-        list_all(stores, ds, &ds.url.folder(), true)?
+    let mut all = Vec::new();
+    for key in crate::select::brace_keys(&ds.url.key)? {
+        all.extend(files_of_key(stores, ds, &key, ext, &is_file)?);
+    }
+    Ok(all)
+}
+
+fn files_of_key(
+    stores: &ObjectStores,
+    ds: &S3Dataset,
+    key: &str,
+    ext: &str,
+    is_file: &impl Fn(&str) -> bool,
+) -> Result<Vec<ObjectMeta>, StorageError> {
+    let pattern = crate::select::KeyPattern::of(key)?;
+    let one = pattern.is_none() && is_file(key);
+    let (objects, _) = match &pattern {
+        // Listed from the key's part before its first metacharacter, unfolded.
+        Some(p) => list_all(stores, ds, &p.prefix, false)?,
+        None if one => list_all(stores, ds, key, false)?,
+        None => list_all(stores, ds, &url::folder_of(key), true)?,
     };
     let mut found: Vec<ObjectMeta> = objects
         .into_iter()
         .filter(|o| {
-            let key = o.location.as_ref();
-            is_file(key)
-                && !crate::is_hidden(std::ffi::OsStr::new(last_component(key)))
-                && (!one || key == ds.url.key)
+            let k = o.location.as_ref();
+            is_file(k)
+                && !crate::is_hidden(std::ffi::OsStr::new(last_component(k)))
+                && (!one || k == key)
+                && pattern.as_ref().is_none_or(|p| p.matches(k))
         })
         .collect();
     found.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
-    if found.is_empty() {
-        return Err(ds.not_found(&ds.url.key));
+    if let Some(o) = found
+        .iter()
+        .find(|o| !stores.allow().permits(&ds.url.bucket, o.location.as_ref()))
+    {
+        return Err(StorageError::S3NotAllowed {
+            url: format!("s3://{}/{}", ds.url.bucket, o.location.as_ref()),
+            reason: "the pattern matches it, outside --allowed-s3".into(),
+        });
     }
-    Ok(found)
+    match (found.is_empty(), pattern) {
+        (true, Some(_)) => Err(StorageError::NoMatch {
+            pattern: format!("s3://{}/{key}", ds.url.bucket),
+            ext: ext.to_owned(),
+        }),
+        (true, None) => Err(ds.not_found(key)),
+        (false, _) => Ok(found),
+    }
 }
 
 /// The last component of a key or prefix.

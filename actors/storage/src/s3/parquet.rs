@@ -62,7 +62,7 @@ pub(super) fn index(
     fields: Option<&crate::fields::Fields>,
     progress: &mut Progress<'_>,
 ) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
-    let found = files_of(stores, ds, has_parquet_extension)?;
+    let found = files_of(stores, ds, "parquet", has_parquet_extension)?;
     let versions: Vec<ObjectVersion> = found.iter().map(ObjectVersion::of).collect();
     let (remote, handle) = stores.shared();
     let dataset = Arc::new(ds.clone());

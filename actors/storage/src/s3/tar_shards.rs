@@ -16,7 +16,9 @@ pub(super) fn index(
     fields: Option<&crate::fields::Fields>,
     progress: &mut Progress<'_>,
 ) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
-    let shards = files_of(stores, ds, |k| tar_shards::has_tar_extension(Path::new(k)))?;
+    let shards = files_of(stores, ds, "tar", |k| {
+        tar_shards::has_tar_extension(Path::new(k))
+    })?;
     let mut items = IndexBuilder::members();
     items.sample = fields.map(|f| crate::index::SampleFields::new(f, true));
     for (n, shard) in shards.iter().enumerate() {

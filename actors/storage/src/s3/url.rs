@@ -43,7 +43,7 @@ impl S3Url {
     }
 }
 
-fn folder_of(key: &str) -> String {
+pub(super) fn folder_of(key: &str) -> String {
     if key.is_empty() || key.ends_with('/') {
         key.to_owned()
     } else {

@@ -19,9 +19,10 @@ pub fn create_dataset(registry: &Arc<Registry>, name: String, source: SourceSpec
         registry.objects.as_deref(),
     )
     .map_err(|e| match e {
-        StorageError::S3Invalid { .. } | StorageError::BadFields { .. } => {
-            Error::new(Code::InvalidRequest, e.to_string())
-        }
+        StorageError::S3Invalid { .. }
+        | StorageError::BadFields { .. }
+        | StorageError::NoMatch { .. }
+        | StorageError::BadPattern { .. } => Error::new(Code::InvalidRequest, e.to_string()),
         StorageError::S3EndpointNotAllowed { .. } => {
             Error::new(Code::EndpointNotAllowed, e.to_string())
         }
