@@ -151,3 +151,30 @@ def test_what_matches_nothing_is_a_400_naming_it(server: Dict[str, Any]) -> None
     status, body = post(url, "/v1/datasets", {"name": "nothing", "source": {
         "kind": "tar_shards", "paths": ["/etc/*.tar"]}})
     assert status == 403, body
+
+
+def test_manifests_quote_as_csv_does_and_tab_separated_ones_are_read(server: Dict[str, Any]) -> None:
+    import csv
+    url, data = server["url"], server["data"]
+    images = sorted((data / "imgs").rglob("*.jpg"))[:4]
+    odd = data / "odd"
+    odd.mkdir(exist_ok=True)
+    # File names a CSV must quote: a comma, a quote, a line break.
+    names = ["a, b.jpg", 'say "cheese".jpg', "two\nlines.jpg", "plain.jpg"]
+    for name, src in zip(names, images):
+        (odd / name).write_bytes(src.read_bytes())
+    with open(data / "odd.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label"])
+        w.writerows([[f"odd/{n}", i] for i, n in enumerate(names)])
+    with open(data / "odd.tsv", "w", newline="") as f:
+        w = csv.writer(f, delimiter="\t")
+        w.writerow(["path", "label"])
+        w.writerows([[f"odd/{n}", i] for i, n in enumerate(names)])
+    (data / "odd.txt").write_bytes((data / "odd.tsv").read_bytes())
+    for name, source in [("csv", {"kind": "manifest", "path": str(data / "odd.csv")}),
+                         ("tsv", {"kind": "manifest", "path": str(data / "odd.tsv")}),
+                         ("txt", {"kind": "manifest", "path": str(data / "odd.txt"), "format": "tsv"})]:
+        view = create(url, f"manifest-{name}", source)
+        assert view["items"] == len(names), view
+        assert labels_of_an_epoch(url, f"manifest-{name}", f"j-{name}") == list(range(len(names)))

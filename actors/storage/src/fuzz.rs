@@ -72,6 +72,7 @@ fn manifests_never_panic() {
                 &text,
                 SourceSpec::Manifest {
                     path: dir.0.join("m.csv"),
+                    format: None,
                     fields: None,
                 },
             );
@@ -81,6 +82,7 @@ fn manifests_never_panic() {
                 &text,
                 SourceSpec::Manifest {
                     path: dir.0.join("m.jsonl"),
+                    format: None,
                     fields: None,
                 },
             );

@@ -82,6 +82,7 @@ use roots::Roots;
 
 pub use error::StorageError;
 pub use index::{DatasetIndex, IndexFormatError, Location};
+pub use manifest::ManifestFormat;
 pub use parquet::ParquetReads;
 pub use read::{Sample, SampleField};
 pub use spec::SourceSpec;
@@ -113,9 +114,11 @@ pub fn index(
         SourceSpec::TarShards { paths, fields } => {
             tar_shards::index(paths, fields.as_ref(), &roots, &mut counter)?
         }
-        SourceSpec::Manifest { path, fields } => {
-            manifest::index(path, fields.as_ref(), &roots, &mut counter)?
-        }
+        SourceSpec::Manifest {
+            path,
+            format,
+            fields,
+        } => manifest::index(path, *format, fields.as_ref(), &roots, &mut counter)?,
         SourceSpec::Parquet {
             paths,
             split,

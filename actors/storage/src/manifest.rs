@@ -19,8 +19,8 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 
-use serde::Deserialize;
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
 
 use super::fields::{FieldKind, Fields};
 use super::index::{IndexBuilder, SampleFields};
@@ -49,12 +49,13 @@ type Bad<'a> = &'a dyn Fn(u64, String) -> StorageError;
 
 pub(super) fn index(
     path: &Path,
+    format: Option<ManifestFormat>,
     fields: Option<&Fields>,
     roots: &Roots,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
     let manifest = roots.check(path)?;
-    let format = Format::of(&manifest, path, "the file name")?;
+    let format = Format::of(format, &manifest, path, "the file name")?;
     let base = manifest.parent().unwrap_or(Path::new("/")).to_owned();
     let size = size_hint(&manifest, &base).map_err(|e| StorageError::io(path, e))?;
     let file = File::open(&manifest).map_err(|e| StorageError::io(path, e))?;
@@ -118,7 +119,7 @@ pub(super) fn index_reader(
     resolve: &mut dyn FnMut(&str) -> Result<PathBuf, StorageError>,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
-    let format = Format::of(path, path, "the object's name")?;
+    let format = Format::of(None, path, path, "the object's name")?;
     // An entry's path here is an object's key, which no load reads as a file.
     if let Some((name, kind)) = fields.and_then(|f| f.unsupported(TEXT_KINDS)) {
         return Err(StorageError::BadFields {
@@ -147,31 +148,49 @@ fn names_a_file(kind: FieldKind) -> bool {
     matches!(kind, FieldKind::Npy | FieldKind::Bytes)
 }
 
-/// A manifest's format, which the extension of its name gives.
-#[derive(Clone, Copy, Debug)]
-enum Format {
-    /// `.csv`.
+/// A manifest's format: the source's `format`, else the extension of its name.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ManifestFormat {
+    /// `.csv`: comma-separated values, RFC 4180 (quoted fields may hold commas, quotes and
+    /// line breaks).
     Csv,
+    /// `.tsv`: tab-separated values, quoted as CSV is.
+    Tsv,
     /// `.jsonl` or `.json`: JSON lines, or one JSON array.
-    Json,
+    Jsonl,
 }
 
-impl Format {
-    /// The format of a manifest named `name` (`.csv`, `.jsonl` or `.json`, any case); else a
-    /// `BadManifest` error for `shown` that says `noun` ("the file name") must end in one.
-    fn of(name: &Path, shown: &Path, noun: &str) -> Result<Self, StorageError> {
+type Format = ManifestFormat;
+
+impl ManifestFormat {
+    /// `given`, else the format of a manifest named `name` (`.csv`, `.tsv`, `.jsonl` or
+    /// `.json`, any case); else a `BadManifest` error for `shown` that says `noun` ("the file
+    /// name") must end in one.
+    fn of(
+        given: Option<Self>,
+        name: &Path,
+        shown: &Path,
+        noun: &str,
+    ) -> Result<Self, StorageError> {
+        if let Some(f) = given {
+            return Ok(f);
+        }
         let ext = name
             .extension()
             .and_then(|e| e.to_str())
             .map(str::to_ascii_lowercase);
         match ext.as_deref() {
             Some("csv") => Ok(Format::Csv),
-            Some("jsonl" | "json") => Ok(Format::Json),
+            Some("tsv") => Ok(Format::Tsv),
+            Some("jsonl" | "json") => Ok(Format::Jsonl),
             _ => Err(StorageError::BadManifest {
                 path: shown.to_owned(),
                 line: 0,
                 reason: format!(
-                    "unknown manifest format: {noun} must end in .csv, .jsonl or .json"
+                    "unknown manifest format: {noun} must end in .csv, .tsv, .jsonl or .json \
+                     (or give the source's `format`)"
                 ),
             }),
         }
@@ -203,11 +222,16 @@ fn parse(
         progress,
     };
     match format {
-        Format::Csv if entries.columns.is_some() => {
-            parse_csv_columns(&mut reader, &bad, &mut entries)?;
+        Format::Csv | Format::Tsv => {
+            let delimiter = if format == Format::Tsv { b'\t' } else { b',' };
+            let records = Records::new(&mut reader, delimiter);
+            if entries.columns.is_some() {
+                parse_csv_columns(records, &bad, &mut entries)?;
+            } else {
+                parse_csv(records, &bad, &mut entries)?;
+            }
         }
-        Format::Csv => parse_csv(&mut reader, &bad, &mut entries)?,
-        Format::Json => {
+        Format::Jsonl => {
             let starts_array = loop {
                 let buf = reader.fill_buf().map_err(|e| StorageError::io(path, e))?;
                 match buf.iter().position(|b| !b.is_ascii_whitespace()) {
@@ -436,26 +460,69 @@ impl Resolver<'_> {
     }
 }
 
-/// CSV: `path,label` per line, an optional `path,label` header, RFC 4180 quotes (no line
-/// breaks inside fields), blank lines ignored.
-fn parse_csv(
-    reader: &mut impl BufRead,
+/// The records of a CSV or TSV manifest (the `csv` crate: RFC 4180 quotes, a quoted field may
+/// hold the delimiter, `""` and line breaks), each with the line it starts on; records whose
+/// fields are all blank are skipped.
+struct Records<'r, R: BufRead> {
+    reader: csv::Reader<&'r mut R>,
+    record: csv::StringRecord,
+}
+
+impl<'r, R: BufRead> Records<'r, R> {
+    fn new(reader: &'r mut R, delimiter: u8) -> Self {
+        Records {
+            reader: csv::ReaderBuilder::new()
+                .has_headers(false)
+                .flexible(true)
+                .delimiter(delimiter)
+                .from_reader(reader),
+            record: csv::StringRecord::new(),
+        }
+    }
+
+    /// Calls `f` with each record's line and fields.
+    fn for_each(
+        mut self,
+        bad: Bad<'_>,
+        mut f: impl FnMut(u64, &csv::StringRecord) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        loop {
+            match self.reader.read_record(&mut self.record) {
+                Ok(false) => return Ok(()),
+                Ok(true) => {}
+                Err(e) => {
+                    let line = e.position().map_or(0, csv::Position::line);
+                    let reason = match e.kind() {
+                        csv::ErrorKind::Utf8 { .. } => "the line is not utf-8".to_owned(),
+                        _ => format!("cannot read: {e}").to_lowercase(),
+                    };
+                    return Err(bad(line, reason));
+                }
+            }
+            if self.record.iter().all(|c| c.trim().is_empty()) {
+                continue;
+            }
+            let line = self.record.position().map_or(0, csv::Position::line);
+            f(line, &self.record)?;
+        }
+    }
+}
+
+/// CSV: `path,label` per record, an optional `path,label` header, blank lines ignored.
+fn parse_csv<R: BufRead>(
+    records: Records<'_, R>,
     bad: Bad<'_>,
     out: &mut Entries<'_, '_>,
 ) -> Result<(), StorageError> {
     let mut first = true;
-    for_each_line(reader, bad, |n, line| {
-        if line.trim().is_empty() {
-            return Ok(());
-        }
-        let fields = split_csv_line(line).map_err(|r| bad(n, r))?;
-        let [path, label] = <[String; 2]>::try_from(fields).map_err(|f| {
-            bad(
+    records.for_each(bad, |n, record| {
+        let [path, label] = [0, 1].map(|i| record.get(i).unwrap_or_default().trim());
+        if record.len() != 2 {
+            return Err(bad(
                 n,
-                format!("expected 2 fields (path,label), found {}", f.len()),
-            )
-        })?;
-        let (path, label) = (path.trim(), label.trim());
+                format!("expected 2 fields (path,label), found {}", record.len()),
+            ));
+        }
         if std::mem::take(&mut first)
             && path.eq_ignore_ascii_case("path")
             && label.eq_ignore_ascii_case("label")
@@ -491,44 +558,6 @@ fn for_each_line(
         let line = std::str::from_utf8(line).map_err(|_| bad(n, "the line is not utf-8".into()))?;
         f(n, line)?;
     }
-}
-
-/// Splits one CSV line into fields, honouring `"quoted, ""fields"""`.
-fn split_csv_line(line: &str) -> Result<Vec<String>, String> {
-    let mut fields = Vec::new();
-    let mut field = String::new();
-    let mut chars = line.chars().peekable();
-    let mut quoted = false;
-    let mut was_quoted = false;
-    while let Some(c) = chars.next() {
-        match (quoted, c) {
-            (true, '"') if chars.peek() == Some(&'"') => {
-                chars.next();
-                field.push('"');
-            }
-            (true, '"') => quoted = false,
-            (true, c) => field.push(c),
-            (false, '"') if field.trim().is_empty() && !was_quoted => {
-                field.clear();
-                quoted = true;
-                was_quoted = true;
-            }
-            (false, ',') => {
-                fields.push(std::mem::take(&mut field));
-                was_quoted = false;
-            }
-            (false, c) if was_quoted && !c.is_whitespace() => {
-                return Err("text after a closing quote".into());
-            }
-            (false, _) if was_quoted => {}
-            (false, c) => field.push(c),
-        }
-    }
-    if quoted {
-        return Err("unterminated quote".into());
-    }
-    fields.push(field);
-    Ok(fields)
 }
 
 /// JSON lines: `{"path": "...", "label": 3}` per line, blank lines ignored.
@@ -712,18 +741,14 @@ fn json_object(
     columns_entry(n, out, &get, &label_of, true, bad)
 }
 
-/// CSV with declared fields: a header line naming the columns, then one entry per line.
-fn parse_csv_columns(
-    reader: &mut impl BufRead,
+/// CSV with declared fields: a header record naming the columns, then one entry per record.
+fn parse_csv_columns<R: BufRead>(
+    records: Records<'_, R>,
     bad: Bad<'_>,
     out: &mut Entries<'_, '_>,
 ) -> Result<(), StorageError> {
     let mut header: Option<HashMap<String, usize>> = None;
-    for_each_line(reader, bad, |n, line| {
-        if line.trim().is_empty() {
-            return Ok(());
-        }
-        let cells = split_csv_line(line).map_err(|r| bad(n, r))?;
+    records.for_each(bad, |n, cells| {
         let Some(columns) = &header else {
             header = Some(
                 cells
@@ -744,7 +769,7 @@ fn parse_csv_columns(
                 ),
             ));
         }
-        let get = |c: &str| columns.get(c).map(|&i| Ok(cells[i].clone()));
+        let get = |c: &str| columns.get(c).map(|&i| Ok(cells[i].to_owned()));
         let label_of = |c: &str| {
             let v = cells[*columns.get(c)?].trim();
             (!v.is_empty()).then(|| RawLabel::Owned(v.to_owned()))
@@ -872,7 +897,7 @@ mod tests {
     use std::fs;
     use std::path::{Path, PathBuf};
 
-    use super::{Format, field_path, relative_path, split_csv_line};
+    use super::{Format, field_path, relative_path};
     use crate::fields::npy_f32;
     use crate::{DatasetIndex, SourceSpec, StorageError};
 
@@ -1102,29 +1127,70 @@ mod tests {
 
     #[test]
     fn the_extension_gives_the_format() {
-        let of = |name: &str| Format::of(Path::new(name), Path::new("shown"), "the file name");
+        let of =
+            |name: &str| Format::of(None, Path::new(name), Path::new("shown"), "the file name");
         assert!(matches!(of("/d/m.CSV"), Ok(Format::Csv)));
-        assert!(matches!(of("m.jsonl"), Ok(Format::Json)));
-        assert!(matches!(of("m.Json"), Ok(Format::Json)));
+        assert!(matches!(of("/d/m.tsv"), Ok(Format::Tsv)));
+        assert!(matches!(of("m.jsonl"), Ok(Format::Jsonl)));
+        assert!(matches!(of("m.Json"), Ok(Format::Jsonl)));
         for name in ["m.txt", "m", "csv"] {
             assert_eq!(
                 of(name).unwrap_err().to_string(),
                 "bad manifest shown line 0: unknown manifest format: the file name must end in \
-                 .csv, .jsonl or .json"
+                 .csv, .tsv, .jsonl or .json (or give the source's `format`)"
             );
         }
+        // The source's `format` wins over the name.
+        let given = Format::of(Some(Format::Tsv), Path::new("m.txt"), Path::new("s"), "n");
+        assert!(matches!(given, Ok(Format::Tsv)));
+    }
+
+    /// The entries (path, label) of manifest text `text` named `name`.
+    fn entries(name: &str, text: &str) -> Result<Vec<(String, Option<i64>)>, StorageError> {
+        let ix = super::index_reader(
+            Path::new(name),
+            None,
+            text.as_bytes(),
+            &mut |k| Ok(PathBuf::from(k)),
+            &mut crate::Progress {
+                count: 0,
+                report: &mut |_| {},
+            },
+        )?;
+        Ok((0..ix.len() as u32)
+            .map(|id| match ix.location(id) {
+                Some(crate::Location::File(p)) => (p.display().to_string(), ix.label(id)),
+                _ => panic!("not a file item"),
+            })
+            .collect())
     }
 
     #[test]
-    fn csv_fields() {
-        assert_eq!(split_csv_line("a.jpg,3").unwrap(), ["a.jpg", "3"]);
+    fn csv_and_tsv_quote_as_rfc_4180() {
+        let csv = "path,label\n\"a, \"\"b\"\".jpg\",3\n\"multi\nline.jpg\",4\n\n  \nc.jpg , 5\r\n";
+        let got = entries("m.csv", csv).unwrap();
+        let want = [("a, \"b\".jpg", 3), ("multi\nline.jpg", 4), ("c.jpg", 5)];
+        let want: Vec<_> = want
+            .iter()
+            .map(|(p, l)| ((*p).to_owned(), Some(*l)))
+            .collect();
+        assert_eq!(got, want);
+        let tsv = "path\tlabel\na b.jpg\t1\n\"q\tx.jpg\"\t2\n";
+        let got = entries("m.tsv", tsv).unwrap();
         assert_eq!(
-            split_csv_line(r#""a, ""b"".jpg",cat"#).unwrap(),
-            ["a, \"b\".jpg", "cat"]
+            got,
+            [
+                ("a b.jpg".to_owned(), Some(1)),
+                ("q\tx.jpg".to_owned(), Some(2))
+            ]
         );
-        assert_eq!(split_csv_line(r#" "x" ,1"#).unwrap(), ["x", "1"]);
-        assert_eq!(split_csv_line("a,b,c").unwrap().len(), 3);
-        assert!(split_csv_line(r#""open,1"#).is_err());
-        assert!(split_csv_line(r#""a"b,1"#).is_err());
+        // An entry's line, after a field that spans two lines.
+        let e = entries("m.csv", "\"x\ny.jpg\",1\nz.jpg\n").unwrap_err();
+        assert_eq!(e.code(), "bad_manifest");
+        assert!(
+            e.to_string()
+                .contains("line 3: expected 2 fields (path,label), found 1"),
+            "{e}"
+        );
     }
 }

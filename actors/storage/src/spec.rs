@@ -38,10 +38,14 @@ pub enum SourceSpec {
         )]
         fields: Option<fields::Fields>,
     },
-    /// A CSV or JSON-lines list of `path, label`.
+    /// A CSV, TSV or JSON-lines list of `path, label`.
     Manifest {
         #[cfg_attr(feature = "openapi", schema(value_type = String))]
         path: PathBuf,
+        /// `csv`, `tsv` or `jsonl` (JSON lines or one JSON array); default: the file's
+        /// extension (`.csv`, `.tsv`, `.jsonl`, `.json`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        format: Option<manifest::ManifestFormat>,
         /// The sample's fields, each `from` a CSV column (the CSV then needs a header) or a
         /// JSON key: one of kind `image` (default `path`), at most one `class` (default
         /// `label`; without one every label is 0), and `text` or `json` fields, whose values

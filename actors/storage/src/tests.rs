@@ -36,6 +36,7 @@ fn folder(path: &Path) -> SourceSpec {
 fn manifest(path: &Path) -> SourceSpec {
     SourceSpec::Manifest {
         path: path.to_owned(),
+        format: None,
         fields: None,
     }
 }

@@ -295,6 +295,7 @@ mod tests {
         std::fs::write(dir.path().join("m.csv"), "a.jpg,3\na.jpg,1\n").unwrap();
         let source = SourceSpec::Manifest {
             path: dir.path().join("m.csv"),
+            format: None,
             fields: None,
         };
         let index = joader_storage::index(&source, &[dir.path().to_owned()], &mut |_| {}).unwrap();
