@@ -178,3 +178,43 @@ def test_manifests_quote_as_csv_does_and_tab_separated_ones_are_read(server: Dic
         view = create(url, f"manifest-{name}", source)
         assert view["items"] == len(names), view
         assert labels_of_an_epoch(url, f"manifest-{name}", f"j-{name}") == list(range(len(names)))
+
+
+def test_classes_stored_as_names(server: Dict[str, Any]) -> None:
+    import joader
+    pa = need("pyarrow", "a string class column")
+    pq = need("pyarrow.parquet", "a string class column")
+    url, data = server["url"], server["data"]
+    images = sorted((data / "imgs").rglob("*.jpg"))
+    names: List[Any] = ["dog", "cat", "dog", "bird", "cat", None]
+    folder = data / "named"
+    folder.mkdir()
+    rows = [{"image": {"bytes": p.read_bytes(), "path": p.name}, "label": n} for p, n in zip(images, names)]
+    schema = pa.schema([("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])), ("label", pa.string())])
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), folder / "a.parquet", row_group_size=2)
+    classes = sorted({n for n in names if n is not None})
+    view = create(url, "named-parquet", {"kind": "parquet", "paths": [str(folder / "a.parquet")]})
+    assert view["classes"] == classes, view
+    # A null cell is an unlabelled row: -1.
+    want = sorted(-1 if n is None else classes.index(n) for n in names)
+    assert labels_of_an_epoch(url, "named-parquet", "j-named") == want
+    with joader.Loader(server=url, dataset="named-parquet", job="j-classes", batch_size=6) as loader:
+        assert loader.classes == classes
+    # Integers in one file, texts in another: refused, naming both.
+    ints = pa.schema([("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])), ("label", pa.int64())])
+    pq.write_table(pa.Table.from_pylist([{"image": rows[0]["image"], "label": 1}], schema=ints), folder / "b.parquet")
+    status, body = post(url, "/v1/datasets", {"name": "mixed", "source": {"kind": "parquet", "paths": [str(folder)]}})
+    assert status in (200, 201, 202), body
+    while (view := get(url, "/v1/datasets/mixed"))["state"] == "indexing":
+        time.sleep(0.05)
+    assert view["state"] == "failed" and "holds integers" in view["error"], view
+    # WebDataset class members that hold names.
+    with tarfile.open(data / "named.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for k, (p, n) in enumerate(zip(images, names[:5])):
+            for ext, payload in [("jpg", p.read_bytes()), ("cls", n.encode())]:
+                info = tarfile.TarInfo(f"k{k}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    view = create(url, "named-shards", {"kind": "tar_shards", "paths": [str(data / "named.tar")]})
+    assert view["classes"] == classes, view
+    assert labels_of_an_epoch(url, "named-shards", "j-named-shards") == sorted(classes.index(n) for n in names[:5])

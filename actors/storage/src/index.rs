@@ -500,9 +500,22 @@ pub(super) struct IndexBuilder {
     locations: Locations,
     /// The small fields, when the source declares some.
     pub(super) sample: Option<SampleFields>,
+    /// Label texts, for sources that store classes as text (shards' class members).
+    pub(super) texts: crate::classes::ClassTexts,
 }
 
 impl IndexBuilder {
+    /// The class names of labels pushed as texts' provisional numbers ([`ClassTexts`]),
+    /// the labels made final.
+    ///
+    /// [`ClassTexts`]: crate::classes::ClassTexts
+    pub(super) fn text_classes(
+        &mut self,
+        what: &dyn Fn() -> String,
+    ) -> Result<Vec<String>, crate::StorageError> {
+        std::mem::take(&mut self.texts).finish(&mut self.labels, true, what)
+    }
+
     pub(super) fn files() -> Self {
         Self::files_with_capacity(0, 0)
     }
@@ -521,6 +534,7 @@ impl IndexBuilder {
                 ends: Vec::with_capacity(items),
             },
             sample: None,
+            texts: Default::default(),
         }
     }
 
@@ -533,6 +547,7 @@ impl IndexBuilder {
                 len: Vec::new(),
             },
             sample: None,
+            texts: Default::default(),
         }
     }
 
@@ -547,6 +562,7 @@ impl IndexBuilder {
                 info: RowsInfo::default(),
             },
             sample: None,
+            texts: Default::default(),
         }
     }
 

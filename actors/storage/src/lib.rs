@@ -50,6 +50,7 @@
 // Functions read as their steps: none over the threshold of the folder's `clippy.toml`.
 #![warn(clippy::too_many_lines)]
 
+mod classes;
 mod error;
 pub mod fields;
 mod folder;

@@ -22,10 +22,11 @@ use std::path::{Component, Path, PathBuf};
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
+use super::classes::ClassTexts;
 use super::fields::{FieldKind, Fields};
 use super::index::{IndexBuilder, SampleFields};
 use super::roots::Roots;
-use super::{DatasetIndex, Progress, StorageError, numeric_classes, numeric_label};
+use super::{DatasetIndex, Progress, StorageError, numeric_label};
 
 /// Canonical folders remembered while resolving entries (cleared past this many).
 const MAX_CACHED_DIRS: usize = 4096;
@@ -215,7 +216,7 @@ fn parse(
     items.sample = fields.map(|f| SampleFields::new(f, false));
     let mut entries = Entries {
         items,
-        names: HashMap::new(),
+        names: ClassTexts::default(),
         kinds: (false, false),
         columns: fields.map(Columns::of),
         resolve,
@@ -258,7 +259,7 @@ struct Entries<'a, 'p> {
     items: IndexBuilder,
     /// Label texts (every CSV label; JSON names) and their number in order of appearance;
     /// the label column holds these numbers until [`Entries::finish`] (or JSON numbers).
-    names: HashMap<Box<str>, u32>,
+    names: ClassTexts,
     /// (numbers, names) met in a JSON manifest.
     kinds: (bool, bool),
     /// The columns or keys of a declaration of fields.
@@ -321,52 +322,14 @@ impl Entries<'_, '_> {
 
     /// The provisional number of a label text.
     fn name_id(&mut self, name: &str) -> u32 {
-        match self.names.get(name) {
-            Some(&id) => id,
-            None => {
-                let id = self.names.len() as u32;
-                self.names.insert(name.into(), id);
-                id
-            }
-        }
+        self.names.id(name)
     }
 
     /// Turns the provisional labels into the final ones. CSV labels are numbers if every
     /// label is an integer, class names otherwise; JSON labels are what they were written as.
     fn finish(mut self, what: &dyn Fn() -> String) -> Result<DatasetIndex, StorageError> {
-        let mut texts: Vec<(Box<str>, u32)> = self.names.drain().collect();
-        texts.sort_by_key(|(_, id)| *id);
-        let numbers: Option<Vec<i64>> = texts.iter().map(|(t, _)| t.parse().ok()).collect();
-        let classes = match numbers {
-            // Only numbers were written (JSON numbers, or CSV labels that all parse).
-            Some(numbers) if !self.kinds.1 => {
-                let map = numbers
-                    .into_iter()
-                    .map(|n| numeric_label(n, what))
-                    .collect::<Result<Vec<u32>, _>>()?;
-                if !map.is_empty() {
-                    for l in self.items.labels_mut() {
-                        *l = map[*l as usize];
-                    }
-                }
-                numeric_classes(self.items.labels_mut())
-            }
-            _ => {
-                let mut order: Vec<usize> = (0..texts.len()).collect();
-                order.sort_by(|&a, &b| texts[a].0.cmp(&texts[b].0));
-                let mut map = vec![0u32; texts.len()];
-                for (position, &id) in order.iter().enumerate() {
-                    map[id] = position as u32;
-                }
-                for l in self.items.labels_mut() {
-                    *l = map[*l as usize];
-                }
-                order
-                    .into_iter()
-                    .map(|id| texts[id].0.to_string())
-                    .collect()
-            }
-        };
+        let names = std::mem::take(&mut self.names);
+        let classes = names.finish(self.items.labels_mut(), !self.kinds.1, what)?;
         Ok(self.items.finish(classes, Vec::new()))
     }
 }

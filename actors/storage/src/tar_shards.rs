@@ -8,7 +8,7 @@ use super::fields::{FieldKind, Fields};
 use super::index::IndexBuilder;
 use super::index::SampleFields;
 use super::roots::Roots;
-use super::{DatasetIndex, Progress, StorageError, numeric_classes, numeric_label};
+use super::{DatasetIndex, Progress, StorageError};
 use crate::fields::FieldValues;
 
 /// A `.cls` member longer than this is not a label.
@@ -41,7 +41,7 @@ pub(super) fn index(
         let n = u32::try_from(n).map_err(|_| StorageError::TooManyItems)?;
         index_shard(n, shard, fields, &mut items, progress)?;
     }
-    let classes = numeric_classes(items.labels_mut());
+    let classes = items.text_classes(&|| "tar shards".to_owned())?;
     Ok(items.finish(classes, shards))
 }
 
@@ -54,7 +54,8 @@ struct Sample {
     /// Where its last member's data ends, padded to the tar block.
     end: u64,
     image: Option<(u64, u64)>,
-    label: Option<i64>,
+    /// The class member's text (a number or a name).
+    label: Option<String>,
     /// With declared fields: which small fields have a member (name order).
     found: Vec<bool>,
 }
@@ -171,8 +172,8 @@ impl Shard<'_> {
             key: format!("{} in {}", s.key, self.path.display()),
             field: field.to_owned(),
         };
-        let label = match (&self.wanted.class, s.label) {
-            (_, Some(label)) => label,
+        let label = match (&self.wanted.class, &s.label) {
+            (_, Some(label)) => items.texts.id(label),
             (Some(_), None) if self.fields.is_none() && s.image.is_none() => return Ok(()),
             (Some(_), None) if self.fields.is_none() => {
                 return Err(StorageError::BadLabel {
@@ -188,9 +189,8 @@ impl Shard<'_> {
                 });
                 return Err(missing(f.unwrap_or("class")));
             }
-            (None, None) => 0,
+            (None, None) => items.texts.id("0"),
         };
-        let label = numeric_label(label, &|| "tar shards".to_owned())?;
         match self.fields {
             None => {
                 let Some((offset, len)) = s.image else {
@@ -294,11 +294,11 @@ pub(super) fn index_entries<R: Read>(
             entry
                 .read_to_string(&mut text)
                 .map_err(|e| bad_label(format!("unreadable: {e}").to_lowercase()))?;
-            let label = text
-                .trim()
-                .parse::<i64>()
-                .map_err(|_| bad_label(format!("{:?} is not a decimal integer", text.trim())))?;
-            sample.label = Some(label);
+            if text.trim().is_empty() {
+                return Err(bad_label("an empty class member".into()));
+            }
+            // A number, or a class name (the classes are then the names, sorted).
+            sample.label = Some(text.trim().to_owned());
         } else if let Some(i) = wanted.small.iter().position(|(_, exts)| listed(exts, ext)) {
             sample.found[i] = true;
         }

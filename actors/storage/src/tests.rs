@@ -343,15 +343,12 @@ fn tar_shards_group_members_by_key_and_read_at_random() {
 }
 
 #[test]
-fn tar_labels_must_be_present_and_decimal() {
+fn tar_labels_must_be_present_and_well_formed() {
     let tmp = tempfile::tempdir().unwrap();
     let roots = [tmp.path().to_owned()];
     for (members, what) in [
         (vec![("a.jpg", &b"x"[..])], "no .cls member"),
-        (
-            vec![("a.jpg", &b"x"[..]), ("a.cls", b"cat")],
-            "not a decimal",
-        ),
+        (vec![("a.jpg", &b"x"[..]), ("a.cls", b" \n")], "empty class"),
         (vec![("a.jpg", &b"x"[..]), ("a.cls", b"-2")], "not in 0.."),
         (vec![("a.jpg", &b"x"[..]), ("a.cls", &[b'1'; 100])], "bytes"),
     ] {
@@ -1169,4 +1166,42 @@ fn patterns_list_nothing_outside_the_roots() {
     symlink(outside.join("s.tar"), allowed.join("b.tar")).unwrap();
     let spec = shards(vec![allowed.join("*.tar")]);
     assert_eq!(index_err(&spec, &roots).code(), "outside_roots");
+}
+
+#[test]
+fn tar_class_members_may_be_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = tmp.path().join("s.tar");
+    // Names: the classes are the names, sorted; a number among them is a name too.
+    write(
+        &s,
+        &shard(&[
+            ("a.jpg", &b"x"[..]),
+            ("a.cls", b"tabby cat\n"),
+            ("b.jpg", b"y"),
+            ("b.cls", b"airplane"),
+            ("c.jpg", b"z"),
+            ("c.cls", b"tabby cat"),
+            ("d.jpg", b"w"),
+            ("d.cls", b"7"),
+        ]),
+    );
+    let ix = index_ok(&shards(vec![s.clone()]), &[tmp.path().to_owned()]);
+    assert_eq!(ix.classes(), ["7", "airplane", "tabby cat"]);
+    let labels: Vec<Option<i64>> = (0..4).map(|i| ix.label(i)).collect();
+    assert_eq!(labels, [Some(2), Some(1), Some(2), Some(0)]);
+    // Numbers alone stay numbers.
+    write(
+        &s,
+        &shard(&[
+            ("a.jpg", &b"x"[..]),
+            ("a.cls", b"3"),
+            ("b.jpg", b"y"),
+            ("b.cls", b" 1 "),
+        ]),
+    );
+    let ix = index_ok(&shards(vec![s]), &[tmp.path().to_owned()]);
+    assert_eq!(ix.classes(), ["0", "1", "2", "3"]);
+    let labels: Vec<Option<i64>> = (0..2).map(|i| ix.label(i)).collect();
+    assert_eq!(labels, [Some(3), Some(1)]);
 }

@@ -165,6 +165,7 @@ class Loader:
         self.timeout = timeout
         self.failures: List[ElementFailure] = []
         self._server, self._token, self._request_timeout = server, token, request_timeout
+        self._classes: Optional[List[str]] = None
         self._register = dict(
             name=self.job,
             dataset=dataset,
@@ -448,6 +449,19 @@ class Loader:
     def finished(self) -> bool:
         """True once the server sent the end of the stream."""
         return self._finished
+
+    @property
+    def classes(self) -> List[str]:
+        """The dataset's class names, label ``i`` the ``i``-th, as ``GET /v1/datasets/{name}``
+        gives them: an image folder's class folders, Hugging Face's ``ClassLabel`` names, the
+        sorted texts of a string class column, member or manifest cell, or ``"0"`` to the
+        largest numeric label. Asked of the server once."""
+        if self._classes is None:
+            dataset = str(self._register["dataset"])
+            view = _post_json(f"{self._server.rstrip('/')}/v1/datasets/{urllib.parse.quote(dataset)}", None,
+                              self._request_timeout, self._token, method="GET")
+            self._classes = [str(c) for c in view.get("classes") or []]
+        return list(self._classes)
 
     @property
     def buffers_allocated(self) -> int:

@@ -233,7 +233,7 @@ pub(crate) struct Files<'a> {
 /// group when `class` names a column the file holds (else the checks say why).
 pub(super) struct FileRead {
     pub(super) meta: ParquetMetaData,
-    pub(super) labels: Option<Result<Vec<Vec<Option<i64>>>, String>>,
+    pub(super) labels: Option<Result<Vec<super::GroupLabels>, String>>,
 }
 
 pub(super) fn read_file(

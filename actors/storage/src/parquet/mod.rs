@@ -47,7 +47,7 @@ pub(crate) use reader::Objects;
 pub use reader::ParquetReads;
 
 use super::fields::{FieldKind, Fields};
-use super::index::{IndexBuilder, RowsInfo, SampleFields};
+use super::index::{IndexBuilder, NO_CLASS, RowsInfo, SampleFields};
 use super::roots::Roots;
 use super::{DatasetIndex, MAX_MEMBER_LEN, Progress, StorageError, numeric_classes, numeric_label};
 
@@ -151,6 +151,8 @@ fn index_all(
     let labelled = fields.is_none_or(|f| f.has(FieldKind::Class));
     let mut image_column: Option<String> = None;
     let mut names: Option<(PathBuf, Vec<String>)> = None;
+    // The first file's number, and whether its class column holds text.
+    let mut class_text: Option<(usize, bool)> = None;
     let count = files.named.len();
     // (A damaged footer may declare any count: beyond 64 M rows the columns grow as read.)
     let mut items = IndexBuilder::rows(declared.min(1 << 26));
@@ -189,6 +191,11 @@ fn index_all(
         } else {
             None
         };
+        if let Some(leaf) = class {
+            let text = schema.column(leaf).physical_type() == PhysicalType::BYTE_ARRAY;
+            same_class_kind(&mut class_text, (n as usize, text), files, class_from)
+                .map_err(&bad)?;
+        }
         if let Some(file_names) = hf.class_names(class_from).filter(|_| labelled) {
             match &names {
                 Some((first, known)) if *known != file_names => {
@@ -215,6 +222,30 @@ fn index_all(
         state: Default::default(),
     };
     Ok(items.finish_rows(classes, files.recorded.clone(), rows))
+}
+
+/// Checks that file `n`'s class column holds what the first file's does (`text` or
+/// integers): integers in one file and texts in another would number the classes two ways.
+fn same_class_kind(
+    first: &mut Option<(usize, bool)>,
+    (n, text): (usize, bool),
+    files: &Files<'_>,
+    class_from: &str,
+) -> Result<(), String> {
+    let kind = |text: bool| if text { "text" } else { "integers" };
+    match *first {
+        Some((f, was)) if was != text => Err(format!(
+            "its class column `{class_from}` holds {}, that of {} {}",
+            kind(text),
+            files.named[f].display(),
+            kind(was),
+        )),
+        Some(_) => Ok(()),
+        None => {
+            *first = Some((n, text));
+            Ok(())
+        }
+    }
 }
 
 /// The rows the files' footers declare, so that the columns are allocated once (growing
@@ -245,20 +276,32 @@ fn push_rows(
     n: u32,
     path: &Path,
     meta: &ParquetMetaData,
-    labels: Option<Vec<Vec<Option<i64>>>>,
+    labels: Option<Vec<GroupLabels>>,
     progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
     let mut labels = labels.map(Vec::into_iter);
     for g in 0..meta.num_row_groups() {
         let group = u32::try_from(g).map_err(|_| StorageError::TooManyItems)?;
-        let labels = match labels.as_mut() {
-            Some(read) => read.next().unwrap_or_default(),
-            None => vec![Some(0); usize::try_from(meta.row_group(g).num_rows()).unwrap_or(0)],
+        let rows = usize::try_from(meta.row_group(g).num_rows()).unwrap_or(0);
+        let labels = match labels.as_mut().and_then(Iterator::next) {
+            Some(GroupLabels::Numbers(numbers)) => {
+                let mut labels = Vec::with_capacity(numbers.len());
+                for (row, label) in numbers.into_iter().enumerate() {
+                    let what = || format!("row {row} of row group {g} in {}", path.display());
+                    // A null class cell is an unlabelled row, as a -1 is (test splits).
+                    labels.push(numeric_label(label.unwrap_or(-1), &what)?);
+                }
+                labels
+            }
+            // Texts: provisional numbers, the classes the sorted texts (`class_names`).
+            Some(GroupLabels::Texts(texts)) => texts
+                .iter()
+                .map(|t| t.as_deref().map_or(NO_CLASS, |t| items.texts.id(t)))
+                .collect(),
+            None if labels.is_some() => Vec::new(),
+            None => vec![0; rows],
         };
         for (row, label) in labels.into_iter().enumerate() {
-            let what = || format!("row {row} of row group {g} in {}", path.display());
-            // A null class cell is an unlabelled row, as a -1 is (test splits).
-            let label = numeric_label(label.unwrap_or(-1), &what)?;
             let row = u32::try_from(row).map_err(|_| StorageError::TooManyItems)?;
             items.push_row(n, group, row, label);
             progress.tick()?;
@@ -275,6 +318,16 @@ fn class_names(
     class_from: &str,
 ) -> Result<Vec<String>, StorageError> {
     Ok(match names {
+        Some((path, _)) if !items.texts.is_empty() => {
+            return Err(StorageError::BadLabel {
+                what: format!("column `{class_from}`"),
+                reason: format!(
+                    "it holds text, yet the Hugging Face metadata of {} names its classes \
+                     (a ClassLabel column holds integers)",
+                    path.display()
+                ),
+            });
+        }
         Some((_, names)) => {
             if let Some(&max) = items
                 .labels_mut()
@@ -292,6 +345,13 @@ fn class_names(
                 });
             }
             names
+        }
+        // A string class column: its texts, sorted.
+        None if !items.texts.is_empty() => {
+            let texts = std::mem::take(&mut items.texts);
+            texts.finish(items.labels_mut(), false, &|| {
+                format!("column `{class_from}`")
+            })?
         }
         None => numeric_classes(items.labels_mut()),
     })
@@ -508,7 +568,8 @@ fn default_image_column(schema: &SchemaDescriptor, hf: &HfFeatures) -> Option<St
         .map(|n| (*n).to_owned())
 }
 
-/// The class column's leaf: a top-level 32- or 64-bit integer column, not repeated.
+/// The class column's leaf: a top-level 32- or 64-bit integer or string (binary) column, not
+/// repeated.
 fn class_leaf(schema: &SchemaDescriptor, name: &str) -> Result<usize, String> {
     let found = schema
         .columns()
@@ -520,36 +581,53 @@ fn class_leaf(schema: &SchemaDescriptor, name: &str) -> Result<usize, String> {
         ));
     };
     let c = schema.column(i);
-    let integer = matches!(c.physical_type(), PhysicalType::INT32 | PhysicalType::INT64);
-    if !integer || c.max_rep_level() != 0 {
-        return Err(format!("column `{name}` is not an integer column"));
+    let kind = matches!(
+        c.physical_type(),
+        PhysicalType::INT32 | PhysicalType::INT64 | PhysicalType::BYTE_ARRAY
+    );
+    if !kind || c.max_rep_level() != 0 {
+        return Err(format!(
+            "column `{name}` is neither an integer nor a string column"
+        ));
     }
     Ok(i)
 }
 
-/// The class column's values in one row group (`None` where null).
+/// A row group's class cells (`None` where null): integers, or the texts of a string column.
+pub(super) enum GroupLabels {
+    Numbers(Vec<Option<i64>>),
+    Texts(Vec<Option<String>>),
+}
+
+/// The class column's values in one row group.
 fn read_labels(
     reader: &Arc<Input>,
     group: &RowGroupMetaData,
     leaf: usize,
-) -> Result<Vec<Option<i64>>, String> {
+) -> Result<GroupLabels, String> {
     match group.schema_descr().column(leaf).physical_type() {
-        PhysicalType::INT32 => read_column::<Int32Type>(reader, group, leaf, i64::from),
-        _ => read_column::<Int64Type>(reader, group, leaf, |v| v),
+        PhysicalType::INT32 => {
+            read_column::<Int32Type, _>(reader, group, leaf, |v| Ok(i64::from(*v)))
+                .map(GroupLabels::Numbers)
+        }
+        PhysicalType::BYTE_ARRAY => read_column::<ByteArrayType, _>(reader, group, leaf, |v| {
+            std::str::from_utf8(v.data())
+                .map(|s| s.trim().to_owned())
+                .map_err(|_| ParquetError::General("a class cell is not UTF-8 text".into()))
+        })
+        .map(GroupLabels::Texts),
+        _ => read_column::<Int64Type, _>(reader, group, leaf, |v| Ok(*v)).map(GroupLabels::Numbers),
     }
     .map_err(|e| e.to_string())
 }
 
 /// Every value of a non-repeated column in one row group, nulls as `None`.
-fn read_column<T: DataType>(
+fn read_column<T: DataType, V>(
     reader: &Arc<Input>,
     group: &RowGroupMetaData,
     leaf: usize,
-    convert: fn(T::T) -> i64,
-) -> Result<Vec<Option<i64>>, ParquetError>
-where
-    T::T: Copy,
-{
+    convert: impl Fn(&T::T) -> Result<V, ParquetError>,
+) -> Result<Vec<Option<V>>, ParquetError> {
     let rows = usize::try_from(group.num_rows()).unwrap_or(0);
     let mut column = column_reader::<T>(reader, group, leaf)?;
     let max_def = group.schema_descr().column(leaf).max_def_level();
@@ -567,15 +645,15 @@ where
             )));
         }
         if max_def == 0 {
-            out.extend(values.iter().map(|&v| Some(convert(v))));
+            for v in &values {
+                out.push(Some(convert(v)?));
+            }
         } else {
             let mut v = values.iter();
             for &d in &defs[..records] {
-                out.push(if d == max_def {
-                    v.next().map(|&x| convert(x))
-                } else {
-                    None
-                });
+                // Only a defined cell has a value among `values`.
+                let value = if d == max_def { v.next() } else { None };
+                out.push(value.map(&convert).transpose()?);
             }
         }
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::stream::StreamRead;
 use super::{ObjectStores, ObjectVersion, S3Dataset, files_of};
 use crate::index::IndexBuilder;
-use crate::{DatasetIndex, Progress, StorageError, numeric_classes, tar_shards};
+use crate::{DatasetIndex, Progress, StorageError, tar_shards};
 
 pub(super) fn index(
     stores: &ObjectStores,
@@ -32,7 +32,7 @@ pub(super) fn index(
             .map_err(|e| tar_shards::bad_shard(&name)(e.to_string().to_lowercase()))?;
         tar_shards::index_entries(n, &name, shard.size, fields, entries, &mut items, progress)?;
     }
-    let classes = numeric_classes(items.labels_mut());
+    let classes = items.text_classes(&|| "tar shards".to_owned())?;
     let index = items.finish(
         classes,
         shards
