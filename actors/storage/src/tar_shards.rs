@@ -54,6 +54,10 @@ struct Sample {
     /// Where its last member's data ends, padded to the tar block.
     end: u64,
     image: Option<(u64, u64)>,
+    /// From the first member a load reads (the image, a small field; its headers included) to
+    /// the end of the last, padded: what an item with fields locates, so that the key's
+    /// other members before and after them (a video, a segmentation mask) are never read.
+    kept: Option<(u64, u64)>,
     /// The class member's text (a number or a name).
     label: Option<String>,
     /// With declared fields: which small fields have a member (name order).
@@ -211,7 +215,8 @@ impl Shard<'_> {
                 {
                     return Err(missing(self.wanted.small[i].0));
                 }
-                items.push_member(self.n, s.start, s.end - s.start, label);
+                let (from, to) = s.kept.unwrap_or((s.start, s.end));
+                items.push_member(self.n, from, to - from, label);
             }
         }
         progress.tick()
@@ -280,7 +285,14 @@ pub(super) fn index_entries<R: Read>(
             continue;
         };
         sample.end = block_end(offset + len).min(file_len);
+        let keep = |sample: &mut Sample| {
+            let from = sample.kept.map_or(start, |k| k.0);
+            sample.kept = Some((from, sample.end));
+        };
         if listed(&wanted.image, ext) {
+            if sample.image.is_none() {
+                keep(sample);
+            }
             sample.image.get_or_insert((offset, len));
         } else if wanted.class.as_ref().is_some_and(|c| listed(c, ext)) {
             let bad_label = |reason: String| StorageError::BadLabel {
@@ -300,6 +312,9 @@ pub(super) fn index_entries<R: Read>(
             // A number, or a class name (the classes are then the names, sorted).
             sample.label = Some(text.trim().to_owned());
         } else if let Some(i) = wanted.small.iter().position(|(_, exts)| listed(exts, ext)) {
+            if !sample.found[i] {
+                keep(sample);
+            }
             sample.found[i] = true;
         }
     }

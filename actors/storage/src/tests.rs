@@ -1205,3 +1205,41 @@ fn tar_class_members_may_be_names() {
     let labels: Vec<Option<i64>> = (0..2).map(|i| ix.label(i)).collect();
     assert_eq!(labels, [Some(3), Some(1)]);
 }
+
+#[test]
+fn tar_fields_read_only_the_declared_members_span() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("shards");
+    let video = vec![7u8; 40_000];
+    let mask = vec![9u8; 30_000];
+    let members: Vec<(&str, &[u8])> = vec![
+        ("a.mp4", &video),
+        ("a.jpg", b"jpeg bytes"),
+        ("a.cls", b"1"),
+        ("a.txt", b"a caption"),
+        ("a.seg.png", &mask),
+        ("b.mp4", &video),
+        ("b.txt", b"b caption"),
+        ("b.jpg", b"other jpeg"),
+        ("b.cls", b"0"),
+        ("b.seg.png", &mask),
+    ];
+    write(&dir.join("s.tar"), &shard(&members));
+    let fields = serde_json::json!({
+        "image": {"kind": "image", "from": "jpg"},
+        "label": {"kind": "class"},
+        "caption": {"kind": "text", "from": "txt"},
+    });
+    let ix = index_ok(&tar_spec(&dir, fields), &[tmp.path().to_owned()]);
+    for (id, (image, caption)) in [("jpeg bytes", "a caption"), ("other jpeg", "b caption")]
+        .into_iter()
+        .enumerate()
+    {
+        let stored = ix.read(id as u32).unwrap();
+        // The video before the declared members and the mask after them are not read.
+        assert!(stored.len() < 4096, "item {id}: {} bytes", stored.len());
+        let s = ix.split(id as u32, stored).unwrap();
+        assert_eq!(s.image, image.as_bytes());
+        assert_eq!(s.fields[0].value, caption.as_bytes());
+    }
+}
