@@ -1338,14 +1338,14 @@ fn s3_shards_are_named_by_brace_ranges_and_glob_patterns() {
     let (got, ids) = read_raw(&j, "gj", "glob");
     assert_permutation(&ids, n, "the epoch");
     assert_eq!(got, want);
-    // A pattern matching nothing fails the indexing naming it.
-    create(
+    // A pattern matching nothing is refused when the dataset is created, naming it.
+    let (status, body) = try_create(
         &j,
         "none",
-        json!({"kind": "s3", "url": "s3://bkt/shards/train-*.tar", "layout": "tar_shards"}),
+        &json!({"kind": "s3", "url": "s3://bkt/shards/train-*.tar", "layout": "tar_shards"}),
     );
-    let v = settled(&j, "none");
-    assert_eq!(v["state"], "failed", "{v}");
-    let error = v["error"].as_str().unwrap();
-    assert!(error.contains("s3://bkt/shards/train-*.tar"), "{error}");
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("s3://bkt/shards/train-*.tar"), "{message}");
 }

@@ -180,7 +180,13 @@ pub fn check_source(
             s3::validate(url, endpoint, region)?;
             spec.check_fields()?;
             match o {
-                Some(o) => o.check(url, endpoint, region).map(drop),
+                Some(o) => {
+                    let parsed = o.check(url, endpoint, region)?;
+                    let SourceSpec::S3 { layout, .. } = spec else {
+                        return Ok(());
+                    };
+                    o.check_patterns(&parsed, *layout, endpoint, region)
+                }
                 None => Err(no_object_store(url)),
             }
         }

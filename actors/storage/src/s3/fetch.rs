@@ -157,6 +157,36 @@ impl ObjectStores {
         Ok(parsed)
     }
 
+    /// Checks, before a dataset is created, that each glob pattern in the url of a
+    /// `tar_shards` or `parquet` source matches an object (`NoMatch` naming it, else
+    /// `BadPattern`): one listing of each pattern's prefix (blocking). The store's own errors
+    /// are left to the indexing, which reports them.
+    pub fn check_patterns(
+        &self,
+        url: &S3Url,
+        layout: S3Layout,
+        endpoint: Option<&str>,
+        region: Option<&str>,
+    ) -> Result<(), StorageError> {
+        if !matches!(layout, S3Layout::TarShards | S3Layout::Parquet) {
+            return Ok(());
+        }
+        let keys = crate::select::brace_keys(&url.key)?;
+        if !keys
+            .iter()
+            .any(|k| crate::select::KeyPattern::of(k).is_ok_and(|p| p.is_some()))
+        {
+            return Ok(());
+        }
+        let Ok(dataset) = S3Dataset::open(url, endpoint, region) else {
+            return Ok(());
+        };
+        match super::pattern_objects(self, &dataset, layout, &keys) {
+            Err(e @ (StorageError::NoMatch { .. } | StorageError::BadPattern { .. })) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Opens and indexes an `s3` source (blocking).
     pub fn index(
         &self,

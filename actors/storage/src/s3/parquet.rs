@@ -50,7 +50,7 @@ thread_local! {
     static SENT: Cell<u64> = const { Cell::new(0) };
 }
 
-fn has_parquet_extension(key: &str) -> bool {
+pub(super) fn has_parquet_extension(key: &str) -> bool {
     Path::new(key)
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
