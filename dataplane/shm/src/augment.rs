@@ -307,32 +307,11 @@ fn resize_err(e: impl std::fmt::Display) -> Error {
     Error::Collate(format!("resize: {e}"))
 }
 
-/// Writes the `h × w × c` image `src` into `dst` with every row mirrored: each row copied
-/// as `c`-byte pixels in reverse order (a pass at about the speed of a copy; reversing in
-/// place cost twice as much).
+/// Writes the `h × w × c` image `src` into `dst` with every row mirrored (see
+/// [`crate::mirror`]), as the `flip` stage.
 fn mirror_into(src: &[u8], dst: &mut [u8], w: usize, c: usize) {
     let _cpu = crate::stages::enter(&crate::stages::client::FLIP);
-    fn mirror<const C: usize>(src: &[u8], dst: &mut [u8], w: usize) {
-        for (drow, srow) in dst.chunks_exact_mut(w * C).zip(src.chunks_exact(w * C)) {
-            let (d, s) = (drow.as_chunks_mut::<C>().0, srow.as_chunks::<C>().0);
-            for (d, s) in d.iter_mut().zip(s.iter().rev()) {
-                *d = *s;
-            }
-        }
-    }
-    match c {
-        1 => mirror::<1>(src, dst, w),
-        2 => mirror::<2>(src, dst, w),
-        3 => mirror::<3>(src, dst, w),
-        4 => mirror::<4>(src, dst, w),
-        _ => {
-            for (drow, srow) in dst.chunks_exact_mut(w * c).zip(src.chunks_exact(w * c)) {
-                for (d, s) in drow.chunks_exact_mut(c).zip(srow.chunks_exact(c).rev()) {
-                    d.copy_from_slice(s);
-                }
-            }
-        }
-    }
+    crate::mirror::mirror_into(src, dst, w, c);
 }
 
 impl Augmenter {

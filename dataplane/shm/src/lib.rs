@@ -33,6 +33,7 @@ mod futex;
 mod fuzz;
 mod instance;
 mod layout;
+mod mirror;
 pub mod names;
 pub mod prefetch;
 mod reader;
