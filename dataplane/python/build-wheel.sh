@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the one wheel of joader: `import joader` (the native extension, abi3 for CPython >= 3.9)
-# and the `joader` command (the stripped daemon, `joader-tools --no-default-features`: the
-# user's subcommands, no benches), installed by pip or uv into the environment's bin folder.
+# and the `joader` command (the daemon, `joader-tools --no-default-features`: the user's
+# subcommands, no benches), both stripped, installed by pip or uv into the environment's bin
+# folder.
 #
 #   bash dataplane/python/build-wheel.sh [-o DIR]
 #       The release wheel, manylinux_2_28_x86_64: the daemon and the extension cross-built
@@ -52,14 +53,14 @@ glibc=2.28
 target=x86_64-unknown-linux-gnu
 if [ "$native" = 1 ]; then
     echo "== build-wheel: the extension (native, release)"
-    maturin build --release --locked -m "$here/Cargo.toml" -o "$work/plain" --quiet
+    maturin build --release --strip --locked -m "$here/Cargo.toml" -o "$work/plain" --quiet
 else
     echo "== build-wheel: the daemon, against glibc $glibc (cargo zigbuild, release, no benches)"
     (cd "$root" && cargo zigbuild --release --locked --target "$target.$glibc" \
         -p joader-tools --bin joader --no-default-features)
     daemon="$CARGO_TARGET_DIR/$target/release/joader"
     echo "== build-wheel: the extension, manylinux_2_28 (maturin --zig)"
-    maturin build --release --locked --zig --target "$target" \
+    maturin build --release --strip --locked --zig --target "$target" \
         --compatibility "manylinux_${glibc/./_}" -m "$here/Cargo.toml" -o "$work/plain" --quiet
 fi
 [ -x "$daemon" ] || { echo "build-wheel.sh: no daemon binary at $daemon" >&2; exit 1; }

@@ -75,11 +75,15 @@ def test_the_environment_reaches_no_build_tool(installed: Dict[str, Any]) -> Non
     # The command is the stripped daemon the wheel carries, not a script that calls another.
     joader = installed["venv"] / "bin" / "joader"
     assert joader.read_bytes()[:4] == b"\x7fELF"
-    # Stripped: no symbol table, no debug sections (binutils' readelf, beside the strip that
-    # build-wheel.sh runs).
-    sections = subprocess.run(["readelf", "-S", "-W", str(joader)], capture_output=True, text=True, check=True).stdout
-    assert ".text" in sections
-    assert ".symtab" not in sections and ".debug_info" not in sections, sections
+    # Both stripped: no symbol table, no debug sections (binutils' readelf, beside the strip
+    # that build-wheel.sh runs).
+    native = list((installed["venv"] / "lib").glob("python3*/site-packages/joader/_native*.so"))
+    assert len(native) == 1, native
+    for elf in [joader, native[0]]:
+        sections = subprocess.run(["readelf", "-S", "-W", str(elf)], capture_output=True, text=True,
+                                  check=True).stdout
+        assert ".text" in sections
+        assert ".symtab" not in sections and ".debug_info" not in sections, (elf, sections)
 
 
 def test_versions_agree_with_cargo_toml(installed: Dict[str, Any]) -> None:
