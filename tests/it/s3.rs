@@ -1334,6 +1334,21 @@ fn s3_shards_are_named_by_brace_ranges_and_glob_patterns() {
         assert_eq!(v["state"], "ready", "{url}: {v}");
         assert_eq!(v["items"], n, "{url}");
     }
+    // A key that holds pattern characters and matches nothing as a pattern is the object
+    // of that name.
+    std::fs::copy(
+        s3.bucket().join("shards/part-000.tar"),
+        s3.bucket().join("shards/odd[0].tar"),
+    )
+    .unwrap();
+    create(
+        &j,
+        "literal",
+        json!({"kind": "s3", "url": "s3://bkt/shards/odd[0].tar", "layout": "tar_shards"}),
+    );
+    let v = settled(&j, "literal");
+    assert_eq!(v["state"], "ready", "{v}");
+    assert!(v["items"].as_u64().unwrap() > 0, "{v}");
     let (want, _) = read_raw(&j, "lj", "local");
     let (got, ids) = read_raw(&j, "gj", "glob");
     assert_permutation(&ids, n, "the epoch");

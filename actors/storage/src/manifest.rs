@@ -1147,6 +1147,9 @@ mod tests {
                 ("q\tx.jpg".to_owned(), Some(2))
             ]
         );
+        // A byte-order mark before the header (as spreadsheets write CSV) is no part of it.
+        let got = entries("m.csv", "\u{feff}path,label\na.jpg,1\n").unwrap();
+        assert_eq!(got, [("a.jpg".to_owned(), Some(1))]);
         // An entry's line, after a field that spans two lines.
         let e = entries("m.csv", "\"x\ny.jpg\",1\nz.jpg\n").unwrap_err();
         assert_eq!(e.code(), "bad_manifest");

@@ -130,7 +130,8 @@ fn matches(roots: &Roots, pattern: &Path, ext: &str) -> Result<Vec<PathBuf>, Sto
 
 /// The paths that `paths` name: brace ranges and lists expanded in their order, glob patterns
 /// replaced by their matches (folders, and files with extension `ext`), sorted; literal paths
-/// as they are (checked, and folders expanded, by [`Roots::files_with_extension`]).
+/// as they are (checked, and folders expanded, by [`Roots::files_with_extension`]). A path
+/// that exists as it is written (a folder named `shards[1]`) is taken as it is.
 pub(crate) fn expand(
     roots: &Roots,
     paths: &[PathBuf],
@@ -138,6 +139,10 @@ pub(crate) fn expand(
 ) -> Result<Vec<PathBuf>, StorageError> {
     let mut out = Vec::new();
     for path in paths {
+        if path.exists() {
+            out.push(path.clone());
+            continue;
+        }
         for p in braces(path)? {
             if is_glob(&p.to_string_lossy()) {
                 out.extend(matches(roots, &p, ext)?);

@@ -1243,3 +1243,26 @@ fn tar_fields_read_only_the_declared_members_span() {
         assert_eq!(s.fields[0].value, caption.as_bytes());
     }
 }
+
+#[test]
+fn a_path_that_exists_as_written_is_no_pattern() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Folders whose names hold pattern characters, and a folder the pattern would name.
+    for (dir, n) in [("s[1]", 1), ("s1", 2), ("a{b,c}", 3)] {
+        for k in 0..n {
+            let (jpg, cls) = (format!("k{k}.jpg"), format!("k{k}.cls"));
+            write(
+                &tmp.path().join(dir).join(format!("x{k}.tar")),
+                &shard(&[(jpg.as_str(), b"i"), (cls.as_str(), b"0")]),
+            );
+        }
+    }
+    let roots = [tmp.path().to_owned()];
+    let len = |p: &str| index_ok(&shards(vec![tmp.path().join(p)]), &roots).len();
+    assert_eq!(len("s[1]"), 1);
+    assert_eq!(len("s[1]/x0.tar"), 1);
+    assert_eq!(len("a{b,c}"), 3);
+    // Written as patterns, they are patterns.
+    assert_eq!(len("s[0-9]"), 2);
+    assert_eq!(len("s?1?/*.tar"), 1);
+}

@@ -207,6 +207,22 @@ fn files_of_key(
         });
     }
     match (found.is_empty(), pattern) {
+        // A key that holds pattern characters and matches nothing may be an object's name.
+        (true, Some(_)) if is_file(key) => {
+            let (objects, _) = list_all(stores, ds, key, false)?;
+            let exact: Vec<ObjectMeta> = objects
+                .into_iter()
+                .filter(|o| o.location.as_ref() == key)
+                .collect();
+            if exact.is_empty() {
+                Err(StorageError::NoMatch {
+                    pattern: format!("s3://{}/{key}", ds.url.bucket),
+                    ext: ext.to_owned(),
+                })
+            } else {
+                Ok(exact)
+            }
+        }
         (true, Some(_)) => Err(StorageError::NoMatch {
             pattern: format!("s3://{}/{key}", ds.url.bucket),
             ext: ext.to_owned(),
