@@ -464,3 +464,57 @@ fn unlabelled_rows_of_a_test_split_are_delivered_as_minus_one() {
     let labels: Vec<i64> = (0..6).map(|e| got[&e].0).collect();
     assert_eq!(labels, vec![0, -1, 0, 0, -1, 0]);
 }
+
+#[test]
+fn the_parquet_budgets_are_the_servers_settings() {
+    if !pyarrow("the_parquet_budgets_are_the_servers_settings") {
+        return;
+    }
+    let root = TempDir::new("parquet_budgets");
+    let n = write_files(&root.0);
+    // Two servers over the same files: the defaults, and one that keeps no decoded row.
+    let mut hits = Vec::new();
+    for (tag, extra) in [
+        ("parquet_budgets_default", &[][..]),
+        (
+            "parquet_budgets_none",
+            &[
+                "--parquet-decoded-bytes",
+                "1",
+                "--parquet-field-bytes",
+                "3MiB",
+            ][..],
+        ),
+    ] {
+        let state = TempDir::new(tag);
+        let server = TestServer::start(&unique_instance(tag), &state.0, &root.0, extra);
+        let (status, body) = create(
+            &server,
+            "pq",
+            json!({"kind": "parquet", "paths": [root.0.join("pq")]}),
+        );
+        assert_eq!(status, 202, "{body}");
+        assert_eq!(settled(&server, "pq")["state"], "ready");
+        let (rows, errors) = read_decoded(&server, "a", "pq");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(rows.len(), n);
+        let text = crate::common::scrape(&server.url);
+        let m = |s: &str| {
+            crate::common::series(&text, s).unwrap_or_else(|| panic!("no series {s} in\n{text}"))
+        };
+        let budget = |kind: &str| m(&format!("joader_parquet_budget_bytes{{kind=\"{kind}\"}}"));
+        if extra.is_empty() {
+            // An eighth of the test server's cache is below 64 MiB: 64 MiB.
+            assert_eq!(budget("decoded"), f64::from(64u32 << 20));
+            assert_eq!(budget("directories"), f64::from(64u32 << 20));
+            assert_eq!(budget("fields"), f64::from(32u32 << 20));
+        } else {
+            assert_eq!(budget("decoded"), 1.0);
+            assert_eq!(budget("fields"), f64::from(3u32 << 20));
+        }
+        hits.push(m("joader_parquet_decoded_row_hits_total{dataset=\"pq\"}"));
+    }
+    // The zstd file's rows come from the decoded rows kept, unless none may be kept.
+    assert!(hits[0] > 0.0, "{hits:?}");
+    assert_eq!(hits[1], 0.0, "{hits:?}");
+}

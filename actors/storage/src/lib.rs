@@ -84,7 +84,7 @@ use roots::Roots;
 pub use error::StorageError;
 pub use index::{DatasetIndex, IndexFormatError, Location};
 pub use manifest::ManifestFormat;
-pub use parquet::ParquetReads;
+pub use parquet::{DECODED_BUDGET, DIRECTORY_BUDGET, FIELDS_BUDGET, ParquetBudgets, ParquetReads};
 pub use read::{Sample, SampleField};
 pub use spec::SourceSpec;
 

@@ -60,6 +60,17 @@ pub struct Config {
     /// `disk_cache`.
     #[serde(deserialize_with = "de_bytes")]
     pub disk_cache_bytes: u64,
+    /// What the reader of each `parquet` dataset keeps of decoded rows (a compressed row
+    /// group's image column decompressed, in bytes): 0, the default, sizes it from the cache,
+    /// `max(64 MiB, cache_bytes / 8)`.
+    #[serde(deserialize_with = "de_bytes")]
+    pub parquet_decoded_bytes: u64,
+    /// What it keeps of row directories (where each row lies in a group's pages).
+    #[serde(deserialize_with = "de_bytes")]
+    pub parquet_directory_bytes: u64,
+    /// What it keeps of row groups' small-field values.
+    #[serde(deserialize_with = "de_bytes")]
+    pub parquet_field_bytes: u64,
     /// Bearer token required by the REST API when set.
     pub token: Option<String>,
     /// Records per delivery ring (per job rank); 0 means 2 × batch size, at least 64.
@@ -132,6 +143,9 @@ impl Default for Config {
             s3_fetch_ahead_bytes: joader_storage::s3::DEFAULT_FETCH_AHEAD_BYTES,
             disk_cache: None,
             disk_cache_bytes: 0,
+            parquet_decoded_bytes: 0,
+            parquet_directory_bytes: joader_storage::DIRECTORY_BUDGET as u64,
+            parquet_field_bytes: joader_storage::FIELDS_BUDGET as u64,
             token: None,
             ring_capacity: 0,
             default_pipeline: Pipeline::Decode {
@@ -193,6 +207,21 @@ impl Config {
             ended_jobs: self.ended_jobs_kept,
             ended_ttl: std::time::Duration::from_secs(self.ended_job_ttl_s),
             metrics: std::time::Duration::from_secs(self.metrics_retention_s),
+        }
+    }
+
+    /// The budgets of each `parquet` dataset's reader (`parquet_decoded_bytes` 0: the
+    /// larger of 64 MiB and an eighth of the cache).
+    pub fn parquet_budgets(&self) -> joader_storage::ParquetBudgets {
+        let size = |b: u64| usize::try_from(b).unwrap_or(usize::MAX);
+        let decoded = match self.parquet_decoded_bytes {
+            0 => size(self.cache_bytes / 8).max(joader_storage::DECODED_BUDGET),
+            b => size(b),
+        };
+        joader_storage::ParquetBudgets {
+            decoded,
+            directories: size(self.parquet_directory_bytes),
+            fields: size(self.parquet_field_bytes),
         }
     }
 
@@ -327,5 +356,22 @@ mod tests {
         let c: Config = toml::from_str("disk_cache = \"/nvme/tier\"").unwrap();
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("--disk-cache-bytes"), "{e}");
+    }
+
+    #[test]
+    fn parquet_budgets_follow_the_cache_unless_set() {
+        let mut c = Config::default();
+        assert_eq!(c.parquet_budgets().decoded, 128 << 20, "a 1 GiB cache");
+        c.cache_bytes = 128 << 20;
+        assert_eq!(c.parquet_budgets().decoded, 64 << 20, "never below 64 MiB");
+        let c: Config = toml::from_str(
+            "parquet_decoded_bytes = \"2GiB\"\nparquet_directory_bytes = \"16MiB\"\nparquet_field_bytes = 1024",
+        )
+        .unwrap();
+        let b = c.parquet_budgets();
+        assert_eq!(
+            (b.decoded, b.directories, b.fields),
+            (2 << 30, 16 << 20, 1024)
+        );
     }
 }

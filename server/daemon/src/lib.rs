@@ -51,6 +51,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + 'static,
 ) -> Result<()> {
     config.validate()?;
+    // Before any dataset is opened: the readers of parquet datasets take these.
+    config.parquet_budgets().set();
     let catalog = catalog::Catalog::open(&config.data_dir)?;
     let writer = open_segment(&config)?;
     let objects = object_stores(&config)?;

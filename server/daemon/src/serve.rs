@@ -98,6 +98,17 @@ pub struct ServeArgs {
     /// The disk tier's size: bytes or a size such as 200GiB (required with --disk-cache).
     #[arg(long, env = "JOADER_DISK_CACHE_BYTES", value_parser = crate::config::parse_bytes)]
     pub disk_cache_bytes: Option<u64>,
+    /// Bytes of decoded rows the reader of each parquet dataset keeps (a compressed row
+    /// group's images decompressed): a size such as 512MiB (default: the larger of 64MiB and
+    /// an eighth of --cache-bytes).
+    #[arg(long, env = "JOADER_PARQUET_DECODED_BYTES", value_parser = crate::config::parse_bytes)]
+    pub parquet_decoded_bytes: Option<u64>,
+    /// Bytes of row directories the reader of each parquet dataset keeps (default 64MiB).
+    #[arg(long, env = "JOADER_PARQUET_DIRECTORY_BYTES", value_parser = crate::config::parse_bytes)]
+    pub parquet_directory_bytes: Option<u64>,
+    /// Bytes of small-field values the reader of each parquet dataset keeps (default 32MiB).
+    #[arg(long, env = "JOADER_PARQUET_FIELD_BYTES", value_parser = crate::config::parse_bytes)]
+    pub parquet_field_bytes: Option<u64>,
     /// Seconds an element may spend retrying transient object-store failures (default 15).
     #[arg(long, env = "JOADER_S3_RETRY_BUDGET_S")]
     pub s3_retry_budget_s: Option<f64>,
@@ -188,6 +199,7 @@ impl ServeArgs {
             loader_workers, http_workers, max_pixels, drain_grace_s, start_window_ms,
             ended_jobs_kept, ended_job_ttl_s, metrics_retention_s, s3_max_in_flight,
             s3_fetch_ahead_bytes, disk_cache_bytes, s3_retry_budget_s, s3_list_page, shm_mode,
+            parquet_decoded_bytes, parquet_directory_bytes, parquet_field_bytes,
             heartbeat_ms, node_timeout_ms);
         overlay_optional!(a, c; disk_cache, token, shm_gid, leader, node_name, advertise);
         overlay_list!(a, c; allowed_roots, allowed_s3, allowed_s3_endpoints);

@@ -44,7 +44,7 @@ use input::{FileRead, read_ahead, read_file};
 pub(crate) use input::{Files, Input, Ranges};
 use reader::Found;
 pub(crate) use reader::Objects;
-pub use reader::ParquetReads;
+pub use reader::{DECODED_BUDGET, DIRECTORY_BUDGET, FIELDS_BUDGET, ParquetBudgets, ParquetReads};
 
 use super::fields::{FieldKind, Fields};
 use super::index::{IndexBuilder, NO_CLASS, RowsInfo, SampleFields};

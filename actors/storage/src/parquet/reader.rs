@@ -41,12 +41,13 @@ use super::snappy;
 
 /// Files whose footer and descriptor are kept at once.
 pub(super) const MAX_OPEN_FILES: usize = 256;
-/// Bytes of row directories kept.
-pub(super) const DIRECTORY_BUDGET: usize = 64 << 20;
-/// Bytes of decoded rows kept.
-pub(super) const DECODED_BUDGET: usize = 64 << 20;
-/// Bytes of small-field values kept (row groups' values of the fields' columns).
-pub(super) const FIELDS_BUDGET: usize = 32 << 20;
+/// Bytes of row directories kept, by default.
+pub const DIRECTORY_BUDGET: usize = 64 << 20;
+/// Bytes of decoded rows kept, by default (the server's is sized from its cache: see its
+/// `parquet_decoded_bytes`).
+pub const DECODED_BUDGET: usize = 64 << 20;
+/// Bytes of small-field values kept (row groups' values of the fields' columns), by default.
+pub const FIELDS_BUDGET: usize = 32 << 20;
 
 /// What the reads of a dataset have cost so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -127,13 +128,57 @@ pub(super) struct Budgets {
 }
 
 impl Default for Budgets {
+    /// The budgets configured for the process ([`ParquetBudgets::set`]), else the defaults.
     fn default() -> Self {
+        let b = ParquetBudgets::current();
         Budgets {
             files: MAX_OPEN_FILES,
-            directories: DIRECTORY_BUDGET,
+            directories: b.directories,
+            decoded: b.decoded,
+            fields: b.fields,
+        }
+    }
+}
+
+/// What the reader of each `parquet` dataset keeps in the server's memory, in bytes (`joader
+/// serve --parquet-decoded-bytes`, `--parquet-directory-bytes`, `--parquet-field-bytes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParquetBudgets {
+    /// Decoded rows of row groups (what a compressed group's pages decompress to).
+    pub decoded: usize,
+    /// Row directories (where each row lies in a group's pages).
+    pub directories: usize,
+    /// Row groups' small-field values.
+    pub fields: usize,
+}
+
+/// The budgets of the readers made from now on (set once by the server at start).
+static CONFIGURED: std::sync::Mutex<Option<ParquetBudgets>> = std::sync::Mutex::new(None);
+
+impl Default for ParquetBudgets {
+    fn default() -> Self {
+        ParquetBudgets {
             decoded: DECODED_BUDGET,
+            directories: DIRECTORY_BUDGET,
             fields: FIELDS_BUDGET,
         }
+    }
+}
+
+impl ParquetBudgets {
+    /// Makes these the budgets of every reader made from now on, in this process.
+    pub fn set(self) {
+        *CONFIGURED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(self);
+    }
+
+    /// The budgets set for the process, else the defaults.
+    pub fn current() -> Self {
+        CONFIGURED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_default()
     }
 }
 

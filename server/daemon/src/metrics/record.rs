@@ -124,6 +124,18 @@ const JOB_GAUGES: [(&str, &str); 6] = [
     ("joader_job_running", "1 while the job runs"),
 ];
 
+/// What the reader of each `parquet` dataset keeps, as configured.
+fn record_parquet_budgets(state: &AppState) {
+    let budgets = state.registry.config().parquet_budgets();
+    for (kind, bytes) in [
+        ("decoded", budgets.decoded),
+        ("directories", budgets.directories),
+        ("fields", budgets.fields),
+    ] {
+        gauge!("joader_parquet_budget_bytes", "kind" => kind).set(bytes as f64);
+    }
+}
+
 /// The counters of a `parquet` dataset's reads, in the order of `ParquetReads`' fields below.
 type ParquetField = fn(&ParquetReads) -> u64;
 const PARQUET_COUNTERS: [(&str, &str, ParquetField); 7] = [
@@ -149,7 +161,7 @@ const PARQUET_COUNTERS: [(&str, &str, ParquetField); 7] = [
     ),
     (
         "joader_parquet_decoded_row_hits_total",
-        "rows of a parquet dataset served from the decoded rows kept (64 MiB)",
+        "rows of a parquet dataset served from the decoded rows kept (joader_parquet_budget_bytes{kind=\"decoded\"})",
         |r| r.decoded_hits,
     ),
     (
@@ -159,7 +171,7 @@ const PARQUET_COUNTERS: [(&str, &str, ParquetField); 7] = [
     ),
     (
         "joader_parquet_field_hits_total",
-        "small-field values of a parquet dataset served from the row groups' values kept (32 MiB)",
+        "small-field values of a parquet dataset served from the row groups' values kept (joader_parquet_budget_bytes{kind=\"fields\"})",
         |r| r.field_hits,
     ),
 ];
@@ -398,6 +410,7 @@ pub(super) fn record_cache(state: &AppState) {
         g("joader_process_resident_memory_bytes", p.rss_bytes as f64);
         g("joader_process_threads", p.threads as f64);
     }
+    record_parquet_budgets(state);
     gauge!("joader_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     if let Some(leader) = &state.leader {
         leader.record_metrics();

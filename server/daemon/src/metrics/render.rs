@@ -126,6 +126,10 @@ pub(super) fn describe_all() {
     );
     describe_gauge!("joader_process_threads", "threads of the joader process");
     describe_gauge!("joader_build_info", "1, labelled with the joader version");
+    describe_gauge!(
+        "joader_parquet_budget_bytes",
+        "what the reader of each parquet dataset keeps, by kind: decoded rows, row directories, small-field values"
+    );
     describe_gauge!("joader_jobs", "registered jobs by state");
     describe_gauge!(
         "joader_cluster_nodes",
