@@ -500,20 +500,22 @@ pub(super) struct IndexBuilder {
     locations: Locations,
     /// The small fields, when the source declares some.
     pub(super) sample: Option<SampleFields>,
-    /// Label texts, for sources that store classes as text (shards' class members).
+    /// Label texts, for sources that store classes as text (manifest labels, shards' class
+    /// members, a string Parquet column), each numbered provisionally.
     pub(super) texts: crate::classes::ClassTexts,
 }
 
 impl IndexBuilder {
-    /// The class names of labels pushed as texts' provisional numbers ([`ClassTexts`]),
-    /// the labels made final.
+    /// The class names of labels pushed as texts' provisional numbers, the labels made final
+    /// (numbers when every text is one and `numbers` allows it: [`ClassTexts::finish`]).
     ///
-    /// [`ClassTexts`]: crate::classes::ClassTexts
+    /// [`ClassTexts::finish`]: crate::classes::ClassTexts::finish
     pub(super) fn text_classes(
         &mut self,
+        numbers: bool,
         what: &dyn Fn() -> String,
     ) -> Result<Vec<String>, crate::StorageError> {
-        std::mem::take(&mut self.texts).finish(&mut self.labels, true, what)
+        std::mem::take(&mut self.texts).finish(&mut self.labels, numbers, what)
     }
 
     pub(super) fn files() -> Self {

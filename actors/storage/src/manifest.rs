@@ -22,7 +22,6 @@ use std::path::{Component, Path, PathBuf};
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use super::classes::ClassTexts;
 use super::fields::{FieldKind, Fields};
 use super::index::{IndexBuilder, SampleFields};
 use super::roots::Roots;
@@ -216,7 +215,6 @@ fn parse(
     items.sample = fields.map(|f| SampleFields::new(f, false));
     let mut entries = Entries {
         items,
-        names: ClassTexts::default(),
         kinds: (false, false),
         columns: fields.map(Columns::of),
         resolve,
@@ -257,9 +255,6 @@ fn parse(
 /// What the parsers feed: the index being built and the labels met so far.
 struct Entries<'a, 'p> {
     items: IndexBuilder,
-    /// Label texts (every CSV label; JSON names) and their number in order of appearance;
-    /// the label column holds these numbers until [`Entries::finish`] (or JSON numbers).
-    names: ClassTexts,
     /// (numbers, names) met in a JSON manifest.
     kinds: (bool, bool),
     /// The columns or keys of a declaration of fields.
@@ -322,14 +317,13 @@ impl Entries<'_, '_> {
 
     /// The provisional number of a label text.
     fn name_id(&mut self, name: &str) -> u32 {
-        self.names.id(name)
+        self.items.texts.id(name)
     }
 
     /// Turns the provisional labels into the final ones. CSV labels are numbers if every
     /// label is an integer, class names otherwise; JSON labels are what they were written as.
     fn finish(mut self, what: &dyn Fn() -> String) -> Result<DatasetIndex, StorageError> {
-        let names = std::mem::take(&mut self.names);
-        let classes = names.finish(self.items.labels_mut(), !self.kinds.1, what)?;
+        let classes = self.items.text_classes(!self.kinds.1, what)?;
         Ok(self.items.finish(classes, Vec::new()))
     }
 }

@@ -8,9 +8,12 @@ use std::path::{Path, PathBuf};
 use crate::StorageError;
 use crate::roots::Roots;
 
+/// The glob metacharacters.
+const GLOB: [char; 3] = ['*', '?', '['];
+
 /// Whether `s` holds a glob metacharacter.
 fn is_glob(s: &str) -> bool {
-    s.contains(['*', '?', '['])
+    s.contains(GLOB)
 }
 
 /// `path` with its brace ranges and lists expanded, in their order (itself when it has none).
@@ -52,7 +55,7 @@ pub(crate) struct KeyPattern {
 impl KeyPattern {
     /// `None` for a key without metacharacters.
     pub(crate) fn of(key: &str) -> Result<Option<KeyPattern>, StorageError> {
-        let Some(first) = key.find(['*', '?', '[']) else {
+        let Some(first) = key.find(GLOB) else {
             return Ok(None);
         };
         let pattern = glob::Pattern::new(key).map_err(|e| StorageError::BadPattern {

@@ -41,7 +41,7 @@ pub(super) fn index(
         let n = u32::try_from(n).map_err(|_| StorageError::TooManyItems)?;
         index_shard(n, shard, fields, &mut items, progress)?;
     }
-    let classes = items.text_classes(&|| "tar shards".to_owned())?;
+    let classes = items.text_classes(true, &|| "tar shards".to_owned())?;
     Ok(items.finish(classes, shards))
 }
 

@@ -348,10 +348,7 @@ fn class_names(
         }
         // A string class column: its texts, sorted.
         None if !items.texts.is_empty() => {
-            let texts = std::mem::take(&mut items.texts);
-            texts.finish(items.labels_mut(), false, &|| {
-                format!("column `{class_from}`")
-            })?
+            items.text_classes(false, &|| format!("column `{class_from}`"))?
         }
         None => numeric_classes(items.labels_mut()),
     })

@@ -148,27 +148,26 @@ fn files_of(
     Ok(all)
 }
 
-/// The objects that the glob patterns among `keys` match, for a layout of files (what
+/// Checks that each glob pattern among `keys` matches an object of a layout of files (what
 /// [`ObjectStores::check_patterns`] asks before a dataset is created).
 fn pattern_objects(
     stores: &ObjectStores,
     ds: &S3Dataset,
     layout: S3Layout,
     keys: &[String],
-) -> Result<usize, StorageError> {
+) -> Result<(), StorageError> {
     let (ext, is_file): (&str, fn(&str) -> bool) = match layout {
         S3Layout::Parquet => ("parquet", parquet::has_parquet_extension),
         _ => ("tar", |k| {
             crate::tar_shards::has_tar_extension(std::path::Path::new(k))
         }),
     };
-    let mut found = 0;
     for key in keys {
         if crate::select::KeyPattern::of(key)?.is_some() {
-            found += files_of_key(stores, ds, key, ext, &is_file)?.len();
+            files_of_key(stores, ds, key, ext, &is_file)?;
         }
     }
-    Ok(found)
+    Ok(())
 }
 
 fn files_of_key(

@@ -32,7 +32,7 @@ pub(super) fn index(
             .map_err(|e| tar_shards::bad_shard(&name)(e.to_string().to_lowercase()))?;
         tar_shards::index_entries(n, &name, shard.size, fields, entries, &mut items, progress)?;
     }
-    let classes = items.text_classes(&|| "tar shards".to_owned())?;
+    let classes = items.text_classes(true, &|| "tar shards".to_owned())?;
     let index = items.finish(
         classes,
         shards
