@@ -4,10 +4,14 @@ tool that a test cannot run without, and `start_serve`, a `joader serve` child."
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import subprocess
 import threading
+import time
+import urllib.error
+import urllib.request
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
@@ -48,3 +52,38 @@ def start_serve(binary: str, args: List[str],
     assert url, "joader serve did not start"
     threading.Thread(target=proc.stderr.read, daemon=True).start()
     return proc, url
+
+
+def post(url: str, path: str, body: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]:
+    """POSTs `body` as JSON: the status and the JSON answer (an error's too)."""
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def get(url: str, path: str) -> Dict[str, Any]:
+    """GETs a JSON answer."""
+    with urllib.request.urlopen(url + path, timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def wait_indexed(url: str, dataset: str) -> Dict[str, Any]:
+    """The dataset's view once it has left `indexing` (ready or failed)."""
+    deadline = time.monotonic() + 120
+    while True:
+        view = get(url, f"/v1/datasets/{dataset}")
+        if view["state"] != "indexing":
+            return view
+        assert time.monotonic() < deadline, f"dataset {dataset} still indexing after 120 s"
+        time.sleep(0.05)
+
+
+def create(url: str, name: str, source: Dict[str, Any]) -> Dict[str, Any]:
+    """Creates a dataset and returns its view once indexed (ready or failed)."""
+    status, body = post(url, "/v1/datasets", {"name": name, "source": source})
+    assert status in (200, 201, 202), body
+    return wait_indexed(url, name)

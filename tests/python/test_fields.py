@@ -22,14 +22,12 @@ import tempfile
 import textwrap
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Set, Tuple
 
 import numpy as np
 import pytest
-from conftest import need, start_serve
+from conftest import create, get, need, post, start_serve, wait_indexed
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
@@ -139,37 +137,6 @@ def write_shard(path: Path, samples: List[Dict[str, bytes]]) -> None:
             for ext, data in s.items():
                 if ext != "__key__":
                     add(tar, f"{s['__key__'].decode()}.{ext}", data)
-
-
-def post(url: str, path: str, body: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
-def get(url: str, path: str) -> Dict[str, Any]:
-    with urllib.request.urlopen(url + path, timeout=10) as r:
-        return json.loads(r.read())  # type: ignore[no-any-return]
-
-
-def wait_indexed(url: str, dataset: str) -> Dict[str, Any]:
-    deadline = time.monotonic() + 120
-    while True:
-        view = get(url, f"/v1/datasets/{dataset}")
-        if view["state"] != "indexing":
-            return view
-        assert time.monotonic() < deadline, f"dataset {dataset} still indexing after 120 s"
-        time.sleep(0.05)
-
-
-def create(url: str, name: str, source: Dict[str, Any]) -> Dict[str, Any]:
-    status, body = post(url, "/v1/datasets", {"name": name, "source": source})
-    assert status in (200, 201, 202), body
-    return wait_indexed(url, name)
 
 
 @pytest.fixture(scope="module")

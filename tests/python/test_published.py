@@ -13,13 +13,12 @@ import subprocess
 import tarfile
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List
 
 import pytest
-from conftest import need, start_serve
+import conftest
+from conftest import get, need, post, start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
@@ -30,28 +29,9 @@ FILES = {"train-00000-of-00002": 5, "train-00001-of-00002": 4, "validation-00000
 SHARDS, PER_SHARD = 6, 3
 
 
-def post(url: str, path: str, body: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
-def get(url: str, path: str) -> Dict[str, Any]:
-    with urllib.request.urlopen(url + path, timeout=10) as r:
-        return json.loads(r.read())  # type: ignore[no-any-return]
-
-
 def create(url: str, name: str, source: Dict[str, Any]) -> Dict[str, Any]:
-    status, body = post(url, "/v1/datasets", {"name": name, "source": source})
-    assert status in (200, 201, 202), body
-    deadline = time.monotonic() + 120
-    while (view := get(url, f"/v1/datasets/{name}"))["state"] == "indexing":
-        assert time.monotonic() < deadline, f"{name} still indexing"
-        time.sleep(0.05)
+    """Creates a dataset and returns its view once ready."""
+    view = conftest.create(url, name, source)
     assert view["state"] == "ready", view
     return view
 

@@ -484,27 +484,6 @@ mod tests {
     }
 
     #[test]
-    fn mirror_reverses_pixels_for_every_channel_count() {
-        let (h, w) = (3usize, 7usize);
-        for c in 1..=5usize {
-            let src: Vec<u8> = (0..h * w * c).map(|i| (i * 13 % 251) as u8).collect();
-            let mut img = vec![0u8; src.len()];
-            mirror_into(&src, &mut img, w, c);
-            for y in 0..h {
-                for x in 0..w {
-                    for k in 0..c {
-                        assert_eq!(
-                            img[(y * w + x) * c + k],
-                            src[(y * w + (w - 1 - x)) * c + k],
-                            "c={c}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
     fn downscaling_is_antialiased() {
         // One-pixel black and white columns: point sampling would keep 0s and 255s, a filter
         // whose support widens with the scale averages them.
