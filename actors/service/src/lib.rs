@@ -32,7 +32,7 @@ pub use cache::{CacheActor, CacheConfig};
 pub use loader::Loader;
 pub use messages::*;
 pub use sampler::SamplerActor;
-pub use stats::{CacheStats, JobState, JobStats};
+pub use stats::{CacheStats, JobState, JobStats, PreloadProgress, PreloadState};
 
 #[cfg(test)]
 mod tests;

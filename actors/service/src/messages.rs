@@ -365,6 +365,53 @@ pub struct OpenJob {
     pub own_positions: bool,
 }
 
+/// Control → Cache: preload a working set of a dataset (its `elements` prepared by
+/// `pipeline`) and pin it until [`Unpreload`]. Its loads run only while no job's load waits,
+/// on at most half the load places; what it pins (every preload together) is bounded by half
+/// the cache's bytes and slots. Progress goes to `progress`. Answers the pin budget in bytes.
+#[derive(Clone, Message)]
+#[rtype(result = "Result<u64, PreloadError>")]
+pub struct Preload {
+    pub dataset: DatasetId,
+    pub source: Arc<dyn ElementSource>,
+    pub pipeline: PipelineId,
+    pub prepare: Arc<dyn Prepare>,
+    pub elements: Arc<RoaringBitmap>,
+    /// The fewest bytes one element takes in the cache (1 when not known before decoding):
+    /// a working set that cannot fit even so is refused at once.
+    pub min_element_bytes: u64,
+    pub progress: Arc<crate::stats::PreloadProgress>,
+}
+
+/// Why the Cache refuses a preload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PreloadError {
+    #[error("the cache is shut down")]
+    ShutDown,
+    #[error("the dataset has a preload already: delete it first")]
+    Exists,
+    #[error(
+        "the working set of {elements} elements takes at least {needed} bytes in {elements} \
+         slots, and pins may take {free_bytes} more bytes and {free_slots} more slots (half \
+         the cache, less what other preloads pin): about {fit} elements fit"
+    )]
+    TooLarge {
+        elements: u64,
+        needed: u64,
+        free_bytes: u64,
+        free_slots: u64,
+        fit: u64,
+    },
+}
+
+/// Control → Cache: release a dataset's preload (its pins; what is cached stays cached, now
+/// evictable); answers whether it had one.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "bool")]
+pub struct Unpreload {
+    pub dataset: DatasetId,
+}
+
 /// Control → Cache: drop a job's rings and release what it held.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]

@@ -241,6 +241,71 @@ pub struct CacheStats {
     pub failures_by_kind: Mutex<BTreeMap<String, u64>>,
 }
 
+/// What a working set's preload (`messages::Preload`) is doing, as the API reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "state", content = "reason")]
+pub enum PreloadState {
+    /// Loading its elements (below the running jobs' loads).
+    Loading,
+    /// Every element is cached and pinned (or failed to load: `failed` counts them).
+    Ready,
+    /// Stopped: the working set does not fit in the pin budget, or the cache shut down. What
+    /// it had pinned is released.
+    Failed(String),
+}
+
+/// Progress of one dataset's preload, shared between the Cache (which writes it) and the
+/// control plane (which reports it).
+#[derive(Debug)]
+pub struct PreloadProgress {
+    /// Elements of the working set.
+    pub elements: AtomicU64,
+    /// Elements cached and pinned.
+    pub pinned: AtomicU64,
+    /// Elements that failed to load (each is the element's failure, as for a job).
+    pub failed: AtomicU64,
+    /// Bytes the pinned elements take in the cache.
+    pub pinned_bytes: AtomicU64,
+    /// Loads the preload issued itself (elements neither cached nor loading for a job).
+    pub loads: AtomicU64,
+    /// The most bytes every preload together may pin (half the cache's bytes).
+    pub budget_bytes: AtomicU64,
+    /// Its last payload found no room (everything cached is pinned or needed by jobs): it
+    /// goes on when jobs acknowledge or close.
+    pub waiting_for_room: AtomicBool,
+    pub state: Mutex<PreloadState>,
+}
+
+impl Default for PreloadProgress {
+    fn default() -> Self {
+        PreloadProgress {
+            elements: AtomicU64::new(0),
+            pinned: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            pinned_bytes: AtomicU64::new(0),
+            loads: AtomicU64::new(0),
+            budget_bytes: AtomicU64::new(0),
+            waiting_for_room: AtomicBool::new(false),
+            state: Mutex::new(PreloadState::Loading),
+        }
+    }
+}
+
+impl PreloadProgress {
+    pub fn state(&self) -> PreloadState {
+        self.state
+            .lock()
+            .map_or_else(|e| e.into_inner().clone(), |s| s.clone())
+    }
+
+    pub fn set_state(&self, state: PreloadState) {
+        match self.state.lock() {
+            Ok(mut s) => *s = state,
+            Err(e) => *e.into_inner() = state,
+        }
+    }
+}
+
 /// Most failures remembered for the API.
 pub const MAX_FAILURES_LISTED: usize = 10_000;
 

@@ -898,3 +898,5 @@ async fn the_actors_check_their_invariants_every_so_often_and_a_broken_one_fails
     assert_invariants(&w).await;
     w.cache.send(Shutdown).await.unwrap();
 }
+
+mod preload;

@@ -501,6 +501,14 @@ impl Writer {
         Shared::check_ref(&self.shared.lock(), r)
     }
 
+    /// Bytes a live slot takes in the arena: its payload (fields included), rounded up to
+    /// the arena's block.
+    pub fn slot_len(&self, r: SlotRef) -> Result<u64> {
+        let st = self.shared.lock();
+        Shared::check_ref(&st, r)?;
+        Ok(Arena::rounded(st.slots[r.slot as usize].len))
+    }
+
     /// Creates the delivery ring `name` (segment `joader-<instance>-ring-<name>`)
     /// with room for `capacity` records (rounded up to a power of two), and
     /// assigns it a reader index (its read bit).

@@ -81,6 +81,7 @@ impl CacheActor {
             }
             // Unpinned, or now only queued (evictable for a sooner need): either may make room.
             self.room_changed = true;
+            self.unblock_preloads();
             self.debug_assert_slot(key);
         }
     }

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use dataplane::{SlotMeta, SlotRef, element_error};
 
+use super::preload::LoadEnd;
 use super::{CacheActor, Loading, Pending, RingRecord, SlotEntry};
 use crate::messages::{CacheKey, JobId, Load, Loaded, PipelineId, Prepare, Prepared};
 
@@ -32,6 +33,7 @@ impl CacheActor {
             self.issue(key);
         }
         self.displace_waiting();
+        self.issue_preloads();
     }
 
     /// Every place for a load is taken and some are payloads waiting for room: a pending key
@@ -65,6 +67,9 @@ impl CacheActor {
             }
             self.waiting.remove(&w);
             let l = self.loading.remove(&w).unwrap_or_default();
+            if l.preload {
+                self.preload_load_ended(w, LoadEnd::NoRoom);
+            }
             if l.refs > 0 {
                 self.pending.insert(
                     w,
@@ -134,6 +139,7 @@ impl CacheActor {
             Loading {
                 refs: p.refs,
                 need: p.need,
+                preload: false,
             },
         );
     }
@@ -229,6 +235,9 @@ impl CacheActor {
         if l.refs > 0 {
             self.failed.insert(key, (code, l.refs));
         }
+        if l.preload {
+            self.preload_load_ended(key, LoadEnd::Failed);
+        }
     }
 
     fn evict(&mut self, key: CacheKey) -> Option<SlotEntry> {
@@ -244,6 +253,7 @@ impl CacheActor {
         self.by_slot.remove(&e.slot.slot);
         self.stats.evictions.fetch_add(1, Relaxed);
         self.room_changed = true;
+        self.unblock_preloads();
         if let Some(w) = &self.writer
             && let Err(err) = w.free_slot(e.slot)
         {
@@ -326,6 +336,7 @@ impl CacheActor {
                 slot,
                 queued: l.refs,
                 pushed: 0,
+                pinned: false,
             },
         );
         self.by_slot.insert(slot.slot, (slot, key));
@@ -334,6 +345,9 @@ impl CacheActor {
             self.policy.pin(key.raw());
         }
         self.debug_assert_slot(key);
+        if l.preload {
+            self.preload_load_ended(key, LoadEnd::Stored);
+        }
     }
 
     /// Keeps room free for the loads under way, so that the loader threads can write them
@@ -436,6 +450,16 @@ impl CacheActor {
                     return None;
                 }
                 Err(dataplane::Error::Full { .. } | dataplane::Error::NoFreeSlot { .. }) => {
+                    if self
+                        .loading
+                        .get(&key)
+                        .is_some_and(|l| l.preload && l.refs == 0)
+                    {
+                        if self.room_for_preloaded(key) {
+                            continue;
+                        }
+                        return None;
+                    }
                     if let Some((victim, refcount)) = self.policy.victim_with_refcount() {
                         self.evict_victim(CacheKey::from_raw(victim), refcount);
                         continue;
@@ -456,7 +480,7 @@ impl CacheActor {
                     let victim = self
                         .slots
                         .iter()
-                        .filter(|(_, e)| e.pushed == 0 && e.queued > 0)
+                        .filter(|(_, e)| e.pushed == 0 && e.queued > 0 && !e.pinned)
                         .map(|(&k, _)| (k, need_of(t, k)))
                         .filter(|(_, tk)| tk.cmp(&mine).is_gt())
                         .max_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
@@ -474,6 +498,25 @@ impl CacheActor {
                 }
             }
         }
+    }
+}
+
+impl CacheActor {
+    /// A payload only a preload wants found no room: it may take the policy's unneeded
+    /// victims (returns true: write it again), never what a job needs; without one it is
+    /// dropped and its element goes back to the preload (`preload.rs`).
+    fn room_for_preloaded(&mut self, key: CacheKey) -> bool {
+        if let Some(victim) = self.policy.unneeded_victim() {
+            self.evict_victim(CacheKey::from_raw(victim), 0);
+            return true;
+        }
+        if self.slots.is_empty() {
+            self.fail(key, element_error::TOO_LARGE);
+            return false;
+        }
+        self.loading.remove(&key);
+        self.preload_load_ended(key, LoadEnd::NoRoom);
+        false
     }
 }
 

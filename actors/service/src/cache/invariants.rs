@@ -60,6 +60,7 @@ impl CacheActor {
         self.check_places()?;
         self.check_references()?;
         self.check_rings()?;
+        self.check_pins()?;
         let datasets: HashSet<_> = self.jobs.values().map(|j| j.dataset).collect();
         let sources: HashSet<_> = self.sources.keys().copied().collect();
         if datasets != sources {

@@ -107,6 +107,7 @@ impl CacheActor {
             drop(rr.ring);
         }
         self.room_changed = true;
+        self.unblock_preloads();
         job.stats.closed.store(true, Relaxed);
         self.charged
             .retain(|_, (stats, _)| !std::sync::Arc::ptr_eq(stats, &job.stats));
@@ -131,6 +132,7 @@ impl CacheActor {
         // The data segment is marked shut down first, so that a client whose ring is closed
         // next learns why (`server_gone`: "server shut down"), not merely `ring_closed`.
         self.writer.take();
+        self.stop_preloads();
         let ids: Vec<JobId> = self.jobs.keys().copied().collect();
         for id in ids {
             self.close_job(id, None);

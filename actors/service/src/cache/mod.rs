@@ -38,6 +38,7 @@ mod flow;
 mod invariants;
 mod jobs;
 mod liveness;
+mod preload;
 mod rings;
 
 #[cfg(test)]
@@ -84,11 +85,13 @@ struct SlotEntry {
     queued: u32,
     /// Deliveries pushed into a ring and not yet acknowledged (the read bits set).
     pushed: u32,
+    /// Pinned by its dataset's preload (`preload.rs`): used until the preload is released.
+    pinned: bool,
 }
 
 impl SlotEntry {
     fn uses(&self) -> u32 {
-        self.queued + self.pushed
+        self.queued + self.pushed + u32::from(self.pinned)
     }
 }
 
@@ -98,6 +101,8 @@ struct Loading {
     /// Queued deliveries waiting for it.
     refs: u32,
     need: u32,
+    /// Its dataset's preload pins it once stored (`preload.rs`).
+    preload: bool,
 }
 
 /// A key some ring needs that is not loading yet (loads are bounded).
@@ -207,6 +212,9 @@ pub struct CacheActor {
     poll_delay: Duration,
     /// Messages (and polls) handled, and the full invariant checks run after them.
     checks: Periodic,
+    /// The working sets being preloaded or pinned, by dataset (`preload.rs`).
+    preloads: HashMap<DatasetId, preload::Run>,
+    pins: preload::Pins,
 }
 
 impl CacheActor {
@@ -247,6 +255,8 @@ impl CacheActor {
             next_poll: None,
             poll_delay: cfg.tick,
             checks: Periodic::default(),
+            preloads: HashMap::new(),
+            pins: preload::Pins::default(),
         }
     }
 
@@ -403,6 +413,33 @@ impl Handler<Shutdown> for CacheActor {
         let _cpu = stages::enter(&CACHE);
         self.shutdown();
         self.after_message();
+    }
+}
+
+impl Handler<Preload> for CacheActor {
+    type Result = Result<u64, PreloadError>;
+    fn handle(&mut self, msg: Preload, ctx: &mut Context<Self>) -> Self::Result {
+        let _cpu = stages::enter(&CACHE);
+        let started = self.preload(msg);
+        self.wake(ctx);
+        self.after_message();
+        started
+    }
+}
+
+impl Handler<Unpreload> for CacheActor {
+    type Result = bool;
+    fn handle(&mut self, msg: Unpreload, ctx: &mut Context<Self>) -> bool {
+        let _cpu = stages::enter(&CACHE);
+        let had = self.unpreload(msg.dataset);
+        // What it pinned may let a waiting payload in.
+        self.unblock_preloads();
+        self.drain_waiting();
+        self.issue_loads();
+        self.pump();
+        self.wake(ctx);
+        self.after_message();
+        had
     }
 }
 
