@@ -14,6 +14,7 @@ mod layers;
 mod observability;
 mod openapi;
 mod parquet;
+mod preload;
 mod resume;
 mod s3;
 mod s3_parquet;

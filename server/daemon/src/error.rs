@@ -74,7 +74,16 @@ codes! {
     NotFound = ("not_found", 404, "no route or dashboard file has this path"),
     MethodNotAllowed = ("method_not_allowed", 405,
         "the path exists but not with this method: the `Allow` header lists the methods it has"),
+    PreloadNotFound = ("preload_not_found", 404,
+        "the dataset has no preload (`POST /v1/datasets/{name}/preload` makes one)"),
     DatasetExists = ("dataset_exists", 409, "a dataset of this name exists: delete it first"),
+    PreloadExists = ("preload_exists", 409,
+        "the dataset has a preload already: release it first (`DELETE \
+         /v1/datasets/{name}/preload`)"),
+    PinBudget = ("pin_budget", 409,
+        "the working set does not fit in what preloads may pin (half the cache's bytes and \
+         slots, less what other preloads pin): the message says how many elements fit; \
+         preload a smaller subset, release another preload, or raise `--cache-bytes`"),
     JobExists = ("job_exists", 409,
         "a job of this name runs with other parameters: every rank must send the same ones, \
          and another job needs another name"),

@@ -11,6 +11,7 @@ pub mod client;
 pub mod consume;
 pub mod demo;
 pub mod inprocess;
+pub mod preload;
 pub mod serve_process;
 pub mod simulate;
 pub mod synth;

@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 #[cfg(feature = "bench")]
 use joader_tools::bench;
-use joader_tools::{cleanup, consume, demo, simulate, synth};
+use joader_tools::{cleanup, consume, demo, preload, simulate, synth};
 
 /// mimalloc instead of glibc's malloc: the loader threads allocate and free a decoded image
 /// (hundreds of KiB) per element, often freed on another thread (the Cache's); glibc returns
@@ -35,6 +35,9 @@ enum Command {
     /// Register a job with a running server and read it to the end (a debugging client; the
     /// integration tests run it as a separate process). Prints a JSON summary.
     Consume(consume::ConsumeArgs),
+    /// Preload a dataset's working set into a running server's cache and pin it there, so
+    /// that jobs started later decode nothing of it; waits with a progress bar.
+    Preload(preload::PreloadArgs),
     /// Generate a synthetic ImageNet-like ImageFolder dataset (JPEGs in class folders).
     GenDataset(synth::GenDatasetArgs),
     /// Simulate samplers and cache policies on synthetic datasets and count cache misses.
@@ -65,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => server::serve::serve(*args),
         Command::Demo(args) => demo::run(args),
         Command::Consume(args) => consume::run(args),
+        Command::Preload(args) => preload::run(args),
         Command::Cleanup(args) => cleanup::run(args),
         Command::GenDataset(args) => synth::gen_dataset(args),
         Command::Simulate(args) => simulate::run(args),

@@ -10,6 +10,7 @@ use super::error::errors;
 use super::views::{DatasetList, DatasetView, Failure, FailureList, dataset_view};
 use crate::error::{Error, Result};
 use crate::registry::datasets;
+use crate::registry::preload::{self, PreloadRequest};
 use crate::state::AppState;
 
 /// `POST /v1/datasets`.
@@ -30,6 +31,8 @@ errors!(CreateErrors: InvalidRequest, PathNotAllowed, EndpointNotAllowed, Datase
 errors!(GetErrors: DatasetNotFound);
 errors!(DeleteErrors: InvalidRequest, DatasetNotFound, DatasetInUse);
 errors!(ReindexErrors: InvalidRequest, DatasetNotFound, DatasetInUse, DatasetNotReady, ShuttingDown);
+errors!(PreloadErrors: InvalidRequest, EmptySubset, DatasetNotFound, DatasetNotReady, PreloadExists, PinBudget, ShuttingDown);
+errors!(ReleaseErrors: DatasetNotFound, PreloadNotFound);
 
 /// Create a dataset; indexing runs in the background (poll the dataset until its state is
 /// `ready`).
@@ -129,6 +132,45 @@ async fn reindex_dataset(
     Ok(HttpResponse::Accepted().json(dataset_view(&d)))
 }
 
+/// Preload a working set of the dataset (a subset, prepared by the pipeline its jobs will
+/// use) into the cache and pin it there until released: it loads in the background, below
+/// running jobs' loads (poll the dataset: its `preload.state` becomes `ready`); a job on the
+/// same pipeline then decodes nothing of it. Preloads pin half the cache at most.
+#[utoipa::path(
+    tag = "datasets",
+    params(("name" = String, Path, description = "the dataset's name", example = "example")),
+    request_body = PreloadRequest,
+    responses(
+        (status = 202, description = "accepted: `preload.state` is `loading`", body = DatasetView),
+        PreloadErrors
+    )
+)]
+#[post("/v1/datasets/{name}/preload")]
+async fn preload_dataset(
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    body: web::Json<PreloadRequest>,
+) -> Result<HttpResponse> {
+    preload::preload_dataset(&state.registry, &name, body.into_inner()).await?;
+    let d = state.registry.dataset(&name)?;
+    Ok(HttpResponse::Accepted().json(dataset_view(&d)))
+}
+
+/// Release the dataset's preload: its elements stay cached, evictable like any other.
+#[utoipa::path(
+    tag = "datasets",
+    params(("name" = String, Path, description = "the dataset's name", example = "example")),
+    responses((status = 204, description = "released"), ReleaseErrors)
+)]
+#[delete("/v1/datasets/{name}/preload")]
+async fn release_preload(
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse> {
+    preload::release_preload(&state.registry, &name).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -163,5 +205,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(get_dataset)
         .service(delete_dataset)
         .service(dataset_failures)
-        .service(reindex_dataset);
+        .service(reindex_dataset)
+        .service(preload_dataset)
+        .service(release_preload);
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use actors::JobState;
+use actors::{JobState, PreloadState};
 use joader_core::sampling::SamplerKind;
 use joader_pipeline::Pipeline;
 use joader_storage::SourceSpec;
@@ -11,6 +11,7 @@ use joader_storage::s3::ObjectChanges;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::registry::preload::{PreloadEntry, PreloadRequest};
 use crate::registry::{DatasetEntry, JobEntry, RateOver, Registry};
 use crate::state::AppState;
 
@@ -34,6 +35,60 @@ pub struct DatasetView {
     /// What the last re-index (`POST /v1/datasets/{name}/reindex`) found changed in the
     /// object store since the index before it (`s3` sources).
     pub changes: Option<ObjectChanges>,
+    /// Its working set (`POST /v1/datasets/{name}/preload`), until released.
+    pub preload: Option<PreloadView>,
+}
+
+/// A dataset's preload: what it asked for and how far it is.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PreloadView {
+    /// `loading`, `ready` (every element pinned, or failed to load), `failed` (see `reason`:
+    /// it did not fit, and pins nothing).
+    pub state: String,
+    pub reason: Option<String>,
+    /// The request, its pipeline resolved (the server's default when it named none).
+    pub request: PreloadRequest,
+    /// Elements of the working set.
+    pub elements: u64,
+    /// Elements cached and pinned.
+    pub pinned: u64,
+    /// Elements that failed to read or decode (`GET /v1/datasets/{name}/failures`).
+    pub failed: u64,
+    /// Bytes the pinned elements take in the cache.
+    pub pinned_bytes: u64,
+    /// The most bytes every preload together may pin: half the cache's bytes.
+    pub budget_bytes: u64,
+    /// Elements the preload read and decoded itself (the others were cached or loading for
+    /// jobs already).
+    pub loads: u64,
+    /// Its last element found no room (what is cached is pinned or needed by running jobs):
+    /// it goes on as they acknowledge or end.
+    pub waiting_for_room: bool,
+    /// Seconds since it started.
+    pub seconds: f64,
+}
+
+/// The view of a dataset's preload.
+pub fn preload_view(p: &PreloadEntry) -> PreloadView {
+    let g = &p.progress;
+    let (state, reason) = match g.state() {
+        PreloadState::Loading => ("loading", None),
+        PreloadState::Ready => ("ready", None),
+        PreloadState::Failed(r) => ("failed", Some(r)),
+    };
+    PreloadView {
+        state: state.into(),
+        reason,
+        request: p.request.clone(),
+        elements: g.elements.load(Relaxed),
+        pinned: g.pinned.load(Relaxed),
+        failed: g.failed.load(Relaxed),
+        pinned_bytes: g.pinned_bytes.load(Relaxed),
+        budget_bytes: g.budget_bytes.load(Relaxed),
+        loads: g.loads.load(Relaxed),
+        waiting_for_room: g.waiting_for_room.load(Relaxed),
+        seconds: p.started.elapsed().as_secs_f64(),
+    }
 }
 
 /// Where a dataset is in its life.
@@ -69,6 +124,7 @@ pub fn dataset_view(d: &DatasetEntry) -> DatasetView {
         classes: index.map(|i| i.classes().to_vec()),
         created_unix: d.record.created_unix,
         changes: d.record.changes.clone(),
+        preload: d.preload.as_ref().map(preload_view),
     }
 }
 

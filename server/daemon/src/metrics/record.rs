@@ -209,6 +209,7 @@ fn dataset_families(datasets: &[DatasetEntry], out: &mut Labelled) {
         "items indexed in the dataset",
         items,
     ));
+    preload_families(datasets, out);
     let reads: Vec<(String, ParquetReads)> = datasets
         .iter()
         .filter_map(|d| Some((d.record.name.clone(), d.index.as_ref()?.parquet_reads()?)))
@@ -220,6 +221,44 @@ fn dataset_families(datasets: &[DatasetEntry], out: &mut Labelled) {
             .collect();
         out.families.push((name, "counter", help, rows));
     }
+}
+
+/// Each dataset's preload: its elements by kind, and the bytes it pins.
+fn preload_families(datasets: &[DatasetEntry], out: &mut Labelled) {
+    let preloads: Vec<(&str, &actors::PreloadProgress)> = datasets
+        .iter()
+        .filter_map(|d| Some((d.record.name.as_str(), &*d.preload.as_ref()?.progress)))
+        .collect();
+    let mut elements = Vec::new();
+    for (name, p) in &preloads {
+        for (kind, v) in [
+            ("total", &p.elements),
+            ("pinned", &p.pinned),
+            ("failed", &p.failed),
+        ] {
+            let labels = vec![("dataset", (*name).to_owned()), ("kind", kind.to_owned())];
+            elements.push((labels, v.load(Relaxed) as f64));
+        }
+    }
+    out.families.push((
+        "joader_preload_elements",
+        "gauge",
+        "elements of the dataset's preloaded working set: its total, those pinned in the cache, those that failed to load",
+        elements,
+    ));
+    let bytes = preloads
+        .iter()
+        .map(|(name, p)| {
+            let labels = vec![("dataset", (*name).to_owned())];
+            (labels, p.pinned_bytes.load(Relaxed) as f64)
+        })
+        .collect();
+    out.families.push((
+        "joader_preload_pinned_bytes",
+        "gauge",
+        "bytes the dataset's preloaded working set pins in the cache (every preload together: at most half of it)",
+        bytes,
+    ));
 }
 
 /// The state label of a job.

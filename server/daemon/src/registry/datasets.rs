@@ -119,6 +119,15 @@ pub fn reindex_dataset(registry: &Arc<Registry>, name: &str) -> Result<()> {
                 ),
             ));
         }
+        if d.preload.is_some() {
+            return Err(Error::new(
+                Code::DatasetInUse,
+                format!(
+                    "dataset '{name}' has a preload: a re-index changes its element ids; \
+                     release it first (DELETE /v1/datasets/{name}/preload)"
+                ),
+            ));
+        }
         let id = inner.next_dataset_id()?;
         let d = inner
             .datasets
@@ -169,12 +178,20 @@ pub async fn delete_dataset(registry: &Registry, name: &str, force: bool) -> Res
     for job in users {
         super::jobs::stop_job(registry, &job).await?;
     }
-    registry
+    let removed = registry
         .inner
         .lock()
         .map_err(Error::internal)?
         .datasets
         .remove(name);
+    // Its working set is released with it (its pins, and the index its preload held).
+    if let Some(d) = removed.filter(|d| d.preload.is_some()) {
+        registry
+            .cache
+            .send(actors::Unpreload { dataset: d.id })
+            .await
+            .map_err(Error::internal)?;
+    }
     // A redb commit: on the blocking pool, never on an HTTP worker or an actor.
     let catalog = registry.catalog.clone();
     let owned = name.to_string();

@@ -8,6 +8,7 @@
 pub mod cluster_node;
 pub mod datasets;
 pub mod jobs;
+pub mod preload;
 pub mod record;
 pub mod subset;
 
@@ -217,6 +218,38 @@ impl Inner {
         Ok(self.dataset_ids)
     }
 
+    /// A ready dataset with its index and element source (opened on first use).
+    fn open_source(&mut self, name: &str) -> Result<OpenedSource<'_>, Error> {
+        let d = self
+            .datasets
+            .get_mut(name)
+            .ok_or_else(|| Error::dataset_not_found(name))?;
+        let Some(index) = d.index.clone() else {
+            return Err(Error::new(
+                Code::DatasetNotReady,
+                format!("dataset '{name}' is {}", d.record.state),
+            ));
+        };
+        let source = match &d.source {
+            Some(s) => s.clone(),
+            // Opened when the dataset was indexed or loaded; failing then, it is logged.
+            None if matches!(d.record.source, joader_storage::SourceSpec::S3 { .. }) => {
+                return Err(Error::new(
+                    Code::DatasetNotReady,
+                    format!(
+                        "dataset '{name}' cannot open its object store (the server's log says \
+                         why; check its AWS_* environment and restart it)"
+                    ),
+                ));
+            }
+            None => d
+                .source
+                .insert(Arc::new(crate::loading::IndexSource(index.clone())))
+                .clone(),
+        };
+        Ok((d, index, source))
+    }
+
     /// The id of a pipeline (interned: jobs with equal pipelines share cached elements).
     fn pipeline_id(&mut self, p: &Pipeline) -> Result<u16, Error> {
         if let Some(i) = self.pipelines.iter().position(|q| q == p) {
@@ -229,6 +262,13 @@ impl Inner {
         Ok((self.pipelines.len() - 1) as u16)
     }
 }
+
+/// A ready dataset's entry, its index and its element source.
+type OpenedSource<'a> = (
+    &'a mut DatasetEntry,
+    Arc<DatasetIndex>,
+    Arc<dyn ElementSource>,
+);
 
 /// A job's integer counters, as the metrics export them (`metrics::record::JOB_COUNTERS`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -346,6 +386,8 @@ pub struct DatasetEntry {
     pub index: Option<Arc<DatasetIndex>>,
     pub source: Option<Arc<dyn ElementSource>>,
     pub sampler: Option<Addr<SamplerActor>>,
+    /// Its working set preloaded and pinned in the cache, until released.
+    pub preload: Option<preload::PreloadEntry>,
 }
 
 impl DatasetEntry {
@@ -357,6 +399,7 @@ impl DatasetEntry {
             index: None,
             source: None,
             sampler: None,
+            preload: None,
         }
     }
 }

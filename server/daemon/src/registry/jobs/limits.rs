@@ -63,7 +63,7 @@ pub fn ring_capacity(config: &Config, req: &JobRequest) -> Result<u32> {
 }
 
 /// The fewest bytes an element of `pipeline` can take in the cache (raw bytes: unknown, 1).
-fn min_element_bytes(pipeline: &Pipeline) -> u64 {
+pub fn min_element_bytes(pipeline: &Pipeline) -> u64 {
     match pipeline {
         Pipeline::Raw => 1,
         Pipeline::Decode {

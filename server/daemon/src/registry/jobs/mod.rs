@@ -10,7 +10,9 @@ mod request;
 mod reserve;
 mod stop;
 
-pub use limits::{MAX_CLUSTER_WORLD_SIZE, MAX_RING_CAPACITY, MAX_WORLD_SIZE};
+pub use limits::{MAX_CLUSTER_WORLD_SIZE, MAX_RING_CAPACITY, MAX_WORLD_SIZE, min_element_bytes};
 pub use register::register_job;
-pub use request::{ClientInfo, JobRequest, Ranks, ReplaySpec, ResumeState, SAMPLER_NAMES};
+pub use request::{
+    ClientInfo, JobRequest, Ranks, ReplaySpec, ResumeState, SAMPLER_NAMES, pipeline_or_default,
+};
 pub use stop::stop_job;

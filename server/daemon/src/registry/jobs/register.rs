@@ -22,7 +22,7 @@ use super::limits::{batch_fits, ring_capacity};
 use super::request::{JobRequest, Ranks, ResumeState};
 use super::reserve::{Reserved, reserve};
 use crate::error::{Code, Error, Result};
-use crate::loading::{IndexSource, PipelinePrepare};
+use crate::loading::PipelinePrepare;
 use crate::registry::{ClusterNode, JobEntry, LocalJob, Registry, check_name, check_not_draining};
 
 /// Registers a job, or returns the running job this request is another rank of. Returns
@@ -161,33 +161,7 @@ fn cluster_node(registry: &Registry) -> Result<&dyn ClusterNode> {
 fn resolve_dataset(registry: &Registry, name: &str, pipeline: &Pipeline) -> Result<Dataset> {
     let mut inner = registry.inner.lock().map_err(Error::internal)?;
     let pipeline = inner.pipeline_id(pipeline)?;
-    let d = inner
-        .datasets
-        .get_mut(name)
-        .ok_or_else(|| Error::dataset_not_found(name))?;
-    let Some(index) = d.index.clone() else {
-        return Err(Error::new(
-            Code::DatasetNotReady,
-            format!("dataset '{name}' is {}", d.record.state),
-        ));
-    };
-    let source = match &d.source {
-        Some(s) => s.clone(),
-        // Opened when the dataset was indexed or loaded; failing then, it is logged.
-        None if matches!(d.record.source, joader_storage::SourceSpec::S3 { .. }) => {
-            return Err(Error::new(
-                Code::DatasetNotReady,
-                format!(
-                    "dataset '{name}' cannot open its object store (the server's log says \
-                     why; check its AWS_* environment and restart it)"
-                ),
-            ));
-        }
-        None => d
-            .source
-            .insert(Arc::new(IndexSource(index.clone())))
-            .clone(),
-    };
+    let (d, index, source) = inner.open_source(name)?;
     let sampler = d
         .sampler
         .get_or_insert_with(|| {

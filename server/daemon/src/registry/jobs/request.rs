@@ -336,14 +336,7 @@ impl JobRequest {
 
     /// The job's pipeline (the server's default when the request names none), validated.
     pub fn pipeline(&self, config: &Config) -> Result<Pipeline> {
-        let pipeline = self
-            .pipeline
-            .clone()
-            .unwrap_or_else(|| config.default_pipeline.clone());
-        pipeline
-            .validate()
-            .map_err(|e| Error::new(Code::InvalidRequest, format!("pipeline: {e}")))?;
-        Ok(pipeline)
+        pipeline_or_default(config, self.pipeline.as_ref())
     }
 
     /// Checks the options that set or record the job's order (`resume`, `replay`, `record`)
@@ -382,6 +375,17 @@ pub struct Ranks {
     pub local: u32,
     /// Some ranks are on other nodes: the leader samples the job for every node.
     pub multi: bool,
+}
+
+/// `pipeline`, or the server's default pipeline when none is given, checked.
+pub fn pipeline_or_default(config: &Config, pipeline: Option<&Pipeline>) -> Result<Pipeline> {
+    let pipeline = pipeline
+        .cloned()
+        .unwrap_or_else(|| config.default_pipeline.clone());
+    pipeline
+        .validate()
+        .map_err(|e| Error::new(Code::InvalidRequest, format!("pipeline: {e}")))?;
+    Ok(pipeline)
 }
 
 #[cfg(test)]
