@@ -302,3 +302,30 @@ def test_webp_lossy_and_lossless_decode_like_pillow(server: Dict[str, Any]) -> N
     diff = float(np.abs(lossy.astype(np.int16) - pillow.astype(np.int16)).mean())
     assert diff <= 2.0, diff
     assert float(np.abs(lossy.astype(np.int16) - photo.reshape(-1).astype(np.int16)).mean()) > 0  # really lossy
+
+
+def test_a_preloaded_working_set_serves_a_loader_without_decoding(server: Dict[str, Any]) -> None:
+    import joader
+    url = server["url"]
+    view = joader.preload(url, "imgs", subset=range(0, 12), timeout=60)
+    assert (view["state"], view["elements"], view["pinned"], view["failed"]) == ("ready", 12, 12, 0), view
+    decodes = get(url, "/v1/stats")["decodes"]
+    loader = joader.Loader(server=url, dataset="imgs", job="after-preload", batch_size=4, subset=range(0, 12), epochs=1)
+    seen: List[int] = []
+    for _images, _labels in loader:
+        seen.extend(int(i) for i in loader.last_ids)
+    seen.sort()
+    assert seen == list(range(12))
+    job = get(url, "/v1/jobs/after-preload")
+    assert (job["hits"], job["misses"]) == (12, 0), job
+    assert get(url, "/v1/stats")["decodes"] == decodes, "the job decoded nothing"
+    with pytest.raises(joader.ServerError) as e:
+        joader.preload(url, "imgs", subset=range(0, 4))
+    assert e.value.code == "preload_exists"
+    joader.release_preload(url, "imgs")
+    with pytest.raises(joader.ServerError) as e:
+        joader.release_preload(url, "imgs")
+    assert e.value.code == "preload_not_found"
+    with pytest.raises(joader.ServerError) as e:
+        joader.preload(url, "imgs", pipeline={"kind": "decode", "resize_shorter": 4096, "center_crop": [4096, 4096]})
+    assert e.value.code == "pin_budget" and "fit" in e.value.message, e.value.message

@@ -113,3 +113,56 @@ def register_job(
     if replay is not None:
         body["replay"] = {"job": str(replay["job"]), "epoch": int(replay["epoch"])}
     return _post_json(server.rstrip("/") + "/v1/jobs", body, timeout, token)
+
+
+def _get_json(url: str, timeout: float, token: Optional[str]) -> Dict[str, Any]:
+    return _post_json(url, None, timeout, token, method="GET")
+
+
+def preload(
+    server: str,
+    dataset: str,
+    *,
+    subset: Any = None,
+    pipeline: Optional[Dict[str, Any]] = None,
+    wait: bool = True,
+    timeout: Optional[float] = None,
+    token: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Preloads a working set of ``dataset`` into the server's cache and pins it there
+    (``POST {server}/v1/datasets/{dataset}/preload``): ``subset`` in `register_job`'s forms
+    (``None``: the whole dataset), prepared by ``pipeline`` (``None``: the server's default;
+    jobs share the preloaded elements only with the same pipeline). With ``wait``, returns
+    once the preload is ready (every element pinned or failed); raises ``ServerError`` with
+    code ``pin_budget`` when it does not fit (preloads pin half the cache at most),
+    ``preload_failed`` when it stopped, ``timeout`` after ``timeout`` seconds. Returns the
+    dataset's ``preload`` view (``state``, ``elements``, ``pinned``, ``failed``,
+    ``pinned_bytes``, ...). Release it with `release_preload`."""
+    import time
+
+    base = server.rstrip("/") + f"/v1/datasets/{dataset}"
+    body = {"subset": _subset_json(subset), "pipeline": pipeline}
+    view: Dict[str, Any] = _post_json(base + "/preload", body, 30.0, token)["preload"]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while wait and view["state"] == "loading":
+        if deadline is not None and time.monotonic() > deadline:
+            raise ServerError(
+                "timeout",
+                f"the preload of {dataset!r} is not ready after {timeout} s "
+                f"({view['pinned']} of {view['elements']} elements pinned); it goes on in the server",
+                0,
+            )
+        time.sleep(0.1)
+        got = _get_json(base, 30.0, token).get("preload")
+        if got is None:
+            raise ServerError("preload_not_found", f"the preload of {dataset!r} was released", 404)
+        view = got
+    if view["state"] == "failed":
+        raise ServerError("preload_failed", str(view.get("reason")), 0)
+    return view
+
+
+def release_preload(server: str, dataset: str, *, token: Optional[str] = None) -> None:
+    """Releases ``dataset``'s preload (``DELETE .../preload``): its elements stay cached,
+    evictable like any other."""
+    _post_json(server.rstrip("/") + f"/v1/datasets/{dataset}/preload", None, 30.0, token, method="DELETE")
