@@ -219,7 +219,7 @@ fn summary(rows: &[Row], threads: usize) -> Value {
 }
 
 /// Every `.jpg`, `.jpeg` and `.png` file under `dir`, sorted.
-fn images_under(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn images_under(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -318,8 +318,8 @@ fn measure(
         pillow = best(pillow, pillow_rate(has_pillow, "plain", slice, &kept));
         pillow_draft = best(pillow_draft, pillow_rate(has_pillow, "draft", slice, &kept));
         pillow_tuned = best(pillow_tuned, pillow_rate(has_pillow, "tuned", slice, &kept));
-        loader_one = loader_one.max(loader_pool(&files, 1, slice)?);
-        loader_all = loader_all.max(loader_pool(&files, threads, slice)?);
+        loader_one = loader_one.max(loader_pool(&files, 1, slice, &PIPELINE)?);
+        loader_all = loader_all.max(loader_pool(&files, threads, slice, &PIPELINE)?);
     }
     Ok(Row {
         label: label.to_string(),
@@ -382,8 +382,14 @@ impl Handler<Loaded> for Count {
 }
 
 /// Images per second through the server's real Loader (its worker pool, `workers` threads, at
-/// the decode priority), over whole passes for at least `min` seconds.
-fn loader_pool(files: &Arc<Vec<Vec<u8>>>, workers: usize, min: f64) -> Result<f64> {
+/// the decode priority) preparing `files` by `pipeline`, over whole passes for at least `min`
+/// seconds.
+pub(crate) fn loader_pool(
+    files: &Arc<Vec<Vec<u8>>>,
+    workers: usize,
+    min: f64,
+    pipeline: &Pipeline,
+) -> Result<f64> {
     let files = files.clone();
     actix::System::new().block_on(async move {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -392,7 +398,7 @@ fn loader_pool(files: &Arc<Vec<Vec<u8>>>, workers: usize, min: f64) -> Result<f6
         let loader = Loader::new(workers, count.recipient(), stats).start();
         let source: Arc<dyn ElementSource> = Arc::new(Blobs(files.clone()));
         let prepare: Arc<dyn Prepare> = Arc::new(PipelinePrepare {
-            pipeline: PIPELINE,
+            pipeline: pipeline.clone(),
             limits: Limits::default(),
         });
         let pass = |loader: &Addr<Loader>| {

@@ -11,7 +11,8 @@
 //! server beside local disk (`s3`), directly or through a proxy adding a latency to each
 //! request (`--s3-latency-ms`, `proxy`); with `--parquet` the `parquet` source against the
 //! same images in a folder (`parquet.rs`); with `--fields` samples with a caption and a JSON
-//! document against the same images without (`fields.rs`). Every system is timed
+//! document against the same images without (`fields.rs`); with `--preload` a working set
+//! preloaded before its jobs (`preload.rs`). Every system is timed
 //! alike, from each job's start to its last sample, with the figure from the first batch
 //! beside it (`systems.rs`). It prints and writes a markdown table and a PNG chart, the
 //! baselines' aggregates by K (flat on a decode-bound machine when the threads are the same at
@@ -24,6 +25,7 @@ mod fields;
 mod gpu_lock;
 mod parquet;
 mod pin;
+mod preload;
 pub mod proxy;
 mod report;
 mod s3;
@@ -118,6 +120,11 @@ pub struct E2eArgs {
     /// served by a `joader serve` child (`fields.rs`).
     #[arg(long)]
     pub fields: bool,
+    /// Also measure a working set preloaded before its jobs (`preload.rs`): the time to
+    /// preload the whole dataset against the server's Loader pool decoding the same files in
+    /// the same run, then K = 4 jobs started after it (decodes, hit ratio).
+    #[arg(long)]
+    pub preload: bool,
 }
 
 /// What every system of a run shares: the dataset, its index, the threads and the pipeline.
@@ -314,6 +321,9 @@ pub fn run(args: E2eArgs) -> Result<()> {
     }
     if args.fields {
         table.push_str(&fields::run(&ctx, n)?);
+    }
+    if args.preload {
+        table.push_str(&preload::run(&ctx, n)?);
     }
     println!("{table}");
     for w in report::warnings(&rows) {

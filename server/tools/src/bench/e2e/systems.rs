@@ -131,7 +131,7 @@ fn start_server(ctx: &Ctx, tag: &str) -> Result<(ServerHandle, Client, tempfile:
     start_server_with(ctx, tag, ctx.cache_bytes)
 }
 
-fn start_server_with(
+pub(super) fn start_server_with(
     ctx: &Ctx,
     tag: &str,
     cache_bytes: u64,
