@@ -196,3 +196,59 @@ fn pins_outlast_another_jobs_pressure_until_released() {
     let (_, misses) = job_counts(&c, "released");
     assert!(misses > 0, "released, the working set was evicted");
 }
+
+#[test]
+fn a_restarted_server_preloads_the_kept_working_set_again_until_released() {
+    let root = dataset();
+    let state = crate::common::TempDir::new("preload-restart");
+    let instance = crate::common::unique_instance("prestart");
+    let mut first = crate::common::TestServer::start(&instance, &state.0, root, &[]);
+    let c = first.client();
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": {"kind": "image_folder", "path": root}})),
+    )
+    .unwrap();
+    c.wait_ready("imgs", crate::common::DEADLINE).unwrap();
+    let body = json!({"subset": {"start": 0, "end": 20}, "pipeline": pipeline()});
+    c.ok("POST", "/v1/datasets/imgs/preload", Some(&body))
+        .unwrap();
+    assert!(first.stop(), "the first server stops cleanly");
+
+    let preloaded = |c: &joader_tools::client::Client| {
+        crate::common::wait_for("the kept preload to be ready again", || {
+            let d = c.ok("GET", "/v1/datasets/imgs", None).unwrap();
+            (d["preload"]["state"] == "ready").then_some(d["preload"].clone())
+        })
+    };
+    let mut second = crate::common::TestServer::start(&instance, &state.0, root, &[]);
+    let c = second.client();
+    let p = preloaded(&c);
+    assert_eq!(
+        (p["elements"].as_u64(), p["pinned"].as_u64()),
+        (Some(20), Some(20)),
+        "{p}"
+    );
+    assert_eq!(
+        decodes(&c),
+        20,
+        "preloaded again by the new server, before any job"
+    );
+    job(
+        &second.url,
+        "after-restart",
+        json!({"start": 0, "end": 20}),
+        1,
+    );
+    assert_eq!(job_counts(&c, "after-restart"), (20, 0));
+    // Released, it is not preloaded by the next start.
+    c.ok("DELETE", "/v1/datasets/imgs/preload", None).unwrap();
+    assert!(second.stop());
+    let third = crate::common::TestServer::start(&instance, &state.0, root, &[]);
+    let c = third.client();
+    c.wait_ready("imgs", crate::common::DEADLINE).unwrap();
+    let d = c.ok("GET", "/v1/datasets/imgs", None).unwrap();
+    assert!(d["preload"].is_null(), "{d}");
+    assert_eq!(decodes(&c), 0);
+}

@@ -46,6 +46,10 @@ pub struct DatasetRecord {
     /// What the last re-index found changed in the store (`s3` sources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changes: Option<ObjectChanges>,
+    /// The dataset's preload request (`registry::preload::PreloadRequest` as JSON), kept until
+    /// released: a restarted server preloads it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preload: Option<serde_json::Value>,
 }
 
 /// The folder of the index files, beside `catalog.redb`.
@@ -306,6 +310,7 @@ mod tests {
             error: None,
             created_unix: 1,
             changes: None,
+            preload: None,
         };
         (dir, index, rec)
     }

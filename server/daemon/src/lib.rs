@@ -85,6 +85,7 @@ pub async fn run(
         ),
     });
     registry::load_catalog(&registry)?;
+    registry::preload::restore(&registry);
     start_cluster(&state, own_url);
     // The recorder lives beside the registry (it reads the registry, never the reverse).
     let recorder = Arc::new(metrics::Metrics::new());

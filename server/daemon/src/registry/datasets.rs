@@ -41,6 +41,7 @@ pub fn create_dataset(registry: &Arc<Registry>, name: String, source: SourceSpec
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         changes: None,
+        preload: None,
     };
     {
         let mut inner = registry.inner.lock().map_err(Error::internal)?;

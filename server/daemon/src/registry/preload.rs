@@ -2,7 +2,8 @@
 //! prepared by the pipeline its jobs will use, into the cache before they start, and pins it
 //! there until `DELETE /v1/datasets/{name}/preload` (the Cache's `preload.rs` has the rules:
 //! below the jobs' loads, half the cache at most). A job on the same pipeline then finds every
-//! element of the working set cached: it decodes nothing of it.
+//! element of the working set cached: it decodes nothing of it. The catalog keeps the request
+//! until released, and a restarted server preloads it again ([`restore`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -94,36 +95,96 @@ pub async fn preload_dataset(registry: &Registry, name: &str, req: PreloadReques
             PreloadError::Exists => exists(name),
             PreloadError::TooLarge { .. } => Error::new(Code::PinBudget, e.to_string()),
         })?;
+    let request = PreloadRequest {
+        pipeline: Some(pipeline),
+        ..req
+    };
+    let saved = serde_json::to_value(&request).map_err(Error::internal)?;
     let entry = PreloadEntry {
-        request: PreloadRequest {
-            pipeline: Some(pipeline),
-            ..req
-        },
+        request,
         progress,
         started: Instant::now(),
     };
-    let kept = {
+    let record = {
         let mut inner = registry.inner.lock().map_err(Error::internal)?;
         match inner.datasets.get_mut(name) {
             // Deleted or re-indexed meanwhile: the Cache's preload is of a dataset gone.
             Some(d) if d.id == dataset => {
                 d.preload = Some(entry);
-                true
+                d.record.preload = Some(saved);
+                Some(d.record.clone())
             }
-            _ => false,
+            _ => None,
         }
     };
-    if !kept {
+    let Some(record) = record else {
         registry.cache.do_send(Unpreload { dataset });
         return Err(Error::dataset_not_found(name));
-    }
+    };
+    persist(registry, record).await?;
     tracing::info!(dataset = %name, "preload started");
     Ok(())
 }
 
+/// Writes a dataset's record (its preload request with it) to the catalog, on the blocking
+/// pool.
+async fn persist(registry: &Registry, record: crate::catalog::DatasetRecord) -> Result<()> {
+    let catalog = registry.catalog.clone();
+    actix_web::rt::task::spawn_blocking(move || catalog.put(&record, None))
+        .await
+        .map_err(Error::internal)?
+        .map_err(Error::internal)
+}
+
+/// At start-up: preloads again the datasets whose preload the catalog keeps (a memory
+/// preload does not outlive the server's cache). One that fails now (a smaller cache, a
+/// dataset that changed) is shown failed, with why, until released.
+pub fn restore(registry: &Arc<Registry>) {
+    let wanted: Vec<(String, PreloadRequest)> = match registry.inner.lock() {
+        Ok(inner) => inner
+            .datasets
+            .values()
+            .filter(|d| d.index.is_some())
+            .filter_map(|d| {
+                let saved = d.record.preload.clone()?;
+                match serde_json::from_value(saved) {
+                    Ok(req) => Some((d.record.name.clone(), req)),
+                    Err(e) => {
+                        tracing::warn!(dataset = %d.record.name, error = %e, "a stored preload request cannot be read: not preloaded");
+                        None
+                    }
+                }
+            })
+            .collect(),
+        Err(_) => return,
+    };
+    for (name, req) in wanted {
+        let registry = registry.clone();
+        actix_web::rt::spawn(async move {
+            tracing::info!(dataset = %name, "preloading again the working set the catalog keeps");
+            if let Err(e) = preload_dataset(&registry, &name, req.clone()).await {
+                tracing::warn!(dataset = %name, error = %e, "the kept preload failed");
+                let progress = Arc::new(PreloadProgress::default());
+                progress.set_state(actors::PreloadState::Failed(format!(
+                    "preloading again after the restart failed: {e}"
+                )));
+                if let Ok(mut inner) = registry.inner.lock()
+                    && let Some(d) = inner.datasets.get_mut(&name)
+                {
+                    d.preload = Some(PreloadEntry {
+                        request: req,
+                        progress,
+                        started: Instant::now(),
+                    });
+                }
+            }
+        });
+    }
+}
+
 /// Releases a dataset's preload: its elements stay cached, evictable like any other.
 pub async fn release_preload(registry: &Registry, name: &str) -> Result<()> {
-    let dataset = {
+    let (dataset, record) = {
         let mut inner = registry.inner.lock().map_err(Error::internal)?;
         let d = inner
             .datasets
@@ -135,8 +196,10 @@ pub async fn release_preload(registry: &Registry, name: &str) -> Result<()> {
                 format!("dataset '{name}' has no preload"),
             ));
         }
-        d.id
+        d.record.preload = None;
+        (d.id, d.record.clone())
     };
+    persist(registry, record).await?;
     registry
         .cache
         .send(Unpreload { dataset })
