@@ -565,3 +565,127 @@ fn each_job_is_charged_the_store_bytes_of_its_misses_per_epoch_and_the_sums_add_
     let value: f64 = series.rsplit(' ').next().unwrap().parse().unwrap();
     assert_eq!(value, va["store_read_bytes"].as_u64().unwrap() as f64);
 }
+
+/// Waits for `dataset`'s preload to leave `loading`; returns its view.
+fn preload_settled(j: &Joader, dataset: &str) -> Value {
+    let c = j.server.client();
+    wait_for("the preload to settle", || {
+        let d = c.ok("GET", &format!("/v1/datasets/{dataset}"), None).ok()?;
+        (d["preload"]["state"] != "loading").then(|| d["preload"].clone())
+    })
+}
+
+#[test]
+fn a_disk_preload_keeps_its_objects_through_other_jobs_and_a_restart_until_released() {
+    let test = "a_disk_preload_keeps_its_objects_through_other_jobs_and_a_restart_until_released";
+    let Some(bin) = s3s_fs(test) else {
+        return;
+    };
+    let s3 = S3Server::start(bin, "tier_preload");
+    // 80 objects of 20 KB (1.6 MB) for a tier of 1 MiB: pins may take 512 KiB.
+    write_objects(&s3.bucket(), "pre", 80, 20_000);
+    let disk = TempDir::new("tier_preload_disk");
+    let dir = disk.0.join("tier");
+    let args = tier_args("s3://bkt", &dir, "1MiB");
+    let mut j = joader("tier_preload", &s3.bucket(), &args, &credentials(&s3));
+    create(&j, "pre", folder_source("pre"));
+    assert_eq!(settled(&j, "pre")["state"], "ready");
+    let c = j.server.client();
+    // A pipeline is refused: the tier keeps stored bytes.
+    let (status, body) = c
+        .call(
+            "POST",
+            "/v1/datasets/pre/preload",
+            Some(&json!({"keep": "disk", "pipeline": {"kind": "raw"}})),
+        )
+        .unwrap();
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+    // Everything does not fit half the tier: it stops, saying how much did, and pins nothing.
+    c.ok(
+        "POST",
+        "/v1/datasets/pre/preload",
+        Some(&json!({"keep": "disk"})),
+    )
+    .unwrap();
+    let p = preload_settled(&j, "pre");
+    assert_eq!(p["state"], "failed", "{p}");
+    assert!(
+        p["reason"].as_str().unwrap().contains("does not fit"),
+        "{p}"
+    );
+    assert_eq!(p["pinned"], 0);
+    // The first 20 fit (about 400 KB), preloaded by the CLI, which waits.
+    let gets = metric(&j, GETS);
+    let out = std::process::Command::new(crate::common::joader_bin())
+        .args(["preload", "pre", "--server", &j.server.url, "--disk"])
+        .args(["--subset", r#"{"start": 0, "end": 20}"#])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (p["state"].as_str(), p["pinned"].as_u64()),
+        (Some("ready"), Some(20)),
+        "{p}"
+    );
+    assert!(
+        metric(&j, GETS) - gets <= 20.0,
+        "each preloaded object fetched at most once"
+    );
+    // Another job's 60 objects (1.2 MB) pass through the rest of the tier: they evict each
+    // other, never the pinned ones.
+    no_errors(&finish(job(&j, "others", "pre", 2)), "others");
+    writer_idle(&j);
+    assert!(
+        metric(&j, "joader_disk_cache_bytes") <= metric(&j, "joader_disk_cache_capacity_bytes")
+    );
+    let gets = metric(&j, GETS);
+    let subset_job = json!({"name": "pinned", "dataset": "pre", "batch_size": 4, "ring_capacity": 8,
+        "epochs": 1, "pipeline": {"kind": "raw"}, "subset": {"start": 0, "end": 20}});
+    no_errors(&finish(consumer(&j.server.url, &subset_job, &[])), "pinned");
+    assert_eq!(
+        metric(&j, GETS),
+        gets,
+        "the pinned objects came from the tier"
+    );
+
+    // A restart: the catalog keeps the preload, the tier its files; nothing is fetched again.
+    assert!(j.server.stop());
+    let env: Vec<(&str, String)> = credentials(&s3);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    j.server = TestServer::start_env(
+        &unique_instance("tier_preload"),
+        &j._state.0,
+        &s3.bucket(),
+        &args,
+        &env,
+    );
+    let p = preload_settled(&j, "pre");
+    assert_eq!(
+        (
+            p["state"].as_str(),
+            p["pinned"].as_u64(),
+            p["loads"].as_u64()
+        ),
+        (Some("ready"), Some(20), Some(0)),
+        "{p}"
+    );
+    let subset_job = json!({"name": "after", "dataset": "pre", "batch_size": 4, "ring_capacity": 8,
+        "epochs": 1, "pipeline": {"kind": "raw"}, "subset": {"start": 0, "end": 20}});
+    no_errors(&finish(consumer(&j.server.url, &subset_job, &[])), "after");
+    assert_eq!(
+        metric(&j, GETS),
+        0.0,
+        "after the restart, the working set came from the tier"
+    );
+    let c = j.server.client();
+    c.ok("DELETE", "/v1/datasets/pre/preload", None).unwrap();
+    assert!(c.ok("GET", "/v1/datasets/pre", None).unwrap()["preload"].is_null());
+}

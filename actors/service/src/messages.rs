@@ -131,6 +131,12 @@ pub trait ElementSource: Send + Sync {
     fn demand(&self) -> Option<&dyn Demand> {
         None
     }
+
+    /// The source's local-disk keeping of elements' stored bytes (an object store's disk
+    /// tier), for a preload kept on disk; `None`: it keeps nothing on disk.
+    fn disk(&self) -> Option<&dyn DiskKeep> {
+        None
+    }
 }
 
 /// An element source's fetch stage: its reads on the network, and its bytes fetched ahead.
@@ -160,6 +166,23 @@ pub trait Fetch: Send + Sync {
         let _ = element;
     }
 }
+
+/// A source that keeps elements' stored bytes on local disk (an object store's disk tier): what
+/// a preload kept on disk asks of it. What the tier keeps follows the source's [`Demand`]: a
+/// preload's elements are pinned there by an epoch that never ends (its job is
+/// [`DISK_PRELOAD_JOB`]) until the preload is released.
+pub trait DiskKeep: Send + Sync {
+    /// The most bytes the disk keeps.
+    fn capacity(&self) -> u64;
+    /// The bytes the disk's copy of `element` takes, when it holds it now.
+    fn holds(&self, element: u32) -> Option<u64>;
+    /// Waits until what was fetched so far is written to the disk (or refused).
+    fn flush(&self);
+}
+
+/// The job id of a dataset's disk preload in its source's [`Demand`] (never a real job's: the
+/// registry numbers jobs from 1).
+pub const DISK_PRELOAD_JOB: JobId = JobId::MAX;
 
 /// The Cache's news of its jobs, for a source that keeps what they still need.
 pub trait Demand: Send + Sync {

@@ -125,6 +125,7 @@ def preload(
     *,
     subset: Any = None,
     pipeline: Optional[Dict[str, Any]] = None,
+    keep: str = "memory",
     wait: bool = True,
     timeout: Optional[float] = None,
     token: Optional[str] = None,
@@ -132,7 +133,9 @@ def preload(
     """Preloads a working set of ``dataset`` into the server's cache and pins it there
     (``POST {server}/v1/datasets/{dataset}/preload``): ``subset`` in `register_job`'s forms
     (``None``: the whole dataset), prepared by ``pipeline`` (``None``: the server's default;
-    jobs share the preloaded elements only with the same pipeline). With ``wait``, returns
+    jobs share the preloaded elements only with the same pipeline). ``keep="disk"`` keeps an
+    object-store dataset's stored bytes in the server's disk tier instead (no pipeline). With
+    ``wait``, returns
     once the preload is ready (every element pinned or failed); raises ``ServerError`` with
     code ``pin_budget`` when it does not fit (preloads pin half the cache at most),
     ``preload_failed`` when it stopped, ``timeout`` after ``timeout`` seconds. Returns the
@@ -141,7 +144,7 @@ def preload(
     import time
 
     base = server.rstrip("/") + f"/v1/datasets/{dataset}"
-    body = {"subset": _subset_json(subset), "pipeline": pipeline}
+    body = {"subset": _subset_json(subset), "pipeline": pipeline, "keep": keep}
     view: Dict[str, Any] = _post_json(base + "/preload", body, 30.0, token)["preload"]
     deadline = None if timeout is None else time.monotonic() + timeout
     while wait and view["state"] == "loading":

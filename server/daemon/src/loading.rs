@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use actors::{Demand, ElementSource, Fetch, Fetched, LoadFailure, Place, Prepare, Prepared};
+use actors::{
+    Demand, DiskKeep, ElementSource, Fetch, Fetched, LoadFailure, Place, Prepare, Prepared,
+};
 use dataplane::element_error;
 use joader_pipeline::{self as pipeline, Limits, Output, Pipeline, PipelineError};
 use joader_storage::s3::{self, ObjectStores, ObjectVersion, S3Source};
@@ -113,6 +115,25 @@ impl ElementSource for S3ElementSource {
 
     fn demand(&self) -> Option<&dyn Demand> {
         Some(self)
+    }
+
+    fn disk(&self) -> Option<&dyn DiskKeep> {
+        self.0.disk_capacity().map(|_| self as &dyn DiskKeep)
+    }
+}
+
+/// The disk tier's side of a preload kept on disk.
+impl DiskKeep for S3ElementSource {
+    fn capacity(&self) -> u64 {
+        self.0.disk_capacity().unwrap_or(0)
+    }
+
+    fn holds(&self, element: u32) -> Option<u64> {
+        self.0.on_disk(element)
+    }
+
+    fn flush(&self) {
+        self.0.flush_disk();
     }
 }
 

@@ -26,11 +26,15 @@ pub struct PreloadArgs {
     /// not given. Jobs share the preloaded elements only with the same pipeline.
     #[arg(long)]
     pub pipeline: Option<String>,
+    /// Keep the working set's stored bytes in the server's disk tier instead of decoded in
+    /// memory (an object-store dataset on a server with `--disk-cache`; no `--pipeline`).
+    #[arg(long, conflicts_with = "pipeline")]
+    pub disk: bool,
     /// Return once the server accepted the preload, without waiting for it to be ready.
     #[arg(long)]
     pub no_wait: bool,
     /// Release the dataset's preload instead (its elements become evictable).
-    #[arg(long, conflicts_with_all = ["subset", "pipeline", "no_wait"])]
+    #[arg(long, conflicts_with_all = ["subset", "pipeline", "no_wait", "disk"])]
     pub release: bool,
     /// Give up waiting after this many seconds (the preload goes on in the server).
     #[arg(long, default_value_t = 3600)]
@@ -53,6 +57,9 @@ pub fn run(args: PreloadArgs) -> Result<()> {
     }
     if let Some(p) = &args.pipeline {
         body["pipeline"] = serde_json::from_str::<Value>(p).context("--pipeline is not JSON")?;
+    }
+    if args.disk {
+        body["keep"] = json!("disk");
     }
     let d: DatasetView = client.typed("POST", &path, Some(&body))?;
     let p = d
@@ -86,8 +93,9 @@ fn wait(client: &Client, args: &PreloadArgs, first: PreloadView) -> Result<Prelo
     loop {
         bar.set_position(p.pinned + p.failed);
         bar.set_message(format!(
-            "{} MiB pinned{}",
+            "{} MiB pinned{}{}",
             p.pinned_bytes >> 20,
+            if args.disk { " on disk" } else { "" },
             if p.waiting_for_room {
                 ", waiting for room jobs hold"
             } else {

@@ -293,6 +293,7 @@ impl ObjectStores {
             queue: self.queue.clone(),
             ahead: self.ahead.clone(),
             stats: self.remote.stats.clone(),
+            tier: self.tier().cloned(),
         })
     }
 }
@@ -313,6 +314,8 @@ pub struct S3Source {
     queue: mpsc::UnboundedSender<Request>,
     ahead: Arc<Ahead>,
     stats: Arc<ObjectStats>,
+    /// The server's disk tier, when it has one.
+    tier: Option<Arc<DiskTier>>,
 }
 
 /// How long a fetch is assumed to take before any GET has been timed.
@@ -392,6 +395,32 @@ impl S3Source {
     /// `job` ended.
     pub fn job_closed(&self, job: u64) {
         self.inner.demand.job_closed(job);
+    }
+
+    /// The disk tier's capacity in bytes, when the server has a tier that keeps this
+    /// dataset's elements (every layout but Parquet rows, which the tier does not key).
+    pub fn disk_capacity(&self) -> Option<u64> {
+        let tier = self.tier.as_ref()?;
+        if self.inner.index.rows_info().is_some() {
+            return None;
+        }
+        Some(tier.stats().capacity.load(Relaxed))
+    }
+
+    /// The bytes the disk tier's file of `element` takes, when it holds it now (complete,
+    /// no I/O).
+    pub fn on_disk(&self, element: u32) -> Option<u64> {
+        match (&self.tier, self.inner.tier_key(element)) {
+            (Some(tier), Some(key)) => tier.stored_len(&key),
+            _ => None,
+        }
+    }
+
+    /// Waits until the disk tier's writer has written (or refused) what was offered to it.
+    pub fn flush_disk(&self) {
+        if let Some(tier) = &self.tier {
+            tier.flush();
+        }
     }
 
     /// The dataset's index (what a read's bytes are split by into image and fields).

@@ -84,6 +84,11 @@ impl<O: Clone> TierIndex<O> {
         self.entries.contains_key(&name)
     }
 
+    /// The bytes `name`'s complete file takes (header included), `None` when it is not ready.
+    pub fn ready_len(&self, name: u128) -> Option<u64> {
+        self.entries.get(&name).filter(|e| e.ready).map(|e| e.len)
+    }
+
     /// Whether `name`'s file is complete: it may be read.
     pub fn is_ready(&self, name: u128) -> bool {
         self.entries.get(&name).is_some_and(|e| e.ready)

@@ -256,6 +256,15 @@ impl DiskTier {
             .is_ok_and(|i| i.is_ready(key.name()))
     }
 
+    /// The bytes `key`'s stored file takes (its header included) when it is complete.
+    pub fn stored_len(&self, key: &TierKey) -> Option<u64> {
+        self.inner
+            .index
+            .lock()
+            .ok()
+            .and_then(|i| i.ready_len(key.name()))
+    }
+
     /// [`DiskTier::contains`] for an element's read: a miss when not (counted).
     pub fn lookup(&self, key: &TierKey) -> bool {
         let found = self.contains(key);

@@ -186,12 +186,10 @@ pub async fn delete_dataset(registry: &Registry, name: &str, force: bool) -> Res
         .datasets
         .remove(name);
     // Its working set is released with it (its pins, and the index its preload held).
-    if let Some(d) = removed.filter(|d| d.preload.is_some()) {
-        registry
-            .cache
-            .send(actors::Unpreload { dataset: d.id })
-            .await
-            .map_err(Error::internal)?;
+    if let Some(d) = removed
+        && let Some(p) = &d.preload
+    {
+        super::preload::let_go(registry, d.id, d.source.as_ref(), p).await?;
     }
     // A redb commit: on the blocking pool, never on an HTTP worker or an actor.
     let catalog = registry.catalog.clone();

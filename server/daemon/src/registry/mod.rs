@@ -7,6 +7,7 @@
 
 pub mod cluster_node;
 pub mod datasets;
+mod disk_preload;
 pub mod jobs;
 pub mod preload;
 pub mod record;
