@@ -6,8 +6,8 @@
 //! non-Parquet object fails the indexing with `bad_parquet` naming its key; an object
 //! changed after indexing is an element error, never other bytes. Through a store 30 ms
 //! away, with a disk tier: rows are fetched ahead and taken, an object's footer and each row
-//! group's chunk are read once whatever the rows read at once, and the tier neither holds
-//! nor counts rows.
+//! group's chunk are read once whatever the rows read at once, and the tier keeps every row
+//! (with its fields) so that a second epoch fetches nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -117,6 +117,24 @@ fn epoch(j: &Joader, job: &str, dataset: &str) -> (BTreeMap<u32, Element>, Vec<u
     }
 }
 
+/// Waits for the disk tier's writer, then restarts `j`'s server on the same data folder and
+/// tier (the decoded cache starts empty) and waits for its datasets.
+fn restarted(j: &mut Joader, s3: &S3Server, args: &[&str]) {
+    crate::common::wait_for("the disk tier's writer to be idle", || {
+        (metric(j, "joader_disk_cache_queued") == 0.0).then_some(())
+    });
+    assert!(j.server.stop());
+    let env = credentials(s3);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    j.server = crate::common::TestServer::start_env(
+        &crate::common::unique_instance("s3_parquet_again"),
+        &j._state.0,
+        &s3.bucket(),
+        args,
+        &env,
+    );
+}
+
 /// An `s3s-fs` whose bucket holds what `script` wrote there (its arguments: `images` when
 /// given, then the bucket's folder), and what the script printed; `None` when `s3s-fs` or
 /// pyarrow is missing and not required.
@@ -140,12 +158,16 @@ fn s3_parquet_gives_the_elements_and_fields_of_the_local_files() {
     };
     let bucket = s3.bucket();
     let n: usize = printed.trim().parse().unwrap();
-    let j = joader(
-        "s3_parquet",
-        &bucket,
-        &["--allowed-s3", "s3://bkt/"],
-        &credentials(&s3),
-    );
+    let tier = crate::common::TempDir::new("s3_parquet_fields_tier");
+    let args = [
+        "--allowed-s3",
+        "s3://bkt/",
+        "--disk-cache",
+        tier.0.to_str().unwrap(),
+        "--disk-cache-bytes",
+        "64MiB",
+    ];
+    let mut j = joader("s3_parquet", &bucket, &args, &credentials(&s3));
     let fields: Value = serde_json::from_str(FIELDS).unwrap();
     create(
         &j,
@@ -208,6 +230,25 @@ fn s3_parquet_gives_the_elements_and_fields_of_the_local_files() {
         // Each row's three values at least once (a reload reads them again).
         assert!(read + hits >= (3 * n) as f64, "{dataset}: {read} + {hits}");
     }
+
+    // The disk tier kept each row whole (its image and its fields): after a restart (an
+    // empty decoded cache), an epoch reads nothing from the store and gives the same
+    // elements, field by field.
+    restarted(&mut j, &s3, &args);
+    assert!(metric(&j, "joader_disk_cache_objects") >= n as f64);
+    let (again, ids, errors) = epoch(&j, "r2", "remote");
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(ids.len(), n);
+    assert!(
+        again == from_files,
+        "the tier's rows differ from the files'"
+    );
+    assert_eq!(
+        metric(&j, "joader_s3_requests_total{op=\"get\"}"),
+        0.0,
+        "the epoch after the restart fetched from the store"
+    );
+    assert!(metric(&j, "joader_disk_cache_hits_total") >= n as f64);
 
     // A truncated object, or one that is no Parquet file, fails the indexing, naming it.
     for (name, key) in [("cut", "cut/train.parquet"), ("junk", "junk/train.parquet")] {
@@ -282,8 +323,8 @@ for f in range(3):
 "#;
 
 #[test]
-fn s3_parquet_rows_through_a_store_30_ms_away_are_fetched_ahead_and_not_tiered() {
-    let test = "s3_parquet_rows_through_a_store_30_ms_away_are_fetched_ahead_and_not_tiered";
+fn s3_parquet_rows_through_a_store_30_ms_away_are_fetched_ahead_and_tiered() {
+    let test = "s3_parquet_rows_through_a_store_30_ms_away_are_fetched_ahead_and_tiered";
     let Some((s3, _)) = store_with(test, ROWS, None) else {
         return;
     };
@@ -302,19 +343,15 @@ fn s3_parquet_rows_through_a_store_30_ms_away_are_fetched_ahead_and_not_tiered()
         }
     }
     let tier = crate::common::TempDir::new("s3_parquet_tier");
-    let j = joader(
-        "s3_parquet_far",
-        &bucket,
-        &[
-            "--allowed-s3",
-            "s3://bkt",
-            "--disk-cache",
-            tier.0.to_str().unwrap(),
-            "--disk-cache-bytes",
-            "64MiB",
-        ],
-        &env,
-    );
+    let args = [
+        "--allowed-s3",
+        "s3://bkt",
+        "--disk-cache",
+        tier.0.to_str().unwrap(),
+        "--disk-cache-bytes",
+        "64MiB",
+    ];
+    let mut j = joader("s3_parquet_far", &bucket, &args, &env);
     create(
         &j,
         "local",
@@ -344,17 +381,35 @@ fn s3_parquet_rows_through_a_store_30_ms_away_are_fetched_ahead_and_not_tiered()
     assert!(ahead > 0.0, "no load found its row fetched ahead");
     assert_eq!(metric(&j, "joader_s3_fetch_ahead_requests_total"), ahead);
     assert_eq!(metric(&j, "joader_s3_fetch_ahead_stale_total"), 0.0);
-    // The disk tier does not apply to rows: never asked, never written.
-    for name in [
-        "joader_disk_cache_hits_total",
-        "joader_disk_cache_misses_total",
-        "joader_disk_cache_writes_total",
-        "joader_disk_cache_objects",
-    ] {
-        assert_eq!(metric(&j, name), 0.0, "{name}");
-    }
     assert_eq!(
         metric(&j, "joader_parquet_rows_read_total{dataset=\"far\"}"),
         n as f64
+    );
+    // The disk tier kept every row: after a restart (an empty decoded cache), an epoch
+    // through the same 30 ms proxy fetches nothing, reads no row of a file, and gives the
+    // same bytes.
+    crate::common::wait_for("the disk tier's writer to be idle", || {
+        (metric(&j, "joader_disk_cache_queued") == 0.0).then_some(())
+    });
+    assert_eq!(metric(&j, "joader_disk_cache_objects"), n as f64);
+    assert!(j.server.stop());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    j.server = crate::common::TestServer::start_env(
+        &crate::common::unique_instance("s3_parquet_far_again"),
+        &j._state.0,
+        &bucket,
+        &args,
+        &env,
+    );
+    assert_eq!(settled(&j, "far")["state"], "ready");
+    let (again, ids) = read_raw(&j, "far-epoch-2", "far");
+    assert_permutation(&ids, n, "the s3 epoch after the restart");
+    assert_eq!(again, want, "the tier's rows differ from the local ones");
+    assert_eq!(metric(&j, "joader_s3_requests_total{op=\"get\"}"), 0.0);
+    assert!(metric(&j, "joader_disk_cache_hits_total") >= n as f64);
+    assert_eq!(
+        metric(&j, "joader_parquet_rows_read_total{dataset=\"far\"}"),
+        0.0,
+        "no row read from its file again"
     );
 }

@@ -159,6 +159,49 @@ impl DatasetIndex {
         parquet::read_fields(path, file, info, row_group, row, declared)
     }
 
+    /// A stable tag of the small fields the source declares (their names and declarations):
+    /// what a Parquet row's stored bytes carry beside the image (`read_whole_row`).
+    pub fn small_fields_tag(&self) -> String {
+        let small: Vec<_> = self
+            .sample_fields()
+            .map(|s| s.fields().small().collect())
+            .unwrap_or_default();
+        let json = serde_json::to_vec(&small).unwrap_or_default();
+        format!("{:016x}", twox_hash::XxHash3_64::oneshot(&json))
+    }
+
+    /// Item `id`'s image, with a Parquet row's small fields' values after it when the source
+    /// declares some (one buffer: what an object store's fetch stage reads ahead and its disk
+    /// tier keeps for a row); [`DatasetIndex::split_whole`] takes it apart without reading the
+    /// row's file again. Other items: [`DatasetIndex::read`].
+    pub fn read_whole_row(&self, id: u32) -> Result<Vec<u8>, StorageError> {
+        let image = self.read(id)?;
+        let Some(sample) = self
+            .sample_fields()
+            .filter(|s| s.columns && self.has_small_fields())
+        else {
+            return Ok(image);
+        };
+        let values = self.row_fields(id, sample.fields())?;
+        Ok(whole_row::encode(image, &values))
+    }
+
+    /// [`DatasetIndex::split`] of what [`DatasetIndex::read_whole_row`] gave.
+    pub fn split_whole(&self, id: u32, stored: Vec<u8>) -> Result<Sample, StorageError> {
+        match self.sample_fields() {
+            Some(s) if s.columns && self.has_small_fields() => {
+                let (image, values) =
+                    whole_row::decode(stored).map_err(|reason| StorageError::BadField {
+                        what: self.describe(id).unwrap_or_else(|| format!("item {id}")),
+                        field: "(row)".into(),
+                        reason,
+                    })?;
+                self.check_fields(id, image, values)
+            }
+            _ => self.split(id, stored),
+        }
+    }
+
     /// Splits what [`DatasetIndex::read`] gave for item `id` into its image and small
     /// fields, checking each value against its kind (`BadField` when it is not what the kind
     /// says, or missing). Without `fields`, the bytes are the image.
@@ -202,6 +245,25 @@ impl DatasetIndex {
             }
             (stored, values)
         };
+        self.check_fields(id, image, values)
+    }
+
+    /// The sample of `image` and the small fields' `values` (in declaration order), each
+    /// value checked against its kind.
+    fn check_fields(
+        &self,
+        id: u32,
+        image: Vec<u8>,
+        values: FieldValues,
+    ) -> Result<Sample, StorageError> {
+        let Some(sample) = self.sample_fields() else {
+            return Ok(Sample {
+                image,
+                fields: Vec::new(),
+            });
+        };
+        let what = || self.describe(id).unwrap_or_else(|| format!("item {id}"));
+        let small: Vec<_> = sample.fields().small().collect();
         let mut fields = Vec::with_capacity(small.len());
         for ((name, spec), value) in small.into_iter().zip(values) {
             let bad = |reason: String| StorageError::BadField {
@@ -225,5 +287,81 @@ impl DatasetIndex {
             });
         }
         Ok(Sample { image, fields })
+    }
+}
+
+/// A Parquet row's image and small fields' values as one buffer: the values first (`u32`
+/// LE count, then per value a presence byte and, when present, a `u32` LE length and the
+/// bytes), the image after them.
+mod whole_row {
+    use crate::fields::FieldValues;
+
+    pub(super) fn encode(image: Vec<u8>, values: &FieldValues) -> Vec<u8> {
+        let len: usize = values.iter().flatten().map(|v| 5 + v.len()).sum::<usize>()
+            + values.len()
+            + 4
+            + image.len();
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(&(values.len() as u32).to_le_bytes());
+        for v in values {
+            match v {
+                Some(v) => {
+                    out.push(1);
+                    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    out.extend_from_slice(v);
+                }
+                None => out.push(0),
+            }
+        }
+        out.extend_from_slice(&image);
+        out
+    }
+
+    pub(super) fn decode(mut stored: Vec<u8>) -> Result<(Vec<u8>, FieldValues), String> {
+        let bad = || "the row's stored bytes are damaged".to_string();
+        let mut at = 0usize;
+        let u32_at = |at: &mut usize, b: &[u8]| -> Result<usize, String> {
+            let v = b.get(*at..*at + 4).ok_or_else(bad)?;
+            *at += 4;
+            Ok(u32::from_le_bytes([v[0], v[1], v[2], v[3]]) as usize)
+        };
+        let n = u32_at(&mut at, &stored)?;
+        if n > crate::fields::MAX_FIELDS {
+            return Err(bad());
+        }
+        let mut values = Vec::with_capacity(n);
+        for _ in 0..n {
+            let present = *stored.get(at).ok_or_else(bad)?;
+            at += 1;
+            if present == 0 {
+                values.push(None);
+                continue;
+            }
+            let len = u32_at(&mut at, &stored)?;
+            let v = stored.get(at..at + len).ok_or_else(bad)?.to_vec();
+            at += len;
+            values.push(Some(v));
+        }
+        let image = stored.split_off(at);
+        Ok((image, values))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn a_row_round_trips_and_damage_is_an_error() {
+            let values = vec![Some(b"a caption".to_vec()), None, Some(Vec::new())];
+            let image = vec![0xff, 0xd8, 1, 2, 3];
+            let whole = super::encode(image.clone(), &values);
+            assert_eq!(super::decode(whole.clone()).unwrap(), (image, values));
+            for cut in [0, 3, 6, 12] {
+                assert!(
+                    super::decode(whole[..cut].to_vec()).is_err(),
+                    "cut at {cut}"
+                );
+            }
+            let no_fields = super::encode(vec![9, 9], &Vec::new());
+            assert_eq!(super::decode(no_fields).unwrap(), (vec![9, 9], Vec::new()));
+        }
     }
 }

@@ -35,10 +35,26 @@ fn split(
     element: u32,
     stored: Vec<u8>,
 ) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
+    split_with(index, element, stored, false)
+}
+
+/// [`split`] of `stored` as [`DatasetIndex::read_whole_row`] gave it (`whole`: a Parquet row's
+/// fields come with its image) or as [`DatasetIndex::read`] did.
+fn split_with(
+    index: &DatasetIndex,
+    element: u32,
+    stored: Vec<u8>,
+    whole: bool,
+) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
     if !index.has_small_fields() {
         return Ok((stored, Vec::new()));
     }
-    let sample = index.split(element, stored).map_err(|e| failure(&e))?;
+    let sample = if whole {
+        index.split_whole(element, stored)
+    } else {
+        index.split(element, stored)
+    }
+    .map_err(|e| failure(&e))?;
     // The block stores each value's length in 32 bits (names are short by declaration).
     if let Some(f) = sample
         .fields
@@ -106,7 +122,8 @@ impl ElementSource for S3ElementSource {
     }
 
     fn split(&self, element: u32, stored: Vec<u8>) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
-        split(self.0.index(), element, stored)
+        // A Parquet row comes whole from the fetch stage: its fields with its image.
+        split_with(self.0.index(), element, stored, true)
     }
 
     fn fetching(&self) -> Option<&dyn Fetch> {

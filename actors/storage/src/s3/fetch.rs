@@ -397,14 +397,9 @@ impl S3Source {
         self.inner.demand.job_closed(job);
     }
 
-    /// The disk tier's capacity in bytes, when the server has a tier that keeps this
-    /// dataset's elements (every layout but Parquet rows, which the tier does not key).
+    /// The disk tier's capacity in bytes, when the server has a tier.
     pub fn disk_capacity(&self) -> Option<u64> {
-        let tier = self.tier.as_ref()?;
-        if self.inner.index.rows_info().is_some() {
-            return None;
-        }
-        Some(tier.stats().capacity.load(Relaxed))
+        Some(self.tier.as_ref()?.stats().capacity.load(Relaxed))
     }
 
     /// The bytes the disk tier's file of `element` takes, when it holds it now (complete,

@@ -15,12 +15,13 @@
 //!   bytes. The dataset's reader opens objects through [`Opener`], which the source
 //!   installs in the index's read state.
 //! - **Fetch-ahead** applies as to any element: its read is queued like a fetch, and its
-//!   image bytes wait in the buffer for their load. **The disk tier does not apply**: it
-//!   keeps byte ranges of objects, and a row's image is no range of its object (it is a
-//!   value decompressed from a page), nor is its place known before its row group was first
-//!   read; a row read after that costs one GET of about its own bytes, as a tier's entry
-//!   would cost a read. Rows are neither looked up in the tier nor offered to it (nothing
-//!   of the tier's counts moves); they are counted by the `joader_parquet_*` metrics.
+//!   bytes wait in the buffer for their load. A row's read gives its image with its small
+//!   fields' values (`DatasetIndex::read_whole_row`), so the fields are fetched ahead with
+//!   the image, never by a decode thread.
+//! - **The disk tier** keeps a row as a part of its object (`TierKey::part`: its row group and
+//!   row, and the small columns its dataset declares), the whole row's bytes as the read gave
+//!   them: the next read of the row is a read of the tier, as for the other layouts. (A row's
+//!   image is no byte range of its object: it is a value decompressed from a page.)
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -208,10 +209,20 @@ pub(super) fn spawn_read(remote: &Arc<Remote>, r: Request) {
         remote.stats.queued(r.queued_at.elapsed());
         tokio::task::spawn_blocking(move || {
             SENT.set(0);
-            let read = r.source.index.read(r.element);
+            // The image with the row's small fields: both read ahead, and kept by the tier.
+            let read = r.source.index.read_whole_row(r.element);
             let sent = SENT.take();
             drop(permit);
             let sent = if read.is_ok() { sent } else { 0 };
+            if let (Ok(bytes), Some(tier), Some(key)) =
+                (&read, &remote.tier, r.source.tier_key(r.element))
+            {
+                tier.offer(
+                    key,
+                    Bytes::from(bytes.clone()),
+                    Some(r.source.owner(r.element)),
+                );
+            }
             (r.done)(read, sent);
         });
     });

@@ -45,19 +45,38 @@ impl SourceInner {
         self.etags.get(key).map(String::as_str)
     }
 
-    /// The tier key of `element`'s bytes (`None` when its object has no ETag: not stored).
+    /// The tier key of `element`'s bytes (`None` when its object has no ETag: not stored). A
+    /// Parquet row is a part of its object: its row group and row, and the small columns its
+    /// dataset declares (its stored bytes carry their values, `DatasetIndex::read_whole_row`).
     pub(super) fn tier_key(&self, element: u32) -> Option<TierKey> {
-        let (object, range) = match self.index.location(element)? {
-            Location::File(key) => (key.to_string_lossy().into_owned(), None),
-            Location::TarMember { shard, offset, len } => (
+        let shard = |i: u32| {
+            Some(
                 self.index
                     .shards()
-                    .get(shard as usize)?
+                    .get(i as usize)?
                     .to_string_lossy()
                     .into_owned(),
-                Some(offset..offset + len),
+            )
+        };
+        let (object, range, part) = match self.index.location(element)? {
+            Location::File(key) => (key.to_string_lossy().into_owned(), None, None),
+            Location::TarMember {
+                shard: s,
+                offset,
+                len,
+            } => (shard(s)?, Some(offset..offset + len), None),
+            Location::ParquetRow {
+                file,
+                row_group,
+                row,
+            } => (
+                shard(file)?,
+                None,
+                Some(format!(
+                    "row {row_group}/{row} columns {}",
+                    self.index.small_fields_tag()
+                )),
             ),
-            Location::ParquetRow { .. } => return None,
         };
         let etag = self.etag(&object)?.to_owned();
         Some(TierKey {
@@ -65,6 +84,7 @@ impl SourceInner {
             object,
             etag,
             range,
+            part,
         })
     }
 

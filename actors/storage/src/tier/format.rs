@@ -38,16 +38,25 @@ pub struct TierKey {
     pub etag: String,
     /// The bytes of the object the element is (a tar member), or `None` for all of them.
     pub range: Option<Range<u64>>,
+    /// A part of the object that is no byte range: a Parquet row (its row group and row, and
+    /// the small columns its dataset declares, which its stored bytes carry).
+    pub part: Option<String>,
 }
 
 impl TierKey {
-    /// The bytes a stored object's header carries, and its name is hashed from.
+    /// The bytes a stored object's header carries, and its name is hashed from (a key
+    /// without a `part` has the identity it had before parts were kept).
     pub fn identity(&self) -> Vec<u8> {
         let range = match &self.range {
             Some(r) => format!("{}-{}", r.start, r.end),
             None => "all".into(),
         };
-        format!("{}\n{}\n{}\n{}", self.store, self.object, self.etag, range).into_bytes()
+        let mut id = format!("{}\n{}\n{}\n{}", self.store, self.object, self.etag, range);
+        if let Some(part) = &self.part {
+            id.push('\n');
+            id.push_str(part);
+        }
+        id.into_bytes()
     }
 
     /// The stored object's name.
@@ -235,6 +244,7 @@ mod tests {
             object: "train/shard-0.tar".into(),
             etag: "\"abc\"".into(),
             range,
+            part: None,
         }
     }
 
@@ -260,6 +270,23 @@ mod tests {
         assert_ne!(a.name(), b.name());
         assert_ne!(a.name(), key(Some(0..11)).name());
         assert_ne!(a.name(), key(None).name());
+    }
+
+    #[test]
+    fn a_part_is_another_key_and_no_part_keeps_the_names_stored_before_parts() {
+        let whole = key(None);
+        assert_eq!(
+            whole.identity(),
+            b"http://127.0.0.1:9000/bkt\ntrain/shard-0.tar\n\"abc\"\nall".to_vec(),
+            "the identity of the keys the tier stored before parts existed"
+        );
+        let row = |part: &str| TierKey {
+            part: Some(part.into()),
+            ..key(None)
+        };
+        assert_ne!(row("row 0/1").name(), whole.name());
+        assert_ne!(row("row 0/1").name(), row("row 0/2").name());
+        assert_eq!(row("row 0/1").name(), row("row 0/1").name());
     }
 
     #[test]

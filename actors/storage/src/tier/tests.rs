@@ -15,6 +15,7 @@ fn key(n: u32) -> TierKey {
         object: format!("img/{n}.jpg"),
         etag: format!("\"etag-{n}\""),
         range: None,
+        part: None,
     }
 }
 
