@@ -472,8 +472,10 @@ fn the_parquet_budgets_are_the_servers_settings() {
     }
     let root = TempDir::new("parquet_budgets");
     let n = write_files(&root.0);
-    // Two servers over the same files: the defaults, and one that keeps no decoded row.
+    // Three servers over the same files: the defaults, one that keeps no decoded row (but
+    // spills), and one that keeps none and spills nothing.
     let mut hits = Vec::new();
+    let mut spill = Vec::new();
     for (tag, extra) in [
         ("parquet_budgets_default", &[][..]),
         (
@@ -484,6 +486,10 @@ fn the_parquet_budgets_are_the_servers_settings() {
                 "--parquet-field-bytes",
                 "3MiB",
             ][..],
+        ),
+        (
+            "parquet_budgets_nothing",
+            &["--parquet-decoded-bytes", "1", "--parquet-spill-bytes", "1"][..],
         ),
     ] {
         let state = TempDir::new(tag);
@@ -508,13 +514,32 @@ fn the_parquet_budgets_are_the_servers_settings() {
             assert_eq!(budget("decoded"), f64::from(64u32 << 20));
             assert_eq!(budget("directories"), f64::from(64u32 << 20));
             assert_eq!(budget("fields"), f64::from(32u32 << 20));
+            // The smaller of 16 GiB and half the data folder's free space.
+            assert!(budget("spill") > 0.0 && budget("spill") <= 16.0 * f64::from(1u32 << 30));
         } else {
             assert_eq!(budget("decoded"), 1.0);
+        }
+        if tag == "parquet_budgets_none" {
             assert_eq!(budget("fields"), f64::from(3u32 << 20));
         }
+        if tag == "parquet_budgets_nothing" {
+            assert_eq!(budget("spill"), 1.0);
+        }
         hits.push(m("joader_parquet_decoded_row_hits_total{dataset=\"pq\"}"));
+        spill.push((
+            m("joader_parquet_spill_hits_total{dataset=\"pq\"}"),
+            m("joader_parquet_row_groups_decoded_total{dataset=\"pq\"}"),
+        ));
     }
     // The zstd file's rows come from the decoded rows kept, unless none may be kept.
     assert!(hits[0] > 0.0, "{hits:?}");
     assert_eq!(hits[1], 0.0, "{hits:?}");
+    // Without decoded rows kept, they come from its groups spilled to disk: each group
+    // decoded once, not once per row.
+    assert!(spill[1].0 > 0.0, "{spill:?}");
+    assert_eq!(spill[2].0, 0.0, "{spill:?}");
+    assert!(
+        spill[1].1 < spill[2].1,
+        "fewer groups decoded with the spill: {spill:?}"
+    );
 }

@@ -84,7 +84,10 @@ use roots::Roots;
 pub use error::StorageError;
 pub use index::{DatasetIndex, IndexFormatError, Location};
 pub use manifest::ManifestFormat;
-pub use parquet::{DECODED_BUDGET, DIRECTORY_BUDGET, FIELDS_BUDGET, ParquetBudgets, ParquetReads};
+pub use parquet::{
+    DECODED_BUDGET, DEFAULT_SPILL_MAX, DIRECTORY_BUDGET, FIELDS_BUDGET, ParquetBudgets,
+    ParquetReads, ParquetSpill, default_spill_bytes, reset_spill_dir,
+};
 pub use read::{Sample, SampleField};
 pub use spec::SourceSpec;
 

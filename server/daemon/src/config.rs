@@ -71,6 +71,11 @@ pub struct Config {
     /// What it keeps of row groups' small-field values.
     #[serde(deserialize_with = "de_bytes")]
     pub parquet_field_bytes: u64,
+    /// What it may spill to local disk (`<data_dir>/parquet-spill`) of zstd and gzip row
+    /// groups decoded: 0, the default, is the smaller of 16 GiB and half the space free in
+    /// the data folder's file system at start-up; a size below a row group's spills nothing.
+    #[serde(deserialize_with = "de_bytes")]
+    pub parquet_spill_bytes: u64,
     /// Bearer token required by the REST API when set.
     pub token: Option<String>,
     /// Records per delivery ring (per job rank); 0 means 2 × batch size, at least 64.
@@ -146,6 +151,7 @@ impl Default for Config {
             parquet_decoded_bytes: 0,
             parquet_directory_bytes: joader_storage::DIRECTORY_BUDGET as u64,
             parquet_field_bytes: joader_storage::FIELDS_BUDGET as u64,
+            parquet_spill_bytes: 0,
             token: None,
             ring_capacity: 0,
             default_pipeline: Pipeline::Decode {
@@ -223,6 +229,17 @@ impl Config {
             directories: size(self.parquet_directory_bytes),
             fields: size(self.parquet_field_bytes),
         }
+    }
+
+    /// Where each `parquet` dataset's reader spills its zstd and gzip groups, and how much
+    /// it may (`parquet_spill_bytes`, or the default rule on the data folder now).
+    pub fn parquet_spill(&self) -> joader_storage::ParquetSpill {
+        let dir = self.data_dir.join("parquet-spill");
+        let bytes = match self.parquet_spill_bytes {
+            0 => joader_storage::default_spill_bytes(&self.data_dir),
+            b => b,
+        };
+        joader_storage::ParquetSpill { dir, bytes }
     }
 
     /// The object-store stage's settings.

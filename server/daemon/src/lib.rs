@@ -53,6 +53,15 @@ pub async fn run(
     config.validate()?;
     // Before any dataset is opened: the readers of parquet datasets take these.
     config.parquet_budgets().set();
+    let spill = config.parquet_spill();
+    match joader_storage::reset_spill_dir(&spill.dir) {
+        Ok(()) => {
+            tracing::info!(dir = %spill.dir.display(), bytes = spill.bytes, "parquet spill");
+            spill.set();
+        }
+        Err(e) => tracing::warn!(dir = %spill.dir.display(), error = %e,
+            "parquet spill: the folder cannot be made; zstd and gzip groups are decoded again for each row read"),
+    }
     let catalog = catalog::Catalog::open(&config.data_dir)?;
     let writer = open_segment(&config)?;
     let objects = object_stores(&config)?;

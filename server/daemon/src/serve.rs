@@ -109,6 +109,12 @@ pub struct ServeArgs {
     /// Bytes of small-field values the reader of each parquet dataset keeps (default 32MiB).
     #[arg(long, env = "JOADER_PARQUET_FIELD_BYTES", value_parser = crate::config::parse_bytes)]
     pub parquet_field_bytes: Option<u64>,
+    /// Bytes the reader of each parquet dataset may spill to <data-dir>/parquet-spill of its
+    /// zstd and gzip row groups decoded, so that a row read later costs its own bytes
+    /// (default: the smaller of 16GiB and half the data folder's free space; 1 spills
+    /// nothing).
+    #[arg(long, env = "JOADER_PARQUET_SPILL_BYTES", value_parser = crate::config::parse_bytes)]
+    pub parquet_spill_bytes: Option<u64>,
     /// Seconds an element may spend retrying transient object-store failures (default 15).
     #[arg(long, env = "JOADER_S3_RETRY_BUDGET_S")]
     pub s3_retry_budget_s: Option<f64>,
@@ -199,7 +205,7 @@ impl ServeArgs {
             loader_workers, http_workers, max_pixels, drain_grace_s, start_window_ms,
             ended_jobs_kept, ended_job_ttl_s, metrics_retention_s, s3_max_in_flight,
             s3_fetch_ahead_bytes, disk_cache_bytes, s3_retry_budget_s, s3_list_page, shm_mode,
-            parquet_decoded_bytes, parquet_directory_bytes, parquet_field_bytes,
+            parquet_decoded_bytes, parquet_directory_bytes, parquet_field_bytes, parquet_spill_bytes,
             heartbeat_ms, node_timeout_ms);
         overlay_optional!(a, c; disk_cache, token, shm_gid, leader, node_name, advertise);
         overlay_list!(a, c; allowed_roots, allowed_s3, allowed_s3_endpoints);

@@ -38,6 +38,7 @@ mod pages;
 mod reader;
 mod small;
 mod snappy;
+mod spill;
 
 use input::OpenFile;
 use input::{FileRead, read_ahead, read_file};
@@ -45,6 +46,7 @@ pub(crate) use input::{Files, Input, Ranges};
 use reader::Found;
 pub(crate) use reader::Objects;
 pub use reader::{DECODED_BUDGET, DIRECTORY_BUDGET, FIELDS_BUDGET, ParquetBudgets, ParquetReads};
+pub use spill::{DEFAULT_SPILL_MAX, ParquetSpill, default_spill_bytes, reset_spill_dir};
 
 use super::fields::{FieldKind, Fields};
 use super::index::{IndexBuilder, NO_CLASS, RowsInfo, SampleFields};

@@ -38,6 +38,7 @@ use super::Input;
 use super::input::{OpenFile, lock};
 use super::pages::{self, Directory, Row, fewer_rows};
 use super::snappy;
+use super::spill::Spill;
 
 /// Files whose footer and descriptor are kept at once.
 pub(super) const MAX_OPEN_FILES: usize = 256;
@@ -68,6 +69,12 @@ pub struct ParquetReads {
     pub field_groups: u64,
     /// Small-field values served from those kept.
     pub field_hits: u64,
+    /// Row groups of zstd or gzip pages spilled decoded to local disk (`spill.rs`).
+    pub spilled_groups: u64,
+    /// Rows read from a spilled group (one positioned read of the row's bytes).
+    pub spill_hits: u64,
+    /// Bytes the reader's spilled groups take on disk now.
+    pub spill_bytes: u64,
 }
 
 #[derive(Default)]
@@ -79,6 +86,8 @@ struct Counters {
     decoded_hits: AtomicU64,
     field_groups: AtomicU64,
     field_hits: AtomicU64,
+    spilled_groups: AtomicU64,
+    spill_hits: AtomicU64,
 }
 
 /// A file's state: `None` until it is opened (a failed open leaves it `None`).
@@ -106,7 +115,6 @@ pub(crate) trait Objects: Send + Sync {
 }
 
 /// The per-dataset read state (see the module docs).
-#[derive(Default)]
 pub(crate) struct Reader {
     objects: Mutex<Option<Arc<dyn Objects>>>,
     files: Mutex<Fifo<u32, Arc<FileSlot>>>,
@@ -116,6 +124,24 @@ pub(crate) struct Reader {
     fields: Mutex<Fifo<(u32, u32, u32), Arc<FieldSlot>>>,
     counters: Counters,
     budgets: Budgets,
+    /// Zstd and gzip groups decoded once, on local disk (`None`: the server spills nothing).
+    spill: Option<Spill>,
+}
+
+impl Default for Reader {
+    /// The budgets and the spill configured for the process.
+    fn default() -> Self {
+        Reader {
+            objects: Mutex::default(),
+            files: Mutex::default(),
+            groups: Mutex::default(),
+            decoded: Mutex::default(),
+            fields: Mutex::default(),
+            counters: Counters::default(),
+            budgets: Budgets::default(),
+            spill: Spill::configured(),
+        }
+    }
 }
 
 /// How much a [`Reader`] keeps: files, bytes of directories, bytes of decoded rows.
@@ -215,6 +241,15 @@ impl Reader {
         }
     }
 
+    #[cfg(test)]
+    pub(super) fn with_spill(budgets: Budgets, spill: Spill) -> Reader {
+        Reader {
+            budgets,
+            spill: Some(spill),
+            ..Reader::default()
+        }
+    }
+
     /// What it holds now.
     #[cfg(test)]
     pub(super) fn held(&self) -> Held {
@@ -238,6 +273,12 @@ impl Reader {
             decoded_hits: get(&c.decoded_hits),
             field_groups: get(&c.field_groups),
             field_hits: get(&c.field_hits),
+            spilled_groups: get(&c.spilled_groups),
+            spill_hits: get(&c.spill_hits),
+            spill_bytes: self
+                .spill
+                .as_ref()
+                .map_or(0, |s| s.bytes.load(Ordering::Relaxed)),
         }
     }
 
@@ -299,6 +340,9 @@ impl Reader {
                     let cost = directory.as_ref().map_or(size_of::<Slot>(), |d| d.cost());
                     lock(&self.groups).insert(key, slot.clone(), cost, self.budgets.directories);
                     let found = from_decoded(&decoded, row)?;
+                    if directory.is_none() {
+                        self.spill_decoded(key, &decoded);
+                    }
                     self.keep_decoded(key, decoded);
                     self.count(&self.counters.rows, 1);
                     return Ok(found);
@@ -312,12 +356,16 @@ impl Reader {
         }
         let found = match directory {
             Some(d) => self.read_located(file, &d, row)?,
-            None => {
-                let (_, decoded) = self.build(file, group)?;
-                let found = from_decoded(&decoded, row)?;
-                self.keep_decoded(key, decoded);
-                found
-            }
+            None => match self.from_spill(key, row) {
+                Some(found) => found?,
+                None => {
+                    let (_, decoded) = self.build(file, group)?;
+                    let found = from_decoded(&decoded, row)?;
+                    self.spill_decoded(key, &decoded);
+                    self.keep_decoded(key, decoded);
+                    found
+                }
+            },
         };
         self.count(&self.counters.rows, 1);
         Ok(found)
@@ -364,6 +412,28 @@ impl Reader {
             lock(&self.fields).insert(key, slot.clone(), empty, self.budgets.fields);
         }
         Ok(values)
+    }
+
+    /// Spills a group's decoded rows that cannot be located in its pages (zstd, gzip).
+    fn spill_decoded(&self, key: (u32, u32), decoded: &Decoded) {
+        if let Some(s) = &self.spill
+            && s.put(key, decoded.iter().map(|v| v.as_ref().map(ByteArray::data))) > 0
+        {
+            self.count(&self.counters.spilled_groups, 1);
+        }
+    }
+
+    /// Row `row` of group `key` from the spill, when it is there (one read of its bytes).
+    fn from_spill(&self, key: (u32, u32), row: u32) -> Option<Result<Found, String>> {
+        let got = self.spill.as_ref()?.get(key, row)?;
+        self.count(&self.counters.spill_hits, 1);
+        Some(got.map(|v| match v {
+            Some(b) => {
+                self.count(&self.counters.bytes_read, b.len());
+                Found::Bytes(b)
+            }
+            None => Found::Null,
+        }))
     }
 
     /// Keeps a group's decoded rows, unless they alone exceed the budget.

@@ -1049,3 +1049,66 @@ fn a_dataset_card_configs_give_the_split_files() {
     assert_eq!(e.code(), "no_match");
     assert!(e.to_string().contains("names other splits"), "{e}");
 }
+
+/// Zstd and gzip groups (one dictionary page per group, as pyarrow writes images) read in a
+/// shuffled order with nothing decoded kept: with a spill each group is decoded once, and
+/// every later read of a row is its own bytes; without, each read decodes its group again.
+#[test]
+fn a_spilled_zstd_or_gzip_row_costs_its_own_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows: Vec<Row> = (0..60u8)
+        .map(|t| row(t.wrapping_add(1), i64::from(t % 3)))
+        .collect();
+    let zstd = Compression::ZSTD(ZstdLevel::try_new(3).unwrap());
+    write_hf(&tmp.path().join("a.parquet"), &rows[..30], 10, zstd, None);
+    let gzip = Compression::GZIP(GzipLevel::default());
+    write_hf(&tmp.path().join("b.parquet"), &rows[30..], 10, gzip, None);
+    let ix = index_of(&spec(&[tmp.path()], None), tmp.path()).unwrap();
+    let n = ix.len() as u32;
+    let expected: Vec<Vec<u8>> = rows.iter().map(|r| r.bytes.clone().unwrap()).collect();
+    let none = Budgets {
+        decoded: 0,
+        ..Budgets::default()
+    };
+    let row_bytes: u64 = expected.iter().map(|r| r.len() as u64).sum();
+
+    let spill = super::spill::Spill::new(tmp.path().join("spill"), 1 << 20);
+    let ix_info = ix.rows_info().unwrap();
+    let info = RowsInfo {
+        column: ix_info.column.clone(),
+        roots: ix_info.roots.clone(),
+        state: crate::index::ReadState::with(Reader::with_spill(none, spill)),
+    };
+    for pass in 0..2 {
+        for id in shuffled(n) {
+            assert_eq!(
+                read_with(&ix, &info, id),
+                expected[id as usize],
+                "pass {pass}, item {id}"
+            );
+        }
+    }
+    let r = super::reader_of(&info).reads();
+    assert_eq!(r.groups_decoded, 6, "each group decoded once: {r:?}");
+    assert_eq!(r.spilled_groups, 6, "{r:?}");
+    assert_eq!(r.spill_hits, 2 * u64::from(n) - 6, "{r:?}");
+    assert_eq!(r.spill_bytes, row_bytes, "{r:?}");
+    // Past the groups' first decodes (their chunks read and decompressed), a row costs its
+    // bytes: the second pass read exactly the rows' bytes and decompressed nothing.
+    let before = r;
+    for id in shuffled(n) {
+        read_with(&ix, &info, id);
+    }
+    let after = super::reader_of(&info).reads();
+    assert_eq!(after.bytes_read - before.bytes_read, row_bytes);
+    assert_eq!(after.bytes_decompressed, before.bytes_decompressed);
+
+    // Without a spill, each of those reads decodes its group again.
+    let plain = info_with(&ix, none);
+    for id in shuffled(n) {
+        read_with(&ix, &plain, id);
+    }
+    let r = super::reader_of(&plain).reads();
+    assert_eq!(r.groups_decoded, u64::from(n), "{r:?}");
+    assert_eq!((r.spilled_groups, r.spill_hits), (0, 0));
+}

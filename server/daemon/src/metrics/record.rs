@@ -131,6 +131,10 @@ fn record_parquet_budgets(state: &AppState) {
         ("decoded", budgets.decoded),
         ("directories", budgets.directories),
         ("fields", budgets.fields),
+        (
+            "spill",
+            joader_storage::ParquetSpill::current().map_or(0, |s| s.bytes as usize),
+        ),
     ] {
         gauge!("joader_parquet_budget_bytes", "kind" => kind).set(bytes as f64);
     }
@@ -138,7 +142,7 @@ fn record_parquet_budgets(state: &AppState) {
 
 /// The counters of a `parquet` dataset's reads, in the order of `ParquetReads`' fields below.
 type ParquetField = fn(&ParquetReads) -> u64;
-const PARQUET_COUNTERS: [(&str, &str, ParquetField); 7] = [
+const PARQUET_COUNTERS: [(&str, &str, ParquetField); 9] = [
     (
         "joader_parquet_rows_read_total",
         "rows of a parquet dataset read (an image's bytes returned)",
@@ -173,6 +177,16 @@ const PARQUET_COUNTERS: [(&str, &str, ParquetField); 7] = [
         "joader_parquet_field_hits_total",
         "small-field values of a parquet dataset served from the row groups' values kept (joader_parquet_budget_bytes{kind=\"fields\"})",
         |r| r.field_hits,
+    ),
+    (
+        "joader_parquet_spilled_groups_total",
+        "zstd and gzip row groups of a parquet dataset spilled decoded to local disk (joader_parquet_budget_bytes{kind=\"spill\"})",
+        |r| r.spilled_groups,
+    ),
+    (
+        "joader_parquet_spill_hits_total",
+        "rows of a parquet dataset read from a spilled row group (one read of the row's bytes)",
+        |r| r.spill_hits,
     ),
 ];
 
@@ -221,6 +235,16 @@ fn dataset_families(datasets: &[DatasetEntry], out: &mut Labelled) {
             .collect();
         out.families.push((name, "counter", help, rows));
     }
+    let spilled = reads
+        .iter()
+        .map(|(d, r)| (vec![("dataset", d.clone())], r.spill_bytes as f64))
+        .collect();
+    out.families.push((
+        "joader_parquet_spill_bytes",
+        "gauge",
+        "bytes a parquet dataset's spilled row groups take on local disk now",
+        spilled,
+    ));
 }
 
 /// Each dataset's preload: its elements by kind, and the bytes it pins.

@@ -128,7 +128,7 @@ pub(super) fn describe_all() {
     describe_gauge!("joader_build_info", "1, labelled with the joader version");
     describe_gauge!(
         "joader_parquet_budget_bytes",
-        "what the reader of each parquet dataset keeps, by kind: decoded rows, row directories, small-field values"
+        "what the reader of each parquet dataset keeps, by kind: decoded rows, row directories, small-field values in memory, and zstd or gzip row groups spilled to local disk"
     );
     describe_gauge!("joader_jobs", "registered jobs by state");
     describe_gauge!(
