@@ -356,7 +356,7 @@ impl Reader {
         }
         let found = match directory {
             Some(d) => self.read_located(file, &d, row)?,
-            None => match self.from_spill(key, row) {
+            None => match self.spilled_row(key, row) {
                 Some(found) => found?,
                 None => {
                     let (_, decoded) = self.build(file, group)?;
@@ -424,7 +424,7 @@ impl Reader {
     }
 
     /// Row `row` of group `key` from the spill, when it is there (one read of its bytes).
-    fn from_spill(&self, key: (u32, u32), row: u32) -> Option<Result<Found, String>> {
+    fn spilled_row(&self, key: (u32, u32), row: u32) -> Option<Result<Found, String>> {
         let got = self.spill.as_ref()?.get(key, row)?;
         self.count(&self.counters.spill_hits, 1);
         Some(got.map(|v| match v {

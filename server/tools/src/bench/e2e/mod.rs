@@ -115,6 +115,10 @@ pub struct E2eArgs {
     /// source served by a `joader serve` child (`parquet.rs`).
     #[arg(long)]
     pub parquet: bool,
+    /// The codec of `--parquet`'s files: `snappy` (pyarrow's and `datasets`' default),
+    /// `zstd` or `gzip`.
+    #[arg(long, value_enum, default_value = "snappy")]
+    pub parquet_compression: parquet::Codec,
     /// Also compare samples with a caption and a JSON document (WebDataset shards of the same
     /// JPEGs declared with `fields`) with the same shards without them: K = 4 jobs, each
     /// served by a `joader serve` child (`fields.rs`).
@@ -317,7 +321,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
         }
     }
     if args.parquet {
-        table.push_str(&parquet::run(&ctx, n)?);
+        table.push_str(&parquet::run(&ctx, n, args.parquet_compression)?);
     }
     if args.fields {
         table.push_str(&fields::run(&ctx, n)?);

@@ -52,16 +52,39 @@ for s in range(shards):
     table = pa.Table.from_pylist(items, schema=schema)
     # datasets' row groups for image data: 100 rows; everything else pyarrow's defaults.
     pq.write_table(table, os.path.join(out, f"train-{s:05d}-of-{shards:05d}.parquet"),
-                   row_group_size=100)
+                   row_group_size=100, compression="COMPRESSION")
 print(len(rows))
 "#;
 
+/// The codec of the bench's Parquet files (`--parquet-compression`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Codec {
+    /// pyarrow's (and `datasets`') default.
+    Snappy,
+    Zstd,
+    Gzip,
+}
+
+impl Codec {
+    fn name(self) -> &'static str {
+        match self {
+            Codec::Snappy => "snappy",
+            Codec::Zstd => "zstd",
+            Codec::Gzip => "gzip",
+        }
+    }
+}
+
 /// The Parquet copy of the bench's image folder (written once, next to it).
-fn write_parquet(root: &Path, n: u32) -> Result<PathBuf> {
+fn write_parquet(root: &Path, n: u32, codec: Codec) -> Result<PathBuf> {
+    let suffix = match codec {
+        Codec::Snappy => "parquet".to_owned(),
+        c => format!("parquet-{}", c.name()),
+    };
     write_copy(
         root,
-        "parquet",
-        WRITER,
+        &suffix,
+        &WRITER.replace("COMPRESSION", codec.name()),
         "Parquet files (does python3 import pyarrow? pip install pyarrow)",
         n,
     )
@@ -116,6 +139,8 @@ pub(super) fn write_copy(
 pub(super) struct Row {
     pub(super) outcome: Outcome,
     pub(super) read_per_element: f64,
+    /// Bytes a Parquet source decompressed per element loaded (0 for the others).
+    pub(super) decompressed_per_element: f64,
 }
 
 /// The bytes process `pid` has read through system calls (`rchar`).
@@ -125,6 +150,19 @@ fn rchar(pid: u32) -> Result<u64> {
         .find_map(|l| l.strip_prefix("rchar:"))
         .and_then(|v| v.trim().parse().ok())
         .context("no rchar in /proc/<pid>/io")
+}
+
+/// A series' value in the server's `/metrics` (0 when absent).
+fn scrape(url: &str, series: &str) -> Result<f64> {
+    let text = ureq::get(&format!("{url}/metrics"))
+        .call()?
+        .into_body()
+        .read_to_string()?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0))
 }
 
 fn server_cpu(client: &Client) -> Result<f64> {
@@ -211,9 +249,14 @@ pub(super) fn run_one(
     let read = rchar(server.pid())? - read0;
     let decodes = stats["decodes"].as_f64().unwrap_or(0.0);
     let outcome = summarize_runs(system, &runs, cpu, decodes, stats["hit_ratio"].as_f64());
+    let decompressed = scrape(
+        &server.url,
+        "joader_parquet_decompressed_bytes_total{dataset=\"d\"}",
+    )?;
     Ok(Row {
         outcome,
         read_per_element: read as f64 / decodes.max(1.0),
+        decompressed_per_element: decompressed / decodes.max(1.0),
     })
 }
 
@@ -284,8 +327,17 @@ fn gcd(a: u32, b: u32) -> u32 {
 }
 
 /// Runs the comparison and returns its markdown.
-pub(super) fn run(ctx: &Ctx, n: u32) -> Result<String> {
-    let parquet_dir = write_parquet(&ctx.root, n)?;
+pub(super) fn run(ctx: &Ctx, n: u32, codec: Codec) -> Result<String> {
+    let parquet_dir = write_parquet(&ctx.root, n, codec)?;
+    // The reads alone (this process) spill as a server does by default.
+    let spill = tempfile::Builder::new()
+        .prefix("joader-bench-spill-")
+        .tempdir()?;
+    joader_storage::ParquetSpill {
+        dir: spill.path().to_owned(),
+        bytes: joader_storage::default_spill_bytes(spill.path()),
+    }
+    .set();
     super::super::warm_page_cache(&parquet_dir)?;
     let roots = [ctx.root.clone(), parquet_dir.clone()];
     let sc = Scenario {
@@ -309,6 +361,7 @@ pub(super) fn run(ctx: &Ctx, n: u32) -> Result<String> {
         ("joader serve, image folder", &folder_spec),
         ("joader serve, parquet", &parquet_spec),
     )?;
+    let codec_name = codec.name();
     let pq_index = joader_storage::index(
         &serde_json::from_value::<SourceSpec>(parquet_spec)?,
         &roots,
@@ -321,6 +374,7 @@ pub(super) fn run(ctx: &Ctx, n: u32) -> Result<String> {
     let reads_located = read_all_located(&pq_index)?;
     Ok(report(
         &sc,
+        codec_name,
         &folder,
         &parquet,
         [
@@ -372,16 +426,28 @@ pub(super) fn mean(v: impl Iterator<Item = f64>) -> f64 {
     sum / f64::max(count, 1.0)
 }
 
-fn report(sc: &Scenario, folder: &[Row], parquet: &[Row], reads: [(&str, &Reads); 3]) -> String {
+fn report(
+    sc: &Scenario,
+    codec: &str,
+    folder: &[Row],
+    parquet: &[Row],
+    reads: [(&str, &Reads); 3],
+) -> String {
     let heading = format!(
-        "Parquet against the same image folder ({}, {} rounds interleaved)",
+        "Parquet ({codec}) against the same image folder ({}, {} rounds interleaved)",
         sc.name,
         folder.len()
     );
     let (mut out, ratio, cpu) = paired(&heading, "source", "folder", folder, parquet);
+    let read = mean(parquet.iter().map(|r| r.read_per_element));
+    let decompressed = mean(parquet.iter().map(|r| r.decompressed_per_element));
+    let row = mean(folder.iter().map(|r| r.read_per_element));
+    let times = (read + decompressed) / row.max(1.0);
     out.push_str(&format!(
         "\nparquet / image folder, mean of the rounds: throughput {ratio:.3}x, server CPU per \
-         sample {cpu:.3}x\n\n\
+         sample {cpu:.3}x; the parquet server read {read:.0} and decompressed \
+         {decompressed:.0} bytes per element loaded: together {times:.2}x the folder's \
+         {row:.0} bytes read per element\n\n\
          Reads alone (this process, one thread, every element once, shuffled):\n\n\
          | source | read CPU µs/element | bytes read/element | bytes decompressed/element |\n\
          |---|---|---|---|\n"
