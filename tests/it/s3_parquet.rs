@@ -249,6 +249,27 @@ fn s3_parquet_gives_the_elements_and_fields_of_the_local_files() {
         "the epoch after the restart fetched from the store"
     );
     assert!(metric(&j, "joader_disk_cache_hits_total") >= n as f64);
+    // A disk preload of the rows finds every one in the tier: pinned without a fetch.
+    let c = j.server.client();
+    c.ok(
+        "POST",
+        "/v1/datasets/remote/preload",
+        Some(&json!({"keep": "disk"})),
+    )
+    .unwrap();
+    let p = crate::common::wait_for("the disk preload to settle", || {
+        let d = c.ok("GET", "/v1/datasets/remote", None).ok()?;
+        (d["preload"]["state"] != "loading").then(|| d["preload"].clone())
+    });
+    assert_eq!(
+        (
+            p["state"].as_str(),
+            p["pinned"].as_u64(),
+            p["loads"].as_u64()
+        ),
+        (Some("ready"), Some(n as u64), Some(0)),
+        "{p}"
+    );
 
     // A truncated object, or one that is no Parquet file, fails the indexing, naming it.
     for (name, key) in [("cut", "cut/train.parquet"), ("junk", "junk/train.parquet")] {
