@@ -434,3 +434,103 @@ fn s3_parquet_rows_through_a_store_30_ms_away_are_fetched_ahead_and_tiered() {
         "no row read from its file again"
     );
 }
+
+/// Hugging Face dataset folders in the bucket: `beans` as `datasets` uploads one (20 train,
+/// 10 test and 5 validation rows in `data/`), and `carded`, whose card's `configs` give the
+/// train split as `parts/a-*` (8 rows; `parts/b-0.parquet`, 4 rows, is another config's).
+const HUB: &str = r#"
+import os, sys
+import pyarrow as pa
+import pyarrow.parquet as pq
+out = sys.argv[1]
+image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+schema = pa.schema([("image", image_type), ("label", pa.int64())])
+def write(path, n, tag):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rows = [{"image": {"bytes": bytes([tag, i]) * 50, "path": f"{i}.jpg"}, "label": i % 2}
+            for i in range(n)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, compression="zstd")
+write(os.path.join(out, "beans", "data", "train-00000-of-00002.parquet"), 12, 1)
+write(os.path.join(out, "beans", "data", "train-00001-of-00002.parquet"), 8, 2)
+write(os.path.join(out, "beans", "data", "test-00000-of-00001.parquet"), 10, 3)
+write(os.path.join(out, "beans", "data", "validation-00000-of-00001.parquet"), 5, 4)
+write(os.path.join(out, "carded", "parts", "a-0.parquet"), 8, 5)
+write(os.path.join(out, "carded", "parts", "b-0.parquet"), 4, 6)
+card = """---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: parts/a-*
+- config_name: other
+  data_files:
+  - split: train
+    path: parts/b-*
+---
+# carded
+"""
+open(os.path.join(out, "carded", "README.md"), "w").write(card)
+"#;
+
+#[test]
+fn an_s3_hub_folder_is_read_by_split_as_the_hub_lays_it_out() {
+    let test = "an_s3_hub_folder_is_read_by_split_as_the_hub_lays_it_out";
+    let Some((s3, _)) = store_with(test, HUB, None) else {
+        return;
+    };
+    let j = joader(
+        "s3_hub_split",
+        &s3.bucket(),
+        &["--allowed-s3", "s3://bkt"],
+        &credentials(&s3),
+    );
+    let c = j.server.client();
+    let source = |url: &str, layout: &str, split: &str| json!({"kind": "s3", "url": url, "layout": layout, "split": split});
+    for (name, url, split, items) in [
+        ("train", "s3://bkt/beans", "train", 20),
+        ("test", "s3://bkt/beans/", "test", 10),
+        ("dev", "s3://bkt/beans", "dev", 5),
+        ("carded", "s3://bkt/carded", "train", 8),
+    ] {
+        create(&j, name, source(url, "parquet", split));
+        let v = settled(&j, name);
+        assert_eq!(
+            (v["state"].as_str(), v["items"].as_u64()),
+            (Some("ready"), Some(items)),
+            "{name}: {v}"
+        );
+    }
+    // A split found nowhere, or given to another layout: a 400 at once, naming it.
+    let (status, body) = c
+        .call(
+            "POST",
+            "/v1/datasets",
+            Some(&json!({"name": "none", "source": source("s3://bkt/beans", "parquet", "nope")})),
+        )
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("split `nope`"),
+        "{body}"
+    );
+    let (status, body) = c
+        .call(
+            "POST",
+            "/v1/datasets",
+            Some(
+                &json!({"name": "tars", "source": source("s3://bkt/beans", "tar_shards", "train")}),
+            ),
+        )
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`parquet` layout"),
+        "{body}"
+    );
+}

@@ -159,7 +159,7 @@ pub(crate) fn expand(
 
 /// The names the Hub gives a split in its files' paths (`datasets`' split keywords): the
 /// split itself, and for the three usual splits their other names.
-fn split_names(split: &str) -> Vec<&str> {
+pub(crate) fn split_names(split: &str) -> Vec<&str> {
     const ALIASES: [&[&str]; 3] = [
         &["train", "training"],
         &["validation", "valid", "dev", "val"],
@@ -176,7 +176,7 @@ fn split_names(split: &str) -> Vec<&str> {
 /// a folder per split (`train/0000.parquet`, and `default/train/0000.parquet` as the Hub's
 /// Parquet conversion writes it), and a split in the file's name (`train.parquet`,
 /// `mnist-train-0.parquet`).
-const HUB_LAYOUTS: [&str; 6] = [
+pub(crate) const HUB_LAYOUTS: [&str; 6] = [
     "data/{}-*.parquet",
     "data/{}/**/*.parquet",
     "{}/**/*.parquet",
@@ -248,6 +248,15 @@ fn card_split(card: &Path, split: &str) -> Result<Option<Vec<String>>, StorageEr
     let Ok(text) = std::fs::read_to_string(card) else {
         return Ok(None);
     };
+    card_split_text(&text, &card.display().to_string(), split)
+}
+
+/// [`card_split`] of a card's text (`card` names it in errors).
+pub(crate) fn card_split_text(
+    text: &str,
+    card: &str,
+    split: &str,
+) -> Result<Option<Vec<String>>, StorageError> {
     let Some(front) = text
         .strip_prefix("---\n")
         .and_then(|rest| rest.split_once("\n---").map(|(yaml, _)| yaml))
@@ -255,7 +264,7 @@ fn card_split(card: &Path, split: &str) -> Result<Option<Vec<String>>, StorageEr
         return Ok(None);
     };
     let bad = |reason: String| StorageError::BadPattern {
-        pattern: card.display().to_string(),
+        pattern: card.to_owned(),
         reason,
     };
     let docs = yaml_rust2::YamlLoader::load_from_str(front)
@@ -301,7 +310,7 @@ fn card_split(card: &Path, split: &str) -> Result<Option<Vec<String>>, StorageEr
         return Err(StorageError::NoMatch {
             pattern: format!(
                 "split `{split}` (the dataset card {} names other splits in its configs)",
-                card.display()
+                card
             ),
             ext: "parquet".into(),
         });

@@ -82,6 +82,11 @@ pub enum SourceSpec {
             schema(value_type = Option<std::collections::BTreeMap<String, fields::FieldSpec>>)
         )]
         fields: Option<fields::Fields>,
+        /// `parquet` only: a split (`train`, `validation`, ...) of the Hugging Face dataset
+        /// folder the url names, its objects picked as a local `parquet` source's `split`
+        /// picks files (the `README.md` object's `configs`, else the Hub's layouts).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        split: Option<String>,
     },
     /// Parquet files as the Hugging Face Hub stores image datasets: each path is a
     /// `.parquet` file, a folder of them (not recursive) or a glob pattern
@@ -126,6 +131,19 @@ impl SourceSpec {
     /// (its `npy`/`bytes` cells would name objects, each a request of its own per element);
     /// an image folder none (an `s3` source as its layout).
     pub fn check_fields(&self) -> Result<(), StorageError> {
+        if let SourceSpec::S3 {
+            layout,
+            split: Some(_),
+            ..
+        } = self
+            && *layout != s3::S3Layout::Parquet
+        {
+            return Err(StorageError::S3Invalid {
+                reason: "a `split` picks a Hugging Face dataset folder's Parquet files: it is \
+                         for the `parquet` layout"
+                    .into(),
+            });
+        }
         let mut why = "";
         let (fields, supported, kind): (_, &[FieldKind], _) = match self {
             SourceSpec::TarShards { fields, .. }

@@ -220,10 +220,10 @@ pub fn check_source(
             match o {
                 Some(o) => {
                     let parsed = o.check(url, endpoint, region)?;
-                    let SourceSpec::S3 { layout, .. } = spec else {
+                    let SourceSpec::S3 { layout, split, .. } = spec else {
                         return Ok(());
                     };
-                    o.check_patterns(&parsed, *layout, endpoint, region)
+                    o.check_patterns(&parsed, *layout, split.as_deref(), endpoint, region)
                 }
                 None => Err(no_object_store(url)),
             }
@@ -251,12 +251,13 @@ pub fn index(
                 endpoint,
                 region,
                 fields,
+                split,
             },
             Some(o),
         ) => o
             .index(
                 url,
-                *layout,
+                (*layout, split.as_deref()),
                 fields.as_ref(),
                 endpoint.as_deref(),
                 region.as_deref(),

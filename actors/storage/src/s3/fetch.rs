@@ -165,9 +165,19 @@ impl ObjectStores {
         &self,
         url: &S3Url,
         layout: S3Layout,
+        split: Option<&str>,
         endpoint: Option<&str>,
         region: Option<&str>,
     ) -> Result<(), StorageError> {
+        if let Some(split) = split {
+            let Ok(dataset) = S3Dataset::open(url, endpoint, region) else {
+                return Ok(());
+            };
+            return match super::parquet::split_objects(self, &dataset, split) {
+                Err(e @ (StorageError::NoMatch { .. } | StorageError::BadPattern { .. })) => Err(e),
+                _ => Ok(()),
+            };
+        }
         if !matches!(layout, S3Layout::TarShards | S3Layout::Parquet) {
             return Ok(());
         }
@@ -191,7 +201,7 @@ impl ObjectStores {
     pub fn index(
         &self,
         url: &str,
-        layout: S3Layout,
+        (layout, split): (S3Layout, Option<&str>),
         fields: Option<&crate::fields::Fields>,
         endpoint: Option<&str>,
         region: Option<&str>,
@@ -203,7 +213,8 @@ impl ObjectStores {
             count: 0,
             report: progress,
         };
-        let (index, mut objects) = super::index(self, &dataset, layout, fields, &mut counter)?;
+        let (index, mut objects) =
+            super::index(self, &dataset, (layout, split), fields, &mut counter)?;
         // Every read asks for the indexed ETag (an object rewritten in place is an element
         // error, never other bytes), so every object needs one.
         self.fill_etags(&dataset, &mut objects)?;

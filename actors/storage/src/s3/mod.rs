@@ -84,7 +84,7 @@ pub struct S3Index {
 fn index(
     stores: &ObjectStores,
     dataset: &S3Dataset,
-    layout: S3Layout,
+    (layout, split): (S3Layout, Option<&str>),
     fields: Option<&crate::fields::Fields>,
     progress: &mut Progress<'_>,
 ) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
@@ -93,7 +93,7 @@ fn index(
         S3Layout::ImageFolder => folder::index(stores, dataset, progress),
         S3Layout::TarShards => tar_shards::index(stores, dataset, fields, progress),
         S3Layout::Manifest => manifest::index(stores, dataset, fields, progress),
-        S3Layout::Parquet => parquet::index(stores, dataset, fields, progress),
+        S3Layout::Parquet => parquet::index(stores, dataset, fields, split, progress),
     }
 }
 

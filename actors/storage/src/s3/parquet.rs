@@ -61,9 +61,13 @@ pub(super) fn index(
     stores: &ObjectStores,
     ds: &S3Dataset,
     fields: Option<&crate::fields::Fields>,
+    split: Option<&str>,
     progress: &mut Progress<'_>,
 ) -> Result<(DatasetIndex, Vec<ObjectVersion>), StorageError> {
-    let found = files_of(stores, ds, "parquet", has_parquet_extension)?;
+    let found = match split {
+        Some(split) => split_objects(stores, ds, split)?,
+        None => files_of(stores, ds, "parquet", has_parquet_extension)?,
+    };
     let versions: Vec<ObjectVersion> = found.iter().map(ObjectVersion::of).collect();
     let (remote, handle) = stores.shared();
     let dataset = Arc::new(ds.clone());
@@ -84,6 +88,109 @@ pub(super) fn index(
     let roots = crate::roots::Roots::from_canonical(Vec::new());
     let index = local::index_files(&files, fields, &roots, progress)?;
     Ok((index, versions))
+}
+
+/// The `.parquet` objects of split `split` of the Hugging Face dataset folder the url names
+/// (a prefix), picked as `select::hub_split` picks a local folder's files: those the dataset
+/// card (its `README.md` object) gives the split in its `configs`, else those of the first of
+/// the Hub's layouts that holds any, under any name of the split. Sorted; `NoMatch` naming
+/// the split and what was tried when there are none.
+pub(super) fn split_objects(
+    stores: &ObjectStores,
+    ds: &S3Dataset,
+    split: &str,
+) -> Result<Vec<object_store::ObjectMeta>, StorageError> {
+    use crate::select::{HUB_LAYOUTS, card_split_text, split_names};
+    use std::io::Read as _;
+    let prefix = super::url::folder_of(&ds.url.key);
+    let (objects, _) = super::list_all(stores, ds, &prefix, false)?;
+    let rel = |o: &object_store::ObjectMeta| -> Option<String> {
+        o.location
+            .as_ref()
+            .strip_prefix(prefix.as_str())
+            .map(str::to_owned)
+    };
+    let folder = format!("s3://{}/{prefix}", ds.url.bucket);
+    let card = objects
+        .iter()
+        .find(|o| rel(o).as_deref() == Some("README.md"));
+    let from_card = match card {
+        Some(meta) => {
+            let mut text = String::new();
+            super::stream::StreamRead::new(stores, ds, meta)
+                .read_to_string(&mut text)
+                .map_err(|e| StorageError::BadPattern {
+                    pattern: format!("{folder}README.md"),
+                    reason: format!("the dataset card cannot be read: {e}"),
+                })?;
+            card_split_text(&text, &format!("{folder}README.md"), split)?
+        }
+        None => None,
+    };
+    let options = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: false,
+    };
+    let pick = |patterns: &[String]| -> Result<Vec<object_store::ObjectMeta>, StorageError> {
+        let compiled = patterns
+            .iter()
+            .map(|p| {
+                glob::Pattern::new(p).map_err(|e| StorageError::BadPattern {
+                    pattern: format!("{folder}{p}"),
+                    reason: e.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut found: Vec<object_store::ObjectMeta> = objects
+            .iter()
+            .filter(|o| has_parquet_extension(o.location.as_ref()))
+            .filter(|o| {
+                rel(o).is_some_and(|r| compiled.iter().any(|p| p.matches_with(&r, options)))
+            })
+            .cloned()
+            .collect();
+        found.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
+        Ok(found)
+    };
+    let found = match from_card {
+        Some(patterns) => pick(&patterns)?,
+        None => {
+            let mut found = Vec::new();
+            for layout in HUB_LAYOUTS {
+                let patterns: Vec<String> = split_names(split)
+                    .iter()
+                    .map(|n| layout.replace("{}", n))
+                    .collect();
+                found = pick(&patterns)?;
+                if !found.is_empty() {
+                    break;
+                }
+            }
+            found
+        }
+    };
+    if found.is_empty() {
+        return Err(StorageError::NoMatch {
+            pattern: format!(
+                "split `{split}` of {folder} (tried its dataset card's configs, then {}, the \
+                 names {})",
+                HUB_LAYOUTS.join(", "),
+                split_names(split).join(", ")
+            ),
+            ext: "parquet".into(),
+        });
+    }
+    if let Some(o) = found
+        .iter()
+        .find(|o| !stores.allow().permits(&ds.url.bucket, o.location.as_ref()))
+    {
+        return Err(StorageError::S3NotAllowed {
+            url: format!("s3://{}/{}", ds.url.bucket, o.location.as_ref()),
+            reason: "the split holds it, outside --allowed-s3".into(),
+        });
+    }
+    Ok(found)
 }
 
 /// Object `v` as a Parquet file's input.
