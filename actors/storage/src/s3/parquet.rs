@@ -100,8 +100,7 @@ pub(super) fn split_objects(
     ds: &S3Dataset,
     split: &str,
 ) -> Result<Vec<object_store::ObjectMeta>, StorageError> {
-    use crate::select::{HUB_LAYOUTS, card_split_text, split_names};
-    use std::io::Read as _;
+    use crate::select::{HUB_LAYOUTS, split_names};
     let prefix = super::url::folder_of(&ds.url.key);
     let (objects, _) = super::list_all(stores, ds, &prefix, false)?;
     let rel = |o: &object_store::ObjectMeta| -> Option<String> {
@@ -115,44 +114,10 @@ pub(super) fn split_objects(
         .iter()
         .find(|o| rel(o).as_deref() == Some("README.md"));
     let from_card = match card {
-        Some(meta) => {
-            let mut text = String::new();
-            super::stream::StreamRead::new(stores, ds, meta)
-                .read_to_string(&mut text)
-                .map_err(|e| StorageError::BadPattern {
-                    pattern: format!("{folder}README.md"),
-                    reason: format!("the dataset card cannot be read: {e}"),
-                })?;
-            card_split_text(&text, &format!("{folder}README.md"), split)?
-        }
+        Some(meta) => card_patterns(stores, ds, meta, &folder, split)?,
         None => None,
     };
-    let options = glob::MatchOptions {
-        case_sensitive: true,
-        require_literal_separator: true,
-        require_literal_leading_dot: false,
-    };
-    let pick = |patterns: &[String]| -> Result<Vec<object_store::ObjectMeta>, StorageError> {
-        let compiled = patterns
-            .iter()
-            .map(|p| {
-                glob::Pattern::new(p).map_err(|e| StorageError::BadPattern {
-                    pattern: format!("{folder}{p}"),
-                    reason: e.to_string(),
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut found: Vec<object_store::ObjectMeta> = objects
-            .iter()
-            .filter(|o| has_parquet_extension(o.location.as_ref()))
-            .filter(|o| {
-                rel(o).is_some_and(|r| compiled.iter().any(|p| p.matches_with(&r, options)))
-            })
-            .cloned()
-            .collect();
-        found.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
-        Ok(found)
-    };
+    let pick = |patterns: &[String]| pick_objects(&objects, &prefix, &folder, patterns);
     let found = match from_card {
         Some(patterns) => pick(&patterns)?,
         None => {
@@ -190,6 +155,63 @@ pub(super) fn split_objects(
             reason: "the split holds it, outside --allowed-s3".into(),
         });
     }
+    Ok(found)
+}
+
+/// The patterns the dataset card `meta` (a `README.md` object) gives split `split` in its
+/// `configs`, when it has some.
+fn card_patterns(
+    stores: &ObjectStores,
+    ds: &S3Dataset,
+    meta: &object_store::ObjectMeta,
+    folder: &str,
+    split: &str,
+) -> Result<Option<Vec<String>>, StorageError> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    super::stream::StreamRead::new(stores, ds, meta)
+        .read_to_string(&mut text)
+        .map_err(|e| StorageError::BadPattern {
+            pattern: format!("{folder}README.md"),
+            reason: format!("the dataset card cannot be read: {e}"),
+        })?;
+    crate::select::card_split_text(&text, &format!("{folder}README.md"), split)
+}
+
+/// The `.parquet` objects among `objects` whose key under `prefix` matches one of `patterns`
+/// (`*` within a `/`-separated component, `**` across), sorted.
+fn pick_objects(
+    objects: &[object_store::ObjectMeta],
+    prefix: &str,
+    folder: &str,
+    patterns: &[String],
+) -> Result<Vec<object_store::ObjectMeta>, StorageError> {
+    let options = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: false,
+    };
+    let compiled = patterns
+        .iter()
+        .map(|p| {
+            glob::Pattern::new(p).map_err(|e| StorageError::BadPattern {
+                pattern: format!("{folder}{p}"),
+                reason: e.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut found: Vec<object_store::ObjectMeta> = objects
+        .iter()
+        .filter(|o| has_parquet_extension(o.location.as_ref()))
+        .filter(|o| {
+            o.location
+                .as_ref()
+                .strip_prefix(prefix)
+                .is_some_and(|r| compiled.iter().any(|p| p.matches_with(r, options)))
+        })
+        .cloned()
+        .collect();
+    found.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
     Ok(found)
 }
 
