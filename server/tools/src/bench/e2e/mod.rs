@@ -319,6 +319,25 @@ pub fn run(args: E2eArgs) -> Result<()> {
         if !tier_rows.is_empty() || half.is_some() {
             table.push_str(&tier::report(&tier_rows, half.as_ref()));
         }
+        // With `--parquet`: the same files as Parquet, from local disk and through the tier.
+        if args.parquet {
+            let codec = args.parquet_compression;
+            let local = parquet::write_parquet(&ctx.root, n, codec)?;
+            super::warm_page_cache(&local)?;
+            let sc = scenarios::Scenario {
+                name: "s3 parquet K=4".into(),
+                jobs: (0..4)
+                    .map(|_| scenarios::JobPlan {
+                        subset: 0..n,
+                        sleep_ms: 0.0,
+                        start_frac: 0.0,
+                    })
+                    .collect(),
+                batch: 16,
+            };
+            eprintln!("scenario {}: the tier over Parquet objects", sc.name);
+            table.push_str(&tier::run_parquet(store, &sc, &ctx, &local, codec.name())?);
+        }
     }
     if args.parquet {
         table.push_str(&parquet::run(&ctx, n, args.parquet_compression)?);

@@ -66,7 +66,7 @@ pub enum Codec {
 }
 
 impl Codec {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Codec::Snappy => "snappy",
             Codec::Zstd => "zstd",
@@ -76,7 +76,7 @@ impl Codec {
 }
 
 /// The Parquet copy of the bench's image folder (written once, next to it).
-fn write_parquet(root: &Path, n: u32, codec: Codec) -> Result<PathBuf> {
+pub(super) fn write_parquet(root: &Path, n: u32, codec: Codec) -> Result<PathBuf> {
     let suffix = match codec {
         Codec::Snappy => "parquet".to_owned(),
         c => format!("parquet-{}", c.name()),

@@ -207,6 +207,36 @@ impl Store {
         route: &Route,
         extra: &[String],
     ) -> Result<(ServerProc, Client)> {
+        let spec = match source {
+            Where::Disk => json!({"kind": "image_folder", "path": self.root}),
+            Where::S3 => json!({"kind": "s3", "url": format!("s3://{BUCKET}/{PREFIX}"),
+                                "layout": "image_folder"}),
+        };
+        self.server_of(ctx, tag, route, extra, (&spec, &[]))
+    }
+
+    /// The `s3://` url of the bench's image folder in the bucket.
+    pub(super) fn images_url(&self) -> String {
+        format!("s3://{BUCKET}/{PREFIX}")
+    }
+
+    /// Copies the local folder `from` into the bucket under `prefix` (hard links where it
+    /// can); returns its `s3://` url.
+    pub(super) fn put_folder(&self, from: &Path, prefix: &str) -> Result<String> {
+        copy_folder(from, &self._dir.path().join(BUCKET).join(prefix))?;
+        Ok(format!("s3://{BUCKET}/{prefix}"))
+    }
+
+    /// [`Store::server`] with dataset `d` of `spec` (`roots`: local folders it reads besides
+    /// the bench's image folder).
+    pub(super) fn server_of(
+        &self,
+        ctx: &Ctx,
+        tag: &str,
+        route: &Route,
+        extra: &[String],
+        (spec, roots): (&serde_json::Value, &[PathBuf]),
+    ) -> Result<(ServerProc, Client)> {
         let endpoint = route
             .proxy
             .as_ref()
@@ -228,19 +258,11 @@ impl Store {
             ("AWS_ALLOW_HTTP", "true"),
             ("AWS_REGION", "us-east-1"),
         ];
-        let server = ServerProc::start_with(
-            tag,
-            std::slice::from_ref(&self.root),
-            ctx.cache_bytes,
-            &args,
-            &env,
-        )?;
+        let all_roots: Vec<PathBuf> = std::iter::once(self.root.clone())
+            .chain(roots.iter().cloned())
+            .collect();
+        let server = ServerProc::start_with(tag, &all_roots, ctx.cache_bytes, &args, &env)?;
         let client = server.client();
-        let spec = match source {
-            Where::Disk => json!({"kind": "image_folder", "path": self.root}),
-            Where::S3 => json!({"kind": "s3", "url": format!("s3://{BUCKET}/{PREFIX}"),
-                                "layout": "image_folder"}),
-        };
         client.ok(
             "POST",
             "/v1/datasets",
@@ -249,7 +271,7 @@ impl Store {
         let d = client.wait_ready("d", DEADLINE)?;
         if d.items != Some(self.sizes.len() as u64) {
             bail!(
-                "the {source:?} dataset has {:?} items, the bench's {}",
+                "the dataset {spec} has {:?} items, the bench's {}",
                 d.items,
                 self.sizes.len()
             );

@@ -74,15 +74,40 @@ fn once(
     dir: &Path,
     capacity: u64,
 ) -> Result<(Outcome, f64)> {
-    let extra = [
-        "--disk-cache".to_owned(),
-        dir.to_str()
-            .context("a tier path that is not UTF-8")?
-            .to_owned(),
-        "--disk-cache-bytes".to_owned(),
-        capacity.to_string(),
-    ];
-    let (server, client) = store.server(ctx, tag, Where::S3, &store.routes[0], &extra)?;
+    let spec =
+        serde_json::json!({"kind": "s3", "url": store.images_url(), "layout": "image_folder"});
+    once_of(
+        store,
+        sc,
+        ctx,
+        (tag, system),
+        Some((dir, capacity)),
+        (&spec, &[]),
+    )
+}
+
+/// [`once`] of dataset `spec` (reading `roots` besides the image folder), with a tier when
+/// `tier` gives its folder and capacity.
+fn once_of(
+    store: &Store,
+    sc: &Scenario,
+    ctx: &Ctx,
+    (tag, system): (&str, &'static str),
+    tier: Option<(&Path, u64)>,
+    spec: (&serde_json::Value, &[std::path::PathBuf]),
+) -> Result<(Outcome, f64)> {
+    let mut extra = Vec::new();
+    if let Some((dir, capacity)) = tier {
+        extra = vec![
+            "--disk-cache".to_owned(),
+            dir.to_str()
+                .context("a tier path that is not UTF-8")?
+                .to_owned(),
+            "--disk-cache-bytes".to_owned(),
+            capacity.to_string(),
+        ];
+    }
+    let (server, client) = store.server_of(ctx, tag, &store.routes[0], &extra, spec)?;
     let bytes0 = scrape(&server.url, "joader_s3_read_bytes_total")?;
     let cpu0 = server_cpu(&client)? + process_cpu();
     let runs = run_jobs(&client, sc)?;
@@ -176,6 +201,103 @@ pub(super) fn run_k(store: &Store, sc: &Scenario, ctx: &Ctx, tag: usize) -> Resu
         rounds,
         dataset_bytes,
     })
+}
+
+/// The `parquet` layout with the tier: [`ROUNDS`] rounds of the same Parquet files read from
+/// local disk, and from the store through a tier its first epoch filled (a later epoch, on a
+/// fresh server: its decoded cache empty), each first in half the rounds. Returns its
+/// markdown.
+pub(super) fn run_parquet(
+    store: &Store,
+    sc: &Scenario,
+    ctx: &Ctx,
+    local: &Path,
+    codec: &str,
+) -> Result<String> {
+    let url = store.put_folder(local, "pq")?;
+    let local_spec = serde_json::json!({"kind": "parquet", "paths": [local]});
+    let s3_spec = serde_json::json!({"kind": "s3", "url": url, "layout": "parquet"});
+    let roots = [local.to_path_buf()];
+    let bytes: u64 = std::fs::read_dir(local)?
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    let capacity = 2 * bytes + HEADER * ctx.index.len() as u64;
+    let mut rows = Vec::new();
+    for r in 0..ROUNDS {
+        let dir = tempfile::Builder::new()
+            .prefix("joader-e2e-pq-tier-")
+            .tempdir()?;
+        let t = 2000 + r * 4;
+        let tier = Some((dir.path(), capacity));
+        let (_, first_store) = once_of(
+            store,
+            sc,
+            ctx,
+            (
+                &format!("e2e{t}_pqtier1"),
+                "joader serve, s3 parquet + tier (first epoch)",
+            ),
+            tier,
+            (&s3_spec, &[]),
+        )?;
+        let disk = || {
+            once_of(
+                store,
+                sc,
+                ctx,
+                (&format!("e2e{t}_pqdisk"), "joader serve, local parquet"),
+                None,
+                (&local_spec, &roots),
+            )
+            .map(|(o, _)| o)
+        };
+        let later = || {
+            once_of(
+                store,
+                sc,
+                ctx,
+                (
+                    &format!("e2e{t}_pqtier2"),
+                    "joader serve, s3 parquet + tier (later epoch)",
+                ),
+                tier,
+                (&s3_spec, &[]),
+            )
+        };
+        let (disk, (later, later_store)) = if r % 2 == 0 {
+            let d = disk()?;
+            (d, later()?)
+        } else {
+            let l = later()?;
+            (disk()?, l)
+        };
+        rows.push((disk, later, first_store, later_store));
+    }
+    let mut out = format!(
+        "\n### Parquet ({codec}) from the store with the disk tier ({}, {ROUNDS} rounds; {bytes} \
+         bytes of files)\n\n\
+         | round | local parquet samples/s | s3 + tier, later epoch samples/s | x local | store \
+         bytes, first epoch | store bytes, later epoch |\n|---|---|---|---|---|---|\n",
+        sc.name
+    );
+    for (i, (d, l, f, s)) in rows.iter().enumerate() {
+        out.push_str(&format!(
+            "| {} | {:.0} | {:.0} | {:.3} | {f:.0} | {s:.0} |\n",
+            i + 1,
+            d.aggregate,
+            l.aggregate,
+            l.aggregate / d.aggregate
+        ));
+    }
+    let ratio = super::parquet::mean(rows.iter().map(|(d, l, ..)| l.aggregate / d.aggregate));
+    let share = super::parquet::mean(rows.iter().map(|(.., s)| s / bytes.max(1) as f64));
+    out.push_str(&format!(
+        "\nlater epochs from the tier / local disk, mean of the rounds: {ratio:.3}x; the store \
+         sent {:.2}% of the files' bytes in a later epoch\n",
+        share * 100.0
+    ));
+    Ok(out)
 }
 
 /// One job reading the whole dataset for `epochs` epochs on a tier of half its bytes.
