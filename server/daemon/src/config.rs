@@ -71,9 +71,10 @@ pub struct Config {
     /// What it keeps of row groups' small-field values.
     #[serde(deserialize_with = "de_bytes")]
     pub parquet_field_bytes: u64,
-    /// What it may spill to local disk (`<data_dir>/parquet-spill`) of zstd and gzip row
-    /// groups decoded: 0, the default, is the smaller of 16 GiB and half the space free in
-    /// the data folder's file system at start-up; a size below a row group's spills nothing.
+    /// What the readers of every `parquet` dataset together may spill to local disk
+    /// (`<data_dir>/parquet-spill`) of zstd and gzip row groups decoded: 0, the default, is
+    /// the smaller of 16 GiB and half the space free in the data folder's file system at
+    /// start-up; a size below a row group's spills nothing.
     #[serde(deserialize_with = "de_bytes")]
     pub parquet_spill_bytes: u64,
     /// Bearer token required by the REST API when set.

@@ -109,10 +109,10 @@ pub struct ServeArgs {
     /// Bytes of small-field values the reader of each parquet dataset keeps (default 32MiB).
     #[arg(long, env = "JOADER_PARQUET_FIELD_BYTES", value_parser = crate::config::parse_bytes)]
     pub parquet_field_bytes: Option<u64>,
-    /// Bytes the reader of each parquet dataset may spill to <data-dir>/parquet-spill of its
-    /// zstd and gzip row groups decoded, so that a row read later costs its own bytes
-    /// (default: the smaller of 16GiB and half the data folder's free space; 1 spills
-    /// nothing).
+    /// Bytes the readers of every parquet dataset together may spill to
+    /// <data-dir>/parquet-spill of their zstd and gzip row groups decoded, so that a row read
+    /// later costs its own bytes (default: the smaller of 16GiB and half the data folder's
+    /// free space; 1 spills nothing).
     #[arg(long, env = "JOADER_PARQUET_SPILL_BYTES", value_parser = crate::config::parse_bytes)]
     pub parquet_spill_bytes: Option<u64>,
     /// Seconds an element may spend retrying transient object-store failures (default 15).

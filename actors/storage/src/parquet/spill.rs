@@ -10,9 +10,11 @@
 //! other, to a file of their own under the spill folder, and notes where each lies; a later
 //! read of a row is one positioned read of its bytes there.
 //!
-//! - **Bounded:** the spilled groups of a reader take at most its budget of bytes on disk
-//!   (the server's `--parquet-spill-bytes`), the oldest removed first; a group larger than
-//!   the budget is not spilled.
+//! - **Bounded, server-wide:** the spilled groups of every dataset's reader take at most the
+//!   server's `--parquet-spill-bytes` on disk together (two readers spilling at the same moment
+//!   may each pass it by one group). A reader makes room by removing its own oldest groups;
+//!   when the others hold the budget, it spills nothing more (its rows are decoded as without
+//!   a spill). A group larger than the budget is not spilled.
 //! - **Never fatal:** a spill that cannot be written (a full disk, the folder removed) stops
 //!   the reader's spilling with one log line, and a spilled file that cannot be read is
 //!   dropped: the row is decoded from its group again, as without a spill.
@@ -59,11 +61,18 @@ type Place = Option<(u64, u32)>;
 /// One reader's spilled groups.
 pub(super) struct Spill {
     dir: PathBuf,
+    /// The most every spill sharing `shared` (the server's readers) takes together.
     budget: u64,
+    /// What every spill sharing it takes on disk now.
+    shared: Arc<AtomicU64>,
     state: Mutex<State>,
     /// Bytes on disk now (for the reader's counters).
     pub(super) bytes: AtomicU64,
 }
+
+/// What the configured spills of the process (every dataset's reader) take together.
+static SPILLED: std::sync::LazyLock<Arc<AtomicU64>> =
+    std::sync::LazyLock::new(|| Arc::new(AtomicU64::new(0)));
 
 #[derive(Default)]
 struct State {
@@ -83,18 +92,38 @@ impl Spill {
         static READERS: AtomicU64 = AtomicU64::new(0);
         let c = ParquetSpill::current().filter(|c| c.bytes > 0)?;
         let n = READERS.fetch_add(1, Relaxed);
-        Some(Spill::new(
+        Some(Spill::sharing(
             c.dir.join(format!("{}-{n}", std::process::id())),
             c.bytes,
+            SPILLED.clone(),
         ))
     }
 
+    /// A spill of its own budget.
+    #[cfg(test)]
     pub(super) fn new(dir: PathBuf, budget: u64) -> Spill {
+        Spill::sharing(dir, budget, Arc::new(AtomicU64::new(0)))
+    }
+
+    /// A spill whose budget it shares with the others counted in `shared`.
+    pub(super) fn sharing(dir: PathBuf, budget: u64, shared: Arc<AtomicU64>) -> Spill {
         Spill {
             dir,
             budget,
+            shared,
             state: Mutex::new(State::default()),
             bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Drops spilled group `key` (its file and its bytes), when it is spilled.
+    fn drop_group(&self, st: &mut State, key: (u32, u32)) {
+        if st.groups.remove(&key).is_some() {
+            let size = st.sizes.remove(&key).unwrap_or(0);
+            st.bytes -= size;
+            self.shared.fetch_sub(size, Relaxed);
+            st.order.retain(|k| *k != key);
+            let _ = std::fs::remove_file(self.path(key));
         }
     }
 
@@ -123,10 +152,18 @@ impl Spill {
     ) -> u64 {
         let total: u64 = rows.clone().map(|r| r.map_or(0, |b| b.len() as u64)).sum();
         {
-            let st = self.lock();
+            let mut st = self.lock();
             if st.stopped || st.groups.contains_key(&key) || total > self.budget {
                 return 0;
             }
+            // Room from this reader's oldest groups; what the others hold is theirs.
+            while self.shared.load(Relaxed) + total > self.budget {
+                let Some(&old) = st.order.front() else {
+                    return 0;
+                };
+                self.drop_group(&mut st, old);
+            }
+            self.bytes.store(st.bytes, Relaxed);
         }
         let mut places = Vec::with_capacity(rows.len());
         let written = (|| -> std::io::Result<()> {
@@ -158,14 +195,7 @@ impl Spill {
         st.sizes.insert(key, total);
         st.order.push_back(key);
         st.bytes += total;
-        while st.bytes > self.budget {
-            let Some(old) = st.order.pop_front() else {
-                break;
-            };
-            st.groups.remove(&old);
-            st.bytes -= st.sizes.remove(&old).unwrap_or(0);
-            let _ = std::fs::remove_file(self.path(old));
-        }
+        self.shared.fetch_add(total, Relaxed);
         self.bytes.store(st.bytes, Relaxed);
         total
     }
@@ -192,11 +222,8 @@ impl Spill {
                 tracing::warn!(path = %self.path(key).display(), error = %e,
                     "parquet spill: a spilled row group cannot be read; it is decoded again");
                 let mut st = self.lock();
-                if st.groups.remove(&key).is_some() {
-                    st.bytes -= st.sizes.remove(&key).unwrap_or(0);
-                    st.order.retain(|k| *k != key);
-                    self.bytes.store(st.bytes, Relaxed);
-                }
+                self.drop_group(&mut st, key);
+                self.bytes.store(st.bytes, Relaxed);
                 None
             }
         }
@@ -210,7 +237,9 @@ impl Spill {
 
 impl Drop for Spill {
     fn drop(&mut self) {
-        if self.lock().made_dir {
+        let st = self.lock();
+        self.shared.fetch_sub(st.bytes, Relaxed);
+        if st.made_dir {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
@@ -285,6 +314,31 @@ mod tests {
         let dir = s.dir().to_owned();
         drop(s);
         assert!(!dir.exists(), "a dropped reader's spill is removed");
+    }
+
+    #[test]
+    fn readers_share_one_budget_and_each_makes_room_from_its_own_groups() {
+        let root = tempfile::tempdir().unwrap();
+        let g = rows(10, 100, 1);
+        let one: u64 = g.iter().flatten().map(|r| r.len() as u64).sum();
+        let shared = Arc::new(AtomicU64::new(0));
+        let a = Spill::sharing(root.path().join("a"), 2 * one, shared.clone());
+        let b = Spill::sharing(root.path().join("b"), 2 * one, shared.clone());
+        assert_eq!(put(&a, (0, 0), &g), one);
+        assert_eq!(put(&a, (0, 1), &g), one);
+        assert_eq!(shared.load(Relaxed), 2 * one);
+        // The budget is a's: b cannot take a's groups.
+        assert_eq!(put(&b, (0, 0), &g), 0);
+        assert!(a.has((0, 0)) && a.has((0, 1)));
+        // a makes room from its own oldest.
+        assert_eq!(put(&a, (0, 2), &g), one);
+        assert!(!a.has((0, 0)) && a.has((0, 2)));
+        assert_eq!(shared.load(Relaxed), 2 * one);
+        // A dropped reader gives its bytes back: b spills.
+        drop(a);
+        assert_eq!(shared.load(Relaxed), 0);
+        assert_eq!(put(&b, (0, 0), &g), one);
+        assert_eq!(shared.load(Relaxed), one);
     }
 
     #[test]
