@@ -337,19 +337,10 @@ async fn resolve_subset(
     spec: Option<SubsetSpec>,
     index: Arc<joader_storage::DatasetIndex>,
 ) -> Result<RoaringBitmap> {
-    let elements = actix_web::rt::task::spawn_blocking(move || {
-        let len = index.len() as u32;
-        match &spec {
-            None => {
-                let mut all = RoaringBitmap::new();
-                all.insert_range(0..len);
-                Ok(all)
-            }
-            Some(s) => s.resolve(len, |e| index.label(e).unwrap_or(-1), index.classes()),
-        }
-    })
-    .await
-    .map_err(Error::internal)??;
+    let elements =
+        actix_web::rt::task::spawn_blocking(move || super::subset::ids_of(spec.as_ref(), &index))
+            .await
+            .map_err(Error::internal)??;
     if elements.is_empty() {
         return Err(Error::new(
             Code::EmptySubset,

@@ -115,3 +115,19 @@ impl SubsetSpec {
         Ok(set)
     }
 }
+
+/// The ids `spec` selects of `index` (`None`: every item): a job's or a preload's subset.
+pub fn ids_of(
+    spec: Option<&SubsetSpec>,
+    index: &joader_storage::DatasetIndex,
+) -> Result<RoaringBitmap> {
+    let len = index.len() as u32;
+    match spec {
+        None => {
+            let mut all = RoaringBitmap::new();
+            all.insert_range(0..len);
+            Ok(all)
+        }
+        Some(s) => s.resolve(len, |e| index.label(e).unwrap_or(-1), index.classes()),
+    }
+}

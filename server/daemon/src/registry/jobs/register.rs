@@ -203,15 +203,7 @@ async fn resolve_order(
             let order = r.order(&data_dir, len)?;
             return Ok((order.iter().copied().collect(), Some(Arc::from(order))));
         }
-        match &spec {
-            None => {
-                let mut all = RoaringBitmap::new();
-                all.insert_range(0..len);
-                Ok(all)
-            }
-            Some(s) => s.resolve(len, |e| index.label(e).unwrap_or(-1), index.classes()),
-        }
-        .map(|s| (s, None))
+        crate::registry::subset::ids_of(spec.as_ref(), &index).map(|s| (s, None))
     })
     .await
     .map_err(Error::internal)??;

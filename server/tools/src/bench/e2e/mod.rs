@@ -324,17 +324,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
             let codec = args.parquet_compression;
             let local = parquet::write_parquet(&ctx.root, n, codec)?;
             super::warm_page_cache(&local)?;
-            let sc = scenarios::Scenario {
-                name: "s3 parquet K=4".into(),
-                jobs: (0..4)
-                    .map(|_| scenarios::JobPlan {
-                        subset: 0..n,
-                        sleep_ms: 0.0,
-                        start_frac: 0.0,
-                    })
-                    .collect(),
-                batch: 16,
-            };
+            let sc = scenarios::Scenario::together("s3 parquet K=4".into(), 4, n, 16);
             eprintln!("scenario {}: the tier over Parquet objects", sc.name);
             table.push_str(&tier::run_parquet(store, &sc, &ctx, &local, codec.name())?);
         }

@@ -152,19 +152,6 @@ fn rchar(pid: u32) -> Result<u64> {
         .context("no rchar in /proc/<pid>/io")
 }
 
-/// A series' value in the server's `/metrics` (0 when absent).
-fn scrape(url: &str, series: &str) -> Result<f64> {
-    let text = ureq::get(&format!("{url}/metrics"))
-        .call()?
-        .into_body()
-        .read_to_string()?;
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0))
-}
-
 fn server_cpu(client: &Client) -> Result<f64> {
     client.ok("GET", "/v1/stats", None)?["process_cpu_s"]
         .as_f64()
@@ -249,7 +236,7 @@ pub(super) fn run_one(
     let read = rchar(server.pid())? - read0;
     let decodes = stats["decodes"].as_f64().unwrap_or(0.0);
     let outcome = summarize_runs(system, &runs, cpu, decodes, stats["hit_ratio"].as_f64());
-    let decompressed = scrape(
+    let decompressed = super::tier::scrape(
         &server.url,
         "joader_parquet_decompressed_bytes_total{dataset=\"d\"}",
     )?;

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use super::Ctx;
-use super::scenarios::{JobPlan, Scenario};
+use super::scenarios::Scenario;
 use super::systems::{recipe_pipeline, run_jobs, start_server_with};
 use crate::bench::decode::{images_under, loader_pool};
 
@@ -63,17 +63,7 @@ pub(super) fn run(ctx: &Ctx, n: u32) -> Result<String> {
     };
     let secs = start.elapsed().as_secs_f64();
     let preloaded = decodes()?;
-    let sc = Scenario {
-        name: format!("after preload K={K}"),
-        jobs: (0..K)
-            .map(|_| JobPlan {
-                subset: 0..n,
-                sleep_ms: 0.0,
-                start_frac: 0.0,
-            })
-            .collect(),
-        batch: 16,
-    };
+    let sc = Scenario::together(format!("after preload K={K}"), K, n, 16);
     eprintln!("scenario {}", sc.name);
     let job_start = Instant::now();
     let runs = run_jobs(&client, &sc)?;

@@ -25,6 +25,24 @@ pub(super) struct Scenario {
     pub(super) batch: usize,
 }
 
+impl Scenario {
+    /// `k` jobs reading elements `0..n` together, from the start, at full speed, in batches
+    /// of `batch`.
+    pub(super) fn together(name: String, k: usize, n: u32, batch: usize) -> Scenario {
+        Scenario {
+            name,
+            jobs: (0..k)
+                .map(|_| JobPlan {
+                    subset: 0..n,
+                    sleep_ms: 0.0,
+                    start_frac: 0.0,
+                })
+                .collect(),
+            batch,
+        }
+    }
+}
+
 pub(super) fn scenarios(n: u32, quick: bool) -> Vec<Scenario> {
     let all = |k: usize| {
         (0..k)

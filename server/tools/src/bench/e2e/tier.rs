@@ -50,8 +50,8 @@ pub(super) struct HalfRow {
 /// A stored object's header is at most this many bytes (its key, ETag and range).
 const HEADER: u64 = 256;
 
-/// The store series a row needs, from the server's `/metrics`.
-fn scrape(url: &str, series: &str) -> Result<f64> {
+/// A series' value in the server's `/metrics` (0 when absent).
+pub(super) fn scrape(url: &str, series: &str) -> Result<f64> {
     let text = ureq::get(&format!("{url}/metrics"))
         .call()?
         .into_body()
