@@ -119,17 +119,17 @@ fn epoch(j: &Joader, job: &str, dataset: &str) -> (BTreeMap<u32, Element>, Vec<u
 
 /// Waits for the disk tier's writer, then restarts `j`'s server on the same data folder and
 /// tier (the decoded cache starts empty) and waits for its datasets.
-fn restarted(j: &mut Joader, s3: &S3Server, args: &[&str]) {
+/// (`env`: the server's environment, its store's address and keys.)
+fn restarted(j: &mut Joader, root: &Path, args: &[&str], env: &[(&str, String)]) {
     crate::common::wait_for("the disk tier's writer to be idle", || {
         (metric(j, "joader_disk_cache_queued") == 0.0).then_some(())
     });
     assert!(j.server.stop());
-    let env = credentials(s3);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     j.server = crate::common::TestServer::start_env(
         &crate::common::unique_instance("s3_parquet_again"),
         &j._state.0,
-        &s3.bucket(),
+        root,
         args,
         &env,
     );
@@ -234,7 +234,7 @@ fn s3_parquet_gives_the_elements_and_fields_of_the_local_files() {
     // The disk tier kept each row whole (its image and its fields): after a restart (an
     // empty decoded cache), an epoch reads nothing from the store and gives the same
     // elements, field by field.
-    restarted(&mut j, &s3, &args);
+    restarted(&mut j, &bucket, &args, &credentials(&s3));
     assert!(metric(&j, "joader_disk_cache_objects") >= n as f64);
     let (again, ids, errors) = epoch(&j, "r2", "remote");
     assert!(errors.is_empty(), "{errors:?}");
@@ -413,15 +413,7 @@ fn s3_parquet_rows_through_a_store_30_ms_away_are_fetched_ahead_and_tiered() {
         (metric(&j, "joader_disk_cache_queued") == 0.0).then_some(())
     });
     assert_eq!(metric(&j, "joader_disk_cache_objects"), n as f64);
-    assert!(j.server.stop());
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    j.server = crate::common::TestServer::start_env(
-        &crate::common::unique_instance("s3_parquet_far_again"),
-        &j._state.0,
-        &bucket,
-        &args,
-        &env,
-    );
+    restarted(&mut j, &bucket, &args, &env);
     assert_eq!(settled(&j, "far")["state"], "ready");
     let (again, ids) = read_raw(&j, "far-epoch-2", "far");
     assert_permutation(&ids, n, "the s3 epoch after the restart");
