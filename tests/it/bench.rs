@@ -178,6 +178,25 @@ fn bench_cluster_quick_prints_every_figure() {
     assert!((120..=240).contains(&rule), "{v}");
     assert!(v["node_sets_loads"].as_u64().unwrap() >= 120, "{v}");
     assert_eq!(v["cluster_rank_samples_per_s"].as_array().unwrap().len(), 3);
+    // Part 4 runs where the tests have s3s-fs (tests/all.sh installs it).
+    if crate::s3::s3s_fs("bench_cluster_quick_prints_every_figure (part 4)").is_some() {
+        assert!(
+            stdout.contains("| 3-rank job from a store +30 ms (s3s-fs;"),
+            "{stdout}"
+        );
+        let store = &v["store"];
+        for k in [
+            "disk_rank_samples_per_s",
+            "store_rank_samples_per_s",
+            "store_no_fetch_ahead_rank_samples_per_s",
+        ] {
+            assert_eq!(store[k].as_array().map(Vec::len), Some(3), "{k}: {v}");
+        }
+        // Every sample of the store job was read from the store once per epoch: its GETs per
+        // sample are at most 1 (fewer where an element was still cached).
+        let gets = store["gets_per_sample"].as_f64().unwrap();
+        assert!(gets > 0.0 && gets <= 1.0, "{v}");
+    }
 }
 
 /// `joader bench e2e --quick --only "gpu lock"`: the GPU-lock scenario runs on real photos

@@ -743,3 +743,118 @@ fn a_six_rank_job_saved_mid_epoch_resumes_on_two_nodes_with_four_ranks() {
     next.sort_unstable();
     assert_eq!(next, (0..n).collect::<Vec<_>>(), "the next epoch is whole");
 }
+
+/// A multi-node job over an object store 30 ms away (`s3s-fs` behind the bench's delay
+/// proxy): the leader samples ahead by the fetch time its nodes report, and sends each node
+/// the picks it will place there, whose bytes the node fetches before their placement. Every
+/// node's loads find bytes fetched ahead, few fetched ahead go unused (a guess misses only
+/// where a quota fills near an epoch's end), and the epochs stay exact.
+#[test]
+fn a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node() {
+    use crate::s3::{S3Server, credentials, s3s_fs};
+    let Some(bin) = s3s_fs("a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node")
+    else {
+        return;
+    };
+    let s3 = S3Server::start(bin, "cluster_ahead");
+    let folder = s3.bucket().join("far");
+    let n = 300u32;
+    for i in 0..n {
+        let class = folder.join(format!("c{}", i % 3));
+        std::fs::create_dir_all(&class).unwrap();
+        let bytes: Vec<u8> = (0..(1000 + i * 7)).map(|b| (b * 31 + i) as u8).collect();
+        std::fs::write(class.join(format!("{i:04}.jpg")), bytes).unwrap();
+    }
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], s3.port()));
+    let proxy = joader_tools::bench::e2e::proxy::DelayProxy::start(
+        upstream,
+        std::time::Duration::from_millis(30),
+    )
+    .unwrap();
+    let env: Vec<(&str, String)> = credentials(&s3)
+        .into_iter()
+        .map(|(k, v)| match k {
+            "AWS_ENDPOINT_URL" => (k, proxy.endpoint()),
+            _ => (k, v),
+        })
+        .collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let bucket = s3.bucket();
+    let mut nodes: Vec<Node> = Vec::new();
+    for i in 0..3 {
+        let dir = TempDir::new(&format!("cluster_ahead{i}"));
+        let name = format!("node-{i}");
+        let mut args = vec!["--node-name", name.as_str(), "--allowed-s3", "s3://bkt"];
+        args.extend(NO_TIMEOUT);
+        let leader = nodes.first().map(|l| l.server.url.clone());
+        if let Some(l) = &leader {
+            args.extend(["--leader", l.as_str()]);
+        }
+        let instance = unique_instance(&format!("cluster_ahead{i}"));
+        let server = TestServer::start_env(&instance, &dir.0, &bucket, &args, &env);
+        nodes.push(Node { server, _dir: dir });
+    }
+    let c = nodes[0].server.client();
+    let source = json!({"kind": "s3", "url": "s3://bkt/far", "layout": "image_folder"});
+    c.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "imgs", "source": source})),
+    )
+    .unwrap();
+    c.wait_ready("imgs", crate::common::DEADLINE).unwrap();
+    // Every node reports the dataset ready, and how long a fetch of it takes there.
+    wait_for(
+        "every node with the dataset ready and its fetch time",
+        || {
+            let v = c.ok("GET", "/v1/nodes", None).ok()?;
+            let ready = v["nodes"].as_array()?.iter().filter(|node| {
+                node["state"] == "alive"
+                    && node["datasets"].as_array().is_some_and(|d| {
+                        d.iter().any(|d| {
+                            d["name"] == "imgs"
+                                && d["state"] == "ready"
+                                && d["fetch_ms"].as_f64().is_some_and(|ms| ms > 0.0)
+                        })
+                    })
+            });
+            (ready.count() == 3).then_some(())
+        },
+    );
+    let ranks: Vec<_> = (0..6u32)
+        .map(|r| {
+            let url = &nodes[(r / 2) as usize].server.url;
+            consumer(
+                url,
+                &job("far", 6, 2, r, json!({"epochs": 2, "ring_capacity": 8})),
+                &["--rank", &r.to_string()],
+            )
+        })
+        .collect();
+    let got: Vec<Value> = ranks.into_iter().map(finish).collect();
+    for e in 0..2 {
+        let mut all = Vec::new();
+        for (r, s) in got.iter().enumerate() {
+            let ids = epoch_ids(s, e);
+            assert_eq!(ids.len(), n as usize / 6, "rank {r} epoch {e}");
+            all.extend(ids);
+        }
+        all.sort_unstable();
+        assert_eq!(all, (0..n).collect::<Vec<_>>(), "epoch {e}: exact");
+    }
+    let (mut requested, mut taken) = (0.0, 0.0);
+    for (i, node) in nodes.iter().enumerate() {
+        let text = crate::common::scrape(&node.server.url);
+        let m = |name: &str| {
+            crate::common::series(&text, name).unwrap_or_else(|| panic!("node-{i}: no {name}"))
+        };
+        let r = m("joader_s3_fetch_ahead_requests_total");
+        let t = m("joader_s3_fetch_ahead_hits_total") + m("joader_s3_fetch_ahead_joined_total");
+        assert!(t > 0.0, "node-{i}: no load found its bytes fetched ahead");
+        (requested, taken) = (requested + r, taken + t);
+    }
+    assert!(
+        taken >= 0.9 * requested,
+        "{requested} elements fetched ahead, {taken} of them taken by their loads"
+    );
+}

@@ -161,6 +161,19 @@ impl EpochPlacer {
         })
     }
 
+    /// Where [`Self::assign`] would place `element` if it were placed now, without placing it
+    /// (a guess for fetching its bytes ahead on that node: quotas fill meanwhile, so near an
+    /// epoch's end an overflow may send it elsewhere); `None`: every quota is full.
+    pub fn guess(&self, all_nodes: &[u64], element: u32) -> Option<usize> {
+        let hashed = place(all_nodes, &self.nodes, element)?;
+        if self.filled[hashed] < self.quota(hashed) {
+            return Some(hashed);
+        }
+        (0..self.nodes.len())
+            .filter(|&i| self.filled[i] < self.quota(i))
+            .max_by_key(|&i| (weight(self.nodes[i], element), self.nodes[i]))
+    }
+
     /// Ends the epoch: the padding that brings every node to its quota (the epoch's first
     /// elements again, in order), then a fresh epoch.
     pub fn end_epoch(&mut self) -> Vec<Placed> {
@@ -358,6 +371,27 @@ mod tests {
     }
 
     /// The first hash wins whenever the job runs on the element's node of the cluster.
+    #[test]
+    fn a_guess_is_where_the_element_goes_and_places_nothing() {
+        let all = keys(&["a", "b", "c"]);
+        let mut p = EpochPlacer::new(100, all.clone(), vec![1, 2, 1], false);
+        let mut order: Vec<u32> = (0..100).collect();
+        order.shuffle(&mut StdRng::seed_from_u64(7));
+        for e in order {
+            // Guessed twice: the guess changes nothing.
+            let g = p.guess(&all, e);
+            assert_eq!(p.guess(&all, e), g);
+            assert_eq!(p.assign(&all, e).map(|x| x.node), g, "element {e}");
+        }
+        // Every quota is full: nothing to guess, as nothing is placed.
+        let mut q = EpochPlacer::new(4, all.clone(), vec![1, 1, 1], true);
+        for e in 0..3 {
+            q.assign(&all, e).unwrap();
+        }
+        assert_eq!(q.guess(&all, 3), None);
+        assert_eq!(q.assign(&all, 3), None);
+    }
+
     #[test]
     fn the_first_hash_wins_on_the_jobs_nodes() {
         let all = keys(&["a", "b", "c"]);

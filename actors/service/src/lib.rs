@@ -31,7 +31,7 @@ pub mod stats;
 pub use cache::{CacheActor, CacheConfig};
 pub use loader::Loader;
 pub use messages::*;
-pub use sampler::SamplerActor;
+pub use sampler::{FetchClock, SamplerActor};
 pub use stats::{CacheStats, JobState, JobStats, PreloadProgress, PreloadState};
 
 #[cfg(test)]

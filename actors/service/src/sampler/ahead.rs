@@ -30,6 +30,9 @@
 //!   still held. A job's own held pick of the element (in its next epoch, since a job picks an
 //!   element once per epoch) is not counted: as without fetch-ahead, the Cache learns of a
 //!   job's next epoch when it starts, and a small cache keeps its room for what is queued.
+//! - **On a cluster's leader** the Sampler has no source: its clock is the slowest GET time
+//!   the nodes report ([`FetchClock`]), and its downstream is the leader's placement, which
+//!   sends each pick to fetch ahead to the node it guesses the pick goes to.
 //! - **Finished and removed jobs.** A job that finished its last epoch keeps its queue until
 //!   the queue is empty (its credit still comes back); a removed job's queue is dropped.
 
@@ -39,7 +42,7 @@ use std::time::Duration;
 
 use joader_core::sampling::SamplerKind;
 
-use crate::messages::{Deliver, DeliverGroup, DeliverItem, ElementSource, EndAt, JobId};
+use crate::messages::{Deliver, DeliverGroup, DeliverItem, EndAt, JobId};
 
 /// A held pick waits at least this many fetch times before the Cache needs it.
 pub(super) const MARGIN: f64 = 3.0;
@@ -83,9 +86,14 @@ pub(super) struct Queue {
     cache_epoch: Option<u32>,
 }
 
-/// The held picks of a dataset's jobs, and the source that fetches their bytes.
+/// How long fetching an element takes now (`None`: unknown, or no fetch-ahead now): a
+/// source's own [`crate::messages::Fetch::fetch_time`], or, on a cluster's leader, the
+/// slowest of what the nodes that fetch report.
+pub type FetchClock = Arc<dyn Fn() -> Option<Duration> + Send + Sync>;
+
+/// The held picks of a dataset's jobs, and the clock of the fetches of their bytes.
 pub(super) struct FetchAhead {
-    source: Arc<dyn ElementSource>,
+    clock: FetchClock,
     /// By job (ordered: picks are handed over in the same order every time).
     queues: BTreeMap<JobId, Queue>,
     /// The jobs with a held pick of each element (once per pick).
@@ -93,9 +101,9 @@ pub(super) struct FetchAhead {
 }
 
 impl FetchAhead {
-    pub(super) fn new(source: Arc<dyn ElementSource>) -> Self {
+    pub(super) fn new(clock: FetchClock) -> Self {
         Self {
-            source,
+            clock,
             queues: BTreeMap::new(),
             held: HashMap::new(),
         }
@@ -103,7 +111,7 @@ impl FetchAhead {
 
     /// How long a fetch takes now (`None`: the source no longer fetches ahead).
     pub(super) fn fetch_time(&self) -> Option<Duration> {
-        self.source.fetching().and_then(|f| f.fetch_time())
+        (self.clock)()
     }
 
     /// A job joins with `credit` and `lookahead` (its depth is set once it starts).

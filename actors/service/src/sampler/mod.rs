@@ -32,6 +32,8 @@ use actix::prelude::*;
 use joader_stages as stages;
 
 mod ahead;
+
+pub use ahead::FetchClock;
 mod invariants;
 mod pace;
 
@@ -132,10 +134,21 @@ impl SamplerActor {
 
     /// Samples the jobs ahead and asks `source` for the bytes of their picks before the Cache
     /// loads them, when the source fetches ahead (see [`ahead`]).
-    pub fn with_fetch_ahead(mut self, source: Arc<dyn ElementSource>) -> Self {
-        if source.fetching().and_then(|f| f.fetch_time()).is_some() {
-            self.ahead = Some(ahead::FetchAhead::new(source));
+    pub fn with_fetch_ahead(self, source: Arc<dyn ElementSource>) -> Self {
+        if source.fetching().and_then(|f| f.fetch_time()).is_none() {
+            return self;
         }
+        self.with_fetch_clock(Arc::new(move || {
+            source.fetching().and_then(|f| f.fetch_time())
+        }))
+    }
+
+    /// Samples the jobs ahead by what `clock` says a fetch takes, and sends the picks to fetch
+    /// ahead downstream in `Deliver::ahead`, for a Sampler whose downstream is not the source's
+    /// Cache: a cluster leader's, whose nodes fetch (see `ahead`). While the clock says
+    /// `None`, the jobs are sampled as without fetch-ahead.
+    pub fn with_fetch_clock(mut self, clock: FetchClock) -> Self {
+        self.ahead = Some(ahead::FetchAhead::new(clock));
         self
     }
 

@@ -15,7 +15,10 @@
 //!   happens and the node writes the credit its readers return (records its rings freed) and
 //!   the jobs that failed there. One long exchange instead of a request per pass and per
 //!   acknowledged batch: the leader's cost per sample is a frame, not an HTTP request. Pixels
-//!   never cross: each node reads the shared source itself.
+//!   never cross: each node reads the shared source itself. For a dataset in an object
+//!   store the leader also writes the picks it holds back to the node it guesses they will
+//!   be placed on, which fetches their bytes ahead (`leader::dispatch`); nodes report their
+//!   GET time in their heartbeats.
 //! - **Placement** is `joader_core::cluster`: hashing twice, equal counts per rank.
 //!
 //! The wire types below are the bodies of the `/v1/nodes` routes (`http/cluster.rs`) and the
@@ -61,6 +64,11 @@ pub struct NodeDataset {
     pub state: String,
     /// Why it failed on this node.
     pub error: Option<String>,
+    /// For a dataset the node reads from an object store and fetches ahead: how long a fetch
+    /// takes there now (ms), from which the leader's Sampler sets how far ahead it samples
+    /// the dataset's multi-node jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch_ms: Option<f64>,
 }
 
 /// `POST /v1/nodes/{name}/heartbeat`.
@@ -174,6 +182,14 @@ pub struct WireEnd {
     pub finished: bool,
 }
 
+/// An element the leader's Sampler picked for a job ahead of its placement (a dataset read
+/// from an object store): the node it will most likely be placed on fetches its bytes now.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct WireAhead {
+    pub element: u32,
+    pub job: u64,
+}
+
 /// What the leader sends on a node's stream: the placements for the node since the last
 /// frame, in order (one WebSocket text frame per drain of the node's outbox).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -182,6 +198,10 @@ pub struct Placements {
     pub groups: Vec<WireGroup>,
     #[serde(default)]
     pub ends: Vec<WireEnd>,
+    /// Picks whose bytes to fetch ahead (placed in a later frame, on this node as the leader
+    /// guesses: see `leader::dispatch`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ahead: Vec<WireAhead>,
     /// Multi-node jobs of the node that failed elsewhere.
     #[serde(default)]
     pub failed: Vec<JobFailure>,
@@ -189,7 +209,10 @@ pub struct Placements {
 
 impl Placements {
     pub fn is_empty(&self) -> bool {
-        self.groups.is_empty() && self.ends.is_empty() && self.failed.is_empty()
+        self.groups.is_empty()
+            && self.ends.is_empty()
+            && self.failed.is_empty()
+            && self.ahead.is_empty()
     }
 }
 

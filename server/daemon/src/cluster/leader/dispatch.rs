@@ -1,6 +1,7 @@
 //! Placement: the [`Dispatch`] actor receives the cluster Samplers' passes and places each
 //! delivery on a node (`joader_core::cluster`) into that node's outbox, padding a node's
-//! share at the end of an epoch; it also runs the watch of the nodes' heartbeats.
+//! share at the end of an epoch, and sends the picks to fetch ahead to the nodes that will
+//! most likely receive them; it also runs the watch of the nodes' heartbeats.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use ::actors::Deliver;
 use actix::prelude::*;
 
 use super::{Inner, Leader};
-use crate::cluster::{WireEnd, WireGroup, WireItem};
+use crate::cluster::{WireAhead, WireEnd, WireGroup, WireItem};
 
 impl Leader {
     /// Starts the dispatcher (and its watch of the nodes' heartbeats) on the cluster
@@ -73,11 +74,36 @@ impl Leader {
         for end in ends {
             end_epoch(&mut inner, end);
         }
+        ahead(&mut inner, &all, &msg.ahead);
         for id in credit_back {
             inner.give_credit(id, 1);
         }
         for n in inner.nodes.values() {
             n.notify.notify_one();
+        }
+    }
+}
+
+/// The picks of an object-store dataset's jobs that the Sampler holds back (`sampler::ahead`):
+/// each goes to the node its job's placer would place it on now ([`EpochPlacer::guess`],
+/// which places nothing), whose Cache asks its source to fetch the bytes meanwhile. The
+/// guess is the placement itself but near an epoch's end, where a node's quota may fill
+/// first: the element is then fetched on one node and read on another (one GET more).
+///
+/// [`EpochPlacer::guess`]: joader_core::cluster::EpochPlacer::guess
+fn ahead(inner: &mut Inner, all: &[u64], picks: &[(u32, ::actors::JobId)]) {
+    for &(element, id) in picks {
+        let Some(job) = inner.jobs.get(&id).filter(|j| j.live()) else {
+            continue;
+        };
+        let Some((placer, names)) = job.placer.as_ref() else {
+            continue;
+        };
+        let Some(node) = placer.guess(all, element).map(|i| names[i].clone()) else {
+            continue;
+        };
+        if let Some(n) = inner.nodes.get_mut(&node) {
+            n.outbox.ahead.push(WireAhead { element, job: id });
         }
     }
 }

@@ -32,6 +32,9 @@ impl Leader {
         identity.local_world_size = None;
         let world = identity.world_size.unwrap_or(1);
         let index = joined_index(registry, node, &req, &identity, world)?;
+        let remote = registry
+            .dataset(&identity.dataset)
+            .is_ok_and(|d| matches!(d.record.source, joader_storage::SourceSpec::S3 { .. }));
         let (subset, resume) = job_order(index, &identity).await?;
         let mut inner = lock(self)?;
         Self::node_mut(&mut inner, node)?;
@@ -56,6 +59,9 @@ impl Leader {
             }
             None => inner.add_job(node, &req.ranks, &identity, world, subset, resume),
         };
+        if let Some(j) = inner.jobs.get_mut(&id) {
+            j.remote = remote;
+        }
         self.start_if_complete(&mut inner, id)?;
         tracing::info!(job = %identity.name, node, ranks = ?req.ranks, "node joined a multi-node job");
         Ok(NodeJobAccepted { job: id })
@@ -84,6 +90,11 @@ impl Leader {
             return Ok(());
         }
         let dataset = job.dataset.clone();
+        // An object-store dataset's Sampler samples its jobs ahead by the nodes' fetch time
+        // and sends its picks to fetch ahead to the nodes (see `dispatch`).
+        let clock = job
+            .remote
+            .then(|| super::fetch_clock(&self.fetch_ms, &dataset));
         let sampler = inner
             .samplers
             .entry(dataset)
@@ -91,7 +102,11 @@ impl Leader {
                 let tick = self.tick;
                 let stats = Arc::new(::actors::CacheStats::default());
                 SamplerActor::start_in_arbiter(&arbiter, move |_| {
-                    SamplerActor::new(0, dispatch.recipient(), tick, stats)
+                    let s = SamplerActor::new(0, dispatch.recipient(), tick, stats);
+                    match clock {
+                        Some(clock) => s.with_fetch_clock(clock),
+                        None => s,
+                    }
                 })
             })
             .clone();
@@ -115,8 +130,10 @@ impl Leader {
             epochs: job.request.epochs,
             sampler: job.request.sampler.unwrap_or(SamplerKind::Dsa),
             credit: job.pending_credit.min(u64::from(u32::MAX)) as u32,
-            // No sampling ahead of credit across the network: a node's credit is what its
-            // rings can take (the pace joins of one server need its Cache's queue).
+            // No placement ahead of credit across the network: a node's credit is what its
+            // rings can take (the pace joins of one server need its Cache's queue). An
+            // object-store dataset's picks beyond it are held here, their nodes told to fetch
+            // them ahead (`with_fetch_clock` above).
             step: 0,
             stats: Arc::new(JobStats::default()),
             resume: job.resume.clone(),
@@ -281,6 +298,7 @@ impl Inner {
                 debt: 0,
                 failed: None,
                 finished: false,
+                remote: false,
             },
         );
         id

@@ -77,6 +77,9 @@ struct ClusterJob {
     debt: u64,
     failed: Option<String>,
     finished: bool,
+    /// Its dataset is read from an object store: its Sampler samples ahead, and the nodes
+    /// fetch the picks' bytes before their placement (see `dispatch`).
+    remote: bool,
 }
 
 impl ClusterJob {
@@ -173,6 +176,26 @@ pub struct Leader {
     dispatch: Mutex<Option<Addr<Dispatch>>>,
     /// The arbiter the cluster Samplers run on (the server's samplers' arbiter).
     arbiter: Mutex<Option<actix::ArbiterHandle>>,
+    /// What each live node reports a fetch of each dataset takes there (ms), by dataset, then
+    /// node: a cluster Sampler of an object-store dataset samples ahead by the slowest.
+    fetch_ms: Arc<Mutex<FetchTimes>>,
+}
+
+/// Fetch times (ms) by dataset, then node.
+type FetchTimes = HashMap<String, BTreeMap<String, f64>>;
+
+/// The clock of a cluster Sampler of `dataset`: the slowest fetch its nodes report.
+fn fetch_clock(times: &Arc<Mutex<FetchTimes>>, dataset: &str) -> ::actors::FetchClock {
+    let (times, dataset) = (times.clone(), dataset.to_owned());
+    Arc::new(move || {
+        let times = times.lock().ok()?;
+        let slowest = times
+            .get(&dataset)?
+            .values()
+            .copied()
+            .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))))?;
+        Some(Duration::from_secs_f64(slowest.max(0.0) / 1e3))
+    })
 }
 
 fn lock(l: &Leader) -> Result<std::sync::MutexGuard<'_, Inner>> {
@@ -188,6 +211,7 @@ impl Leader {
             tick: Duration::from_millis(config.sampler_tick_ms),
             dispatch: Mutex::new(None),
             arbiter: Mutex::new(None),
+            fetch_ms: Arc::default(),
         })
     }
 

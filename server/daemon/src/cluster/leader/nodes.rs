@@ -60,6 +60,7 @@ impl Leader {
             let mut inner = lock(self)?;
             let node = Self::node_mut(&mut inner, name)?;
             node.last = Instant::now();
+            self.note_fetch_times(name, &hb);
             node.report = hb;
         }
         Ok(HeartbeatReply {
@@ -72,6 +73,25 @@ impl Leader {
                 })
                 .collect(),
         })
+    }
+
+    /// Keeps what `node` reports a fetch of each dataset takes (only its fresh report counts).
+    fn note_fetch_times(&self, node: &str, hb: &Heartbeat) {
+        let Ok(mut times) = self.fetch_ms.lock() else {
+            return;
+        };
+        for by_node in times.values_mut() {
+            by_node.remove(node);
+        }
+        for d in &hb.datasets {
+            if let Some(ms) = d.fetch_ms.filter(|ms| ms.is_finite()) {
+                times
+                    .entry(d.name.clone())
+                    .or_default()
+                    .insert(node.to_owned(), ms);
+            }
+        }
+        times.retain(|_, by_node| !by_node.is_empty());
     }
 
     /// `GET /v1/nodes`.
@@ -122,6 +142,11 @@ impl Leader {
             tracing::warn!(node = %name, "node lost: no heartbeat within the timeout");
             if let Some(n) = inner.nodes.get_mut(&name) {
                 n.lost = true;
+            }
+            if let Ok(mut times) = self.fetch_ms.lock() {
+                times.values_mut().for_each(|by_node| {
+                    by_node.remove(&name);
+                });
             }
             inner.fail_jobs_of(&name, &format!("node {name} stopped heartbeating (lost)"));
         }

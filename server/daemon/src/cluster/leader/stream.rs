@@ -26,6 +26,7 @@ impl Leader {
             if let Some(n) = inner.nodes.get_mut(name) {
                 n.outbox.groups.clear();
                 n.outbox.ends.clear();
+                n.outbox.ahead.clear();
             }
         }
         inner.next_stream += 1;

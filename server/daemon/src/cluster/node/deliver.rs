@@ -1,5 +1,5 @@
-//! The leader's placements handed to the node's Cache, one `Deliver` per local dataset, as
-//! a local Sampler would; the credit the Cache returns, and the jobs that fail here, handed
+//! The leader's placements (and its picks to fetch ahead) handed to the node's Cache, one
+//! `Deliver` per local dataset, as a local Sampler would; the credit the Cache returns, and the jobs that fail here, handed
 //! back to the stream.
 
 use std::collections::HashMap;
@@ -78,6 +78,13 @@ impl NodeAgent {
         }
         for e in ends {
             end_to(&mut out, &self.jobs, e);
+        }
+        // Picks to fetch ahead, for the Cache to ask its source for (as a local Sampler's).
+        for a in &reply.ahead {
+            if let Some(t) = self.jobs.get(&a.job) {
+                let d = out.entry(t.dataset).or_insert_with(|| empty(t.dataset));
+                d.ahead.push((a.element, t.local));
+            }
         }
         for (_, d) in out {
             registry.cache().do_send(d);

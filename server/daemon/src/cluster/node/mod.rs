@@ -222,6 +222,12 @@ impl NodeAgent {
             .datasets()
             .into_iter()
             .map(|d| NodeDataset {
+                fetch_ms: d
+                    .source
+                    .as_ref()
+                    .and_then(|s| s.fetching())
+                    .and_then(|f| f.fetch_time())
+                    .map(|t| t.as_secs_f64() * 1e3),
                 name: d.record.name,
                 state: d.record.state,
                 error: d.record.error,
@@ -231,6 +237,7 @@ impl NodeAgent {
             name: n.clone(),
             state: "failed".into(),
             error: Some(e.clone()),
+            fetch_ms: None,
         }));
         Heartbeat {
             cache_bytes_in_use: registry.stats().bytes_in_use.load(Relaxed),

@@ -24,14 +24,14 @@
 mod fields;
 mod gpu_lock;
 mod parquet;
-mod pin;
+pub(crate) mod pin;
 mod preload;
 pub mod proxy;
 mod report;
-mod s3;
+pub(crate) mod s3;
 mod scenarios;
 mod systems;
-mod tier;
+pub(crate) mod tier;
 
 use std::path::PathBuf;
 use std::sync::Arc;

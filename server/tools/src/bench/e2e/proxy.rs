@@ -32,7 +32,7 @@ impl DelayProxy {
     }
 
     /// [`DelayProxy::start`], its threads on the store's CPUs of `split` when given.
-    pub(super) fn start_pinned(
+    pub(crate) fn start_pinned(
         upstream: SocketAddr,
         delay: Duration,
         split: Option<super::pin::Split>,

@@ -82,10 +82,8 @@ pub(super) struct Fetched {
 
 /// A local `s3s-fs` over a copy of the bench's dataset, with keys made up for this run.
 pub(super) struct Store {
-    child: Child,
+    s3: S3sFs,
     endpoint: String,
-    key: String,
-    secret: String,
     /// Each element's size in bytes, by id (the files of the local dataset).
     sizes: Vec<u64>,
     /// The ways to the store the S3 rows are measured through.
@@ -104,7 +102,7 @@ fn random_hex(n: usize) -> Result<String> {
 }
 
 /// Copies (hard-links where it can) the image folder `from` into `to`.
-fn copy_folder(from: &Path, to: &Path) -> Result<()> {
+pub(crate) fn copy_folder(from: &Path, to: &Path) -> Result<()> {
     std::fs::create_dir_all(to)?;
     for e in std::fs::read_dir(from)? {
         let e = e?;
@@ -138,63 +136,37 @@ impl Store {
                 _ => bail!("element {id} of the bench's image folder is no file"),
             })
             .collect::<Result<Vec<u64>>>()?;
-        let (key, secret) = (random_hex(10)?, random_hex(20)?);
-        for _ in 0..10 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port();
-            let mut child = Command::new(s3s_fs)
-                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--access-key", &key, "--secret-key", &secret])
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .with_context(|| format!("cannot start {}", s3s_fs.display()))?;
-            let up = wait_for("s3s-fs to accept connections or exit", || {
-                if child.try_wait()?.is_some() {
-                    return Ok(Some(false));
-                }
-                Ok(std::net::TcpStream::connect(("127.0.0.1", port))
-                    .is_ok()
-                    .then_some(true))
-            })?;
-            if up {
-                if let Some(split) = &split {
-                    split.pin_store_process(child.id())?;
-                }
-                let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-                let routes = if latencies_ms.is_empty() {
-                    vec![Route {
-                        latency_ms: None,
-                        proxy: None,
-                    }]
-                } else {
-                    latencies_ms
-                        .iter()
-                        .map(|&ms| {
-                            let delay = std::time::Duration::from_millis(ms);
-                            Ok(Route {
-                                latency_ms: Some(ms),
-                                proxy: Some(DelayProxy::start_pinned(upstream, delay, split)?),
-                            })
-                        })
-                        .collect::<Result<_>>()?
-                };
-                return Ok(Store {
-                    child,
-                    endpoint: format!("http://127.0.0.1:{port}"),
-                    key,
-                    secret,
-                    sizes,
-                    routes,
-                    root: ctx.root.clone(),
-                    split,
-                    _dir: dir,
-                });
-            }
+        let s3 = S3sFs::start(s3s_fs, dir.path())?;
+        if let Some(split) = &split {
+            split.pin_store_process(s3.pid())?;
         }
-        bail!("s3s-fs found no free port in 10 tries")
+        let upstream = s3.addr();
+        let routes = if latencies_ms.is_empty() {
+            vec![Route {
+                latency_ms: None,
+                proxy: None,
+            }]
+        } else {
+            latencies_ms
+                .iter()
+                .map(|&ms| {
+                    let delay = std::time::Duration::from_millis(ms);
+                    Ok(Route {
+                        latency_ms: Some(ms),
+                        proxy: Some(DelayProxy::start_pinned(upstream, delay, split)?),
+                    })
+                })
+                .collect::<Result<_>>()?
+        };
+        Ok(Store {
+            endpoint: s3.endpoint(),
+            s3,
+            sizes,
+            routes,
+            root: ctx.root.clone(),
+            split,
+            _dir: dir,
+        })
     }
 
     /// A `joader serve` child over the local dataset or the store (through `route`), with
@@ -251,13 +223,8 @@ impl Store {
         ];
         args.extend_from_slice(extra);
         // The store's keys reach the server through its environment only.
-        let env = [
-            ("AWS_ACCESS_KEY_ID", self.key.as_str()),
-            ("AWS_SECRET_ACCESS_KEY", self.secret.as_str()),
-            ("AWS_ENDPOINT_URL", endpoint.as_str()),
-            ("AWS_ALLOW_HTTP", "true"),
-            ("AWS_REGION", "us-east-1"),
-        ];
+        let env = self.s3.env(&endpoint);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let all_roots: Vec<PathBuf> = std::iter::once(self.root.clone())
             .chain(roots.iter().cloned())
             .collect();
@@ -365,7 +332,7 @@ impl Store {
         let ticks = |s: &procfs::process::Stat| {
             (s.utime + s.stime) as f64 / procfs::ticks_per_second().max(1) as f64
         };
-        let s3s_fs = procfs::process::Process::new(self.child.id() as i32)
+        let s3s_fs = procfs::process::Process::new(self.s3.pid() as i32)
             .and_then(|p| p.stat())
             .map_or(0.0, |s| ticks(&s));
         let proxy = procfs::process::Process::myself()
@@ -406,7 +373,77 @@ impl Store {
     }
 }
 
-impl Drop for Store {
+/// `s3s-fs` serving the folder `root` (a bucket is a folder of it) on a free loopback port,
+/// with keys made up for the run; killed when dropped.
+pub(crate) struct S3sFs {
+    child: Child,
+    port: u16,
+    key: String,
+    secret: String,
+}
+
+impl S3sFs {
+    pub(crate) fn start(bin: &Path, root: &Path) -> Result<Self> {
+        let (key, secret) = (random_hex(10)?, random_hex(20)?);
+        // s3s-fs takes a port, not a listener: another if someone bound this one meanwhile.
+        for _ in 0..10 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let mut child = Command::new(bin)
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--access-key", &key, "--secret-key", &secret])
+                .arg(root)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .with_context(|| format!("cannot start {}", bin.display()))?;
+            let up = wait_for("s3s-fs to accept connections or exit", || {
+                if child.try_wait()?.is_some() {
+                    return Ok(Some(false));
+                }
+                Ok(std::net::TcpStream::connect(("127.0.0.1", port))
+                    .is_ok()
+                    .then_some(true))
+            })?;
+            if up {
+                return Ok(Self {
+                    child,
+                    port,
+                    key,
+                    secret,
+                });
+            }
+        }
+        bail!("s3s-fs found no free port in 10 tries")
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(crate) fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub(crate) fn endpoint(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// The environment of a `joader serve` that reads the store at `endpoint` (the store's
+    /// own, or a proxy's in front of it).
+    pub(crate) fn env(&self, endpoint: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", self.key.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret.clone()),
+            ("AWS_ENDPOINT_URL", endpoint.to_owned()),
+            ("AWS_ALLOW_HTTP", "true".to_owned()),
+            ("AWS_REGION", "us-east-1".to_owned()),
+        ]
+    }
+}
+
+impl Drop for S3sFs {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -507,7 +544,7 @@ fn report(rows: &[(String, Outcome, Outcome, Fetched)], endpoint_note: &str) -> 
 }
 
 /// The `s3s-fs` binary: `--s3s-fs`, else `JOADER_S3S_FS`, else an error saying how to get it.
-pub(super) fn s3s_fs(flag: Option<&Path>) -> Result<PathBuf> {
+pub(crate) fn s3s_fs(flag: Option<&Path>) -> Result<PathBuf> {
     let path = flag
         .map(Path::to_path_buf)
         .or_else(|| std::env::var_os("JOADER_S3S_FS").map(PathBuf::from))

@@ -51,7 +51,7 @@ pub(super) struct HalfRow {
 const HEADER: u64 = 256;
 
 /// A series' value in the server's `/metrics` (0 when absent).
-pub(super) fn scrape(url: &str, series: &str) -> Result<f64> {
+pub(crate) fn scrape(url: &str, series: &str) -> Result<f64> {
     let text = ureq::get(&format!("{url}/metrics"))
         .call()?
         .into_body()

@@ -19,11 +19,18 @@
 //!    (the same 3 ranks) on one standalone server: samples/s per rank, and the leader's CPU per
 //!    10k samples/s it dispatched.
 //!
+//! 4. **From an object store:** a 3-rank job reading photo-sized JPEGs through a decoding
+//!    pipeline from `s3s-fs` behind a delay proxy (30 ms by default), beside the same job on
+//!    local disk, and again on nodes that do not fetch ahead: samples/s per rank, the leader's
+//!    picks fetched ahead on the nodes and taken by their loads, CPU per sample (`store.rs`).
+//!
 //! Parts 2 and 3 run on a second cluster whose followers' caches hold the dataset (part 2
 //! compares with the rule, which counts an element once per node that any job places it on).
 //! Every part uses a dataset of its own (the same folder), so that no part is served from
 //! another's cache. The machine's cores are shared by every process: the figures are the
 //! cluster's overhead on one machine, not a network's.
+
+mod store;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -65,6 +72,25 @@ pub struct ClusterArgs {
     /// dataset placed on each node, at least two batches of the largest file per job.
     #[arg(long, value_parser = server::config::parse_bytes)]
     pub part1_cache_bytes: Option<u64>,
+    /// The `s3s-fs` binary of part 4 (default: `JOADER_S3S_FS`; without one, part 4 says it
+    /// was not run).
+    #[arg(long)]
+    pub s3s_fs: Option<PathBuf>,
+    /// Part 4's store latency (ms), added to every request by a delaying proxy.
+    #[arg(long, default_value_t = 30)]
+    pub s3_latency_ms: u64,
+    /// Part 4's epochs (every one read from the store again: the followers' caches hold
+    /// about a third of their share).
+    #[arg(long, default_value_t = 2)]
+    pub s3_epochs: u32,
+    /// Part 4's photo-sized images (500x375 JPEGs).
+    #[arg(long, default_value_t = 1500)]
+    pub s3_images: u32,
+    /// Part 4: the last N CPUs are the store's (`s3s-fs` and the delay proxy), the rest the
+    /// cluster's and its ranks' (the disk rows' too), as a store on other machines would be;
+    /// 0: every process shares every CPU (the store's work then slows the nodes).
+    #[arg(long, default_value_t = 1)]
+    pub store_cpus: usize,
 }
 
 struct Cluster {
@@ -108,9 +134,20 @@ impl Cluster {
     /// A leader and [`NODES`] followers, each follower with a cache of `node_cache` bytes;
     /// `tag` tells the clusters of one run apart.
     fn start(images: &Path, node_cache: u64, tag: &str) -> Result<Self> {
+        Self::start_env(images, node_cache, tag, &[], &[])
+    }
+
+    /// [`Cluster::start`] with `env` and `more` flags for every server.
+    fn start_env(
+        images: &Path,
+        node_cache: u64,
+        tag: &str,
+        env: &[(&str, &str)],
+        more: &[String],
+    ) -> Result<Self> {
         let roots = [images.to_owned()];
         let common = |name: &str| -> Vec<String> {
-            vec![
+            let mut flags: Vec<String> = vec![
                 "--node-name".into(),
                 name.into(),
                 // The bench is about placement and speed, not faults: a loaded machine must
@@ -119,12 +156,14 @@ impl Cluster {
                 "20000".into(),
                 "--cache-slots".into(),
                 "16384".into(),
-            ]
+            ];
+            flags.extend_from_slice(more);
+            flags
         };
         let mut extra = common("leader");
         extra.push("--leader-only".into());
         let leader =
-            ServerProc::start_with(&format!("{tag}_leader"), &roots, 64 << 20, &extra, &[])?;
+            ServerProc::start_with(&format!("{tag}_leader"), &roots, 64 << 20, &extra, env)?;
         let mut nodes = Vec::new();
         for i in 0..NODES {
             let mut extra = common(&format!("node-{i}"));
@@ -134,7 +173,7 @@ impl Cluster {
                 &roots,
                 node_cache,
                 &extra,
-                &[],
+                env,
             )?);
         }
         Ok(Cluster {
@@ -146,8 +185,12 @@ impl Cluster {
 
     /// A dataset of the folder on the leader, ready on every node.
     fn dataset(&self, name: &str) -> Result<u64> {
+        self.dataset_of(name, json!({"kind": "image_folder", "path": self.images}))
+    }
+
+    /// A dataset of `source` on the leader, ready on every node.
+    fn dataset_of(&self, name: &str, source: Value) -> Result<u64> {
         let c = self.leader.client();
-        let source = json!({"kind": "image_folder", "path": self.images});
         c.ok(
             "POST",
             "/v1/datasets",
@@ -212,7 +255,7 @@ struct Speed {
 
 pub fn run(mut args: ClusterArgs) -> Result<()> {
     if args.quick {
-        (args.images, args.epochs) = (120, 1);
+        (args.images, args.epochs, args.s3_epochs, args.s3_images) = (120, 1, 1, 60);
     }
     if args.jobs == 0 {
         bail!("--jobs must be at least 1");
@@ -256,6 +299,20 @@ pub fn run(mut args: ClusterArgs) -> Result<()> {
     let (cluster_rates, dispatched, leader_cpu) = throughput_cluster(&cluster, &args, out.path())?;
     drop(cluster);
     let alone = throughput_alone(&images, &args, out.path())?;
+    let far = match crate::bench::e2e::s3::s3s_fs(args.s3s_fs.as_deref()) {
+        Ok(bin) => Ok(store::object_store(
+            &data,
+            &bin,
+            (
+                args.s3_images,
+                args.s3_latency_ms,
+                args.s3_epochs.max(1),
+                args.store_cpus,
+            ),
+            out.path(),
+        )?),
+        Err(e) => Err(format!("{e:#}")),
+    };
     report(
         &args,
         &caches,
@@ -267,6 +324,7 @@ pub fn run(mut args: ClusterArgs) -> Result<()> {
             dispatched,
             leader_cpu,
         },
+        &far,
     );
     Ok(())
 }
@@ -459,7 +517,14 @@ fn folder_bytes(dir: &Path) -> Result<(u64, u64)> {
     Ok((total, largest))
 }
 
-fn report(args: &ClusterArgs, c: &Caches, s: &Shared, p: &Sets, t: &Speed) {
+fn report(
+    args: &ClusterArgs,
+    c: &Caches,
+    s: &Shared,
+    p: &Sets,
+    t: &Speed,
+    far: &std::result::Result<store::Far, String>,
+) {
     let min_cluster = t.cluster.iter().copied().fold(f64::INFINITY, f64::min);
     let per_rank = min_cluster / mean(&t.alone).max(1e-9);
     let leader_per_10k = t.leader_cpu * 100.0 / (t.dispatched / 1e4).max(1e-9);
@@ -481,7 +546,8 @@ fn report(args: &ClusterArgs, c: &Caches, s: &Shared, p: &Sets, t: &Speed) {
          (the raw pipeline caches the files; {rule}): an element is loaded once per epoch only if the \
          jobs that need it read it while it is cached, so decodes / union measures placement and \
          sharing, not caching alone. Parts 2 and 3 run on followers with {} MiB caches, which hold \
-         the dataset.\n",
+         the dataset; part 4's (24 MiB) hold about a third of their share of its photos, so that \
+         every epoch reads its store again.\n",
         c.node,
         c.dataset,
         BIG_CACHE >> 20
@@ -514,10 +580,14 @@ fn report(args: &ClusterArgs, c: &Caches, s: &Shared, p: &Sets, t: &Speed) {
         t.leader_cpu * 100.0,
         t.dispatched
     );
+    let (far_rows, far_json) =
+        store::report(far.as_ref().ok(), far.as_ref().err().map_or("", |e| e));
+    print!("{far_rows}");
     println!(
         "{}",
         json!({
             "bench": "cluster",
+            "store": far_json,
             "images": args.images,
             "jobs": args.jobs,
             "same_nodes_loads": s.loads,
