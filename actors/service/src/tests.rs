@@ -84,6 +84,8 @@ async fn join<T>(h: std::thread::JoinHandle<T>) -> T {
 struct Source {
     reads: AtomicU64,
     news: Mutex<Vec<News>>,
+    /// Whether it fetches ahead now (a fetch time), as a remote source with a buffer does.
+    ahead: std::sync::atomic::AtomicBool,
 }
 
 /// The Cache's news of a job, as a source heard it.
@@ -122,6 +124,11 @@ impl Fetch for Source {
     }
     fn fetch(&self, _: u32, _: crate::messages::Fetched) {
         unreachable!("a source that is not remote is read, not fetched")
+    }
+    fn fetch_time(&self) -> Option<std::time::Duration> {
+        self.ahead
+            .load(Relaxed)
+            .then_some(std::time::Duration::from_millis(1))
     }
     fn fetch_ahead(&self, element: u32) {
         self.news.lock().unwrap().push(News::FetchAhead(element));
@@ -233,6 +240,7 @@ fn world_ticking(tag: &str, slots: u32, arena: u64, tick: Duration) -> World {
         source: Arc::new(Source {
             reads: AtomicU64::new(0),
             news: Default::default(),
+            ahead: std::sync::atomic::AtomicBool::new(true),
         }),
         instance,
     }
@@ -504,6 +512,11 @@ async fn the_cache_fetches_ahead_only_what_it_neither_holds_nor_loads() {
     wait_until("elements 0..4 loaded", || w.stats.loads.load(Relaxed) >= 4).await;
     // Now cached: element 0 is not fetched again; 12 is.
     w.cache.send(deliver(4..4, vec![0, 12])).await.unwrap();
+    assert_eq!(asked(), vec![10, 11, 12]);
+    // A source that does not fetch ahead now (a cluster node without a buffer, sent the
+    // leader's picks for the others' sake) is asked for nothing.
+    w.source.ahead.store(false, Relaxed);
+    w.cache.send(deliver(4..4, vec![13, 14])).await.unwrap();
     assert_eq!(asked(), vec![10, 11, 12]);
     assert_invariants(&w).await;
     w.cache.send(Shutdown).await.unwrap();

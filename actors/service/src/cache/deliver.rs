@@ -85,7 +85,9 @@ impl CacheActor {
     /// for one job and then for another, or again in a later epoch, while it is cached, is
     /// not fetched again.
     fn fetch_ahead(&self, source: &dyn ElementSource, dataset: DatasetId, ahead: &[(u32, JobId)]) {
-        let Some(stage) = source.fetching() else {
+        // A source that does not fetch ahead (a cluster node started without a buffer, sent
+        // a leader's picks for the other nodes' sake) is asked for nothing.
+        let Some(stage) = source.fetching().filter(|s| s.fetch_time().is_some()) else {
             return;
         };
         for &(element, job) in ahead {

@@ -217,6 +217,7 @@ impl FetchAhead {
     pub(super) fn release(&mut self, need: impl Fn(u32, SamplerKind) -> u32, out: &mut Deliver) {
         let mut done = Vec::new();
         let mut handed = Vec::new();
+        let fetching = (self.clock)().is_some();
         for (&job, q) in &mut self.queues {
             let mut new_epoch = false;
             while let Some(&front) = q.held.front() {
@@ -253,7 +254,9 @@ impl FetchAhead {
                         && Some(item.epoch) == q.cache_epoch
                     {
                         *hinted = true;
-                        out.ahead.push((*element, job));
+                        if fetching {
+                            out.ahead.push((*element, job));
+                        }
                     }
                 }
             }

@@ -482,6 +482,12 @@ impl SamplerActor {
             SamplerKind::Dsa => &self.dsa,
             SamplerKind::Isa => &self.isa,
         };
+        // While no fetch time is known (a leader whose nodes fetch nothing ahead), picks are
+        // held as ever but no one is asked for their bytes.
+        let fetching = self
+            .ahead
+            .as_ref()
+            .is_some_and(|a| a.fetch_time().is_some());
         for (element, ds) in self.round.picks() {
             let items = ds.iter().map(|d| DeliverItem {
                 job: d.job,
@@ -494,7 +500,7 @@ impl SamplerActor {
                     .filter(|&i| match a.hold(element, i) {
                         None => true,
                         Some(hint) => {
-                            if hint {
+                            if hint && fetching {
                                 out.ahead.push((element, i.job));
                             }
                             false

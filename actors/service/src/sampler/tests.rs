@@ -610,3 +610,47 @@ async fn a_pass_that_hands_nothing_over_still_announces_its_picks() {
     let hinted: usize = g.iter().map(|d| d.ahead.len()).sum();
     assert_eq!(hinted, 26);
 }
+
+/// A cluster leader's Sampler (`with_fetch_clock`): while its clock knows no fetch time (no
+/// node fetches ahead), a job is sampled within its credit as without fetch-ahead and no pick
+/// is sent to be fetched; once a fetch time is known, it is sampled deeper and its held picks
+/// are sent.
+#[actix::test]
+async fn a_leaders_sampler_asks_for_nothing_ahead_until_a_fetch_time_is_known() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let known = Arc::new(AtomicBool::new(false));
+    let clock: crate::FetchClock = {
+        let known = known.clone();
+        Arc::new(move || known.load(Relaxed).then_some(Duration::ZERO))
+    };
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let cap = Capture(got.clone()).start();
+    let s = SamplerActor::new(
+        1,
+        cap.clone().recipient(),
+        NEVER,
+        Arc::new(CacheStats::default()),
+    )
+    .with_fetch_clock(clock)
+    .start();
+    s.send(add(1, 0..100, SamplerKind::Dsa, 8, Some(2)))
+        .await
+        .unwrap()
+        .unwrap();
+    pass(&s, &cap).await;
+    {
+        let g = got.lock().unwrap();
+        assert_eq!(count(1, &g), 8, "its credit, no deeper");
+        assert!(
+            g.iter().all(|d| d.ahead.is_empty()),
+            "nothing to fetch ahead"
+        );
+    }
+    known.store(true, Relaxed);
+    s.send(JobSignal::Credit { job: 1, n: 8 }).await.unwrap();
+    pass(&s, &cap).await;
+    let g = got.lock().unwrap();
+    assert_eq!(count(1, &g), 16, "what its credit allows reaches the Cache");
+    let asked: usize = g.iter().map(|d| d.ahead.len()).sum();
+    assert!(asked > 0, "held picks are sent to be fetched ahead");
+}
