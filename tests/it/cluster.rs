@@ -744,21 +744,19 @@ fn a_six_rank_job_saved_mid_epoch_resumes_on_two_nodes_with_four_ranks() {
     assert_eq!(next, (0..n).collect::<Vec<_>>(), "the next epoch is whole");
 }
 
-/// A multi-node job over an object store 30 ms away (`s3s-fs` behind the bench's delay
-/// proxy): the leader samples ahead by the fetch time its nodes report, and sends each node
-/// the picks it will place there, whose bytes the node fetches before their placement. Every
-/// node's loads find bytes fetched ahead, few fetched ahead go unused (a guess misses only
-/// where a quota fills near an epoch's end), and the epochs stay exact.
-#[test]
-fn a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node() {
+/// A leader (`node-0`) and `followers` followers over dataset `imgs` of `n` raw elements in
+/// `s3s-fs` behind the bench's delay proxy (30 ms), every node reporting its fetch time.
+struct S3Cluster {
+    nodes: Vec<Node>,
+    _proxy: joader_tools::bench::e2e::proxy::DelayProxy,
+    _s3: crate::s3::S3Server,
+}
+
+fn s3_cluster(tag: &str, followers: usize, n: u32) -> Option<S3Cluster> {
     use crate::s3::{S3Server, credentials, s3s_fs};
-    let Some(bin) = s3s_fs("a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node")
-    else {
-        return;
-    };
-    let s3 = S3Server::start(bin, "cluster_ahead");
+    let bin = s3s_fs(tag)?;
+    let s3 = S3Server::start(bin, tag);
     let folder = s3.bucket().join("far");
-    let n = 300u32;
     for i in 0..n {
         let class = folder.join(format!("c{}", i % 3));
         std::fs::create_dir_all(&class).unwrap();
@@ -781,8 +779,8 @@ fn a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node() {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let bucket = s3.bucket();
     let mut nodes: Vec<Node> = Vec::new();
-    for i in 0..3 {
-        let dir = TempDir::new(&format!("cluster_ahead{i}"));
+    for i in 0..=followers {
+        let dir = TempDir::new(&format!("{tag}{i}"));
         let name = format!("node-{i}");
         let mut args = vec!["--node-name", name.as_str(), "--allowed-s3", "s3://bkt"];
         args.extend(NO_TIMEOUT);
@@ -790,7 +788,7 @@ fn a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node() {
         if let Some(l) = &leader {
             args.extend(["--leader", l.as_str()]);
         }
-        let instance = unique_instance(&format!("cluster_ahead{i}"));
+        let instance = unique_instance(&format!("{tag}{i}"));
         let server = TestServer::start_env(&instance, &dir.0, &bucket, &args, &env);
         nodes.push(Node { server, _dir: dir });
     }
@@ -818,9 +816,28 @@ fn a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node() {
                         })
                     })
             });
-            (ready.count() == 3).then_some(())
+            (ready.count() == followers + 1).then_some(())
         },
     );
+    Some(S3Cluster {
+        nodes,
+        _proxy: proxy,
+        _s3: s3,
+    })
+}
+
+/// A multi-node job over an object store 30 ms away (`s3s-fs` behind the bench's delay
+/// proxy): the leader samples ahead by the fetch time its nodes report, and sends each node
+/// the picks it will place there, whose bytes the node fetches before their placement. Every
+/// node's loads find bytes fetched ahead, few fetched ahead go unused (a guess misses only
+/// where a quota fills near an epoch's end), and the epochs stay exact.
+#[test]
+fn a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node() {
+    let n = 300u32;
+    let Some(cl) = s3_cluster("cluster_ahead", 2, n) else {
+        return;
+    };
+    let nodes = &cl.nodes;
     let ranks: Vec<_> = (0..6u32)
         .map(|r| {
             let url = &nodes[(r / 2) as usize].server.url;
@@ -857,4 +874,103 @@ fn a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node() {
         taken >= 0.9 * requested,
         "{requested} elements fetched ahead, {taken} of them taken by their loads"
     );
+}
+
+/// Elastic resume of a multi-node job whose dataset is fetched ahead: a 6-rank job on three
+/// nodes over an object store 30 ms away, stopped after a batch per rank, resumed with 4 ranks
+/// on two nodes: the leader's held picks of the first run are gone with it, and the resumed
+/// job's shares are exactly the rest of the epoch, then a whole epoch.
+#[test]
+fn a_multi_node_job_fetched_ahead_resumes_on_fewer_nodes_exactly() {
+    use crate::resume::{dumped, encode};
+    let n = 300u32;
+    let Some(cl) = s3_cluster("cluster_ahead_resume", 2, n) else {
+        return;
+    };
+    let nodes = &cl.nodes;
+    let dumps: Vec<TempDir> = (0..6)
+        .map(|r| TempDir::new(&format!("ahead-resume-dump{r}")))
+        .collect();
+    let body = |world: u32, r: u32, extra: Value| {
+        let mut j = job(
+            "far",
+            world,
+            2,
+            r,
+            json!({"epochs": 2, "seed": 5, "batch_size": 10, "ring_capacity": 10}),
+        );
+        for (k, v) in extra.as_object().unwrap() {
+            j[k] = v.clone();
+        }
+        j
+    };
+    let first: Vec<_> = (0..6u32)
+        .map(|r| {
+            let dir = dumps[r as usize].0.to_str().unwrap().to_string();
+            consumer(
+                &nodes[(r / 2) as usize].server.url,
+                &body(6, r, json!({})),
+                &[
+                    "--rank",
+                    &r.to_string(),
+                    "--stop-after",
+                    "10",
+                    "--dump",
+                    &dir,
+                ],
+            )
+        })
+        .collect();
+    wait_for("every rank to read 10 samples", || {
+        dumps.iter().all(|d| dumped(&d.0).len() >= 10).then_some(())
+    });
+    for mut c in first {
+        c.kill().unwrap(); // preempted
+        c.wait().unwrap();
+    }
+    let mut consumed = BTreeSet::new();
+    for d in &dumps {
+        let got = dumped(&d.0);
+        assert_eq!(got.len(), 10);
+        assert!(got.iter().all(|&(e, _)| e == 0));
+        consumed.extend(got.iter().map(|&(_, id)| id));
+    }
+    assert_eq!(consumed.len(), 60, "the ranks' shares are disjoint");
+    for (i, node) in nodes.iter().enumerate() {
+        let c = node.server.client();
+        wait_for(&format!("the job failed on node-{i}"), || {
+            let j = c.ok("GET", "/v1/jobs/far", None).ok()?;
+            (j["state"] == "failed").then_some(())
+        });
+    }
+    let resume = json!({"epoch": 0, "consumed": encode(consumed.iter().copied()),
+                        "ranks": [0, 1, 2, 3, 4, 5], "world_size": 6});
+    let resumed: Vec<_> = (0..4u32)
+        .map(|r| {
+            consumer(
+                &nodes[(r / 2) as usize].server.url,
+                &body(4, r, json!({"resume": resume})),
+                &["--rank", &r.to_string()],
+            )
+        })
+        .collect();
+    let got: Vec<Value> = resumed.into_iter().map(finish).collect();
+    // 240 left: 60 per rank, no padding.
+    let rest: Vec<u32> = (0..n).filter(|i| !consumed.contains(i)).collect();
+    let mut all = Vec::new();
+    for (r, s) in got.iter().enumerate() {
+        let ids = epoch_ids(s, 0);
+        assert_eq!(ids.len(), 60, "rank {r}: a quarter of the rest");
+        all.extend(ids);
+    }
+    all.sort_unstable();
+    assert_eq!(all, rest, "the new ranks' shares are exactly the rest");
+    let mut next = Vec::new();
+    for (r, s) in got.iter().enumerate() {
+        let ids = epoch_ids(s, 1);
+        assert_eq!(ids.len(), 75, "rank {r}: a whole epoch's share");
+        next.extend(ids);
+    }
+    next.sort_unstable();
+    assert_eq!(next, (0..n).collect::<Vec<_>>(), "the next epoch is whole");
 }
