@@ -56,22 +56,27 @@ fn cluster(tag: &str, followers: usize, extra: &[&str]) -> Vec<Node> {
     )
     .unwrap();
     c.wait_ready("imgs", crate::common::DEADLINE).unwrap();
+    ready_everywhere(&c, followers + 1, |_| true);
+    nodes
+}
+
+/// Waits until `count` nodes are alive at the leader (client `c`) with dataset `imgs` ready
+/// and `also` true of the node's view of it.
+fn ready_everywhere(c: &joader_tools::client::Client, count: usize, also: impl Fn(&Value) -> bool) {
     wait_for(
         "every node alive at the leader with the dataset ready",
         || {
             let v = c.ok("GET", "/v1/nodes", None).ok()?;
-            let nodes = v["nodes"].as_array()?;
-            let ready = nodes.iter().filter(|n| {
+            let ready = v["nodes"].as_array()?.iter().filter(|n| {
                 n["state"] == "alive"
                     && n["datasets"].as_array().is_some_and(|d| {
                         d.iter()
-                            .any(|d| d["name"] == "imgs" && d["state"] == "ready")
+                            .any(|d| d["name"] == "imgs" && d["state"] == "ready" && also(d))
                     })
             });
-            (ready.count() == followers + 1).then_some(())
+            (ready.count() == count).then_some(())
         },
     );
-    nodes
 }
 
 fn job(name: &str, world: u32, local: u32, rank: u32, extra: Value) -> Value {
@@ -646,44 +651,41 @@ fn slow_ranks_read_a_multi_node_job_to_its_end() {
     assert_eq!(all, (0..n as u32).collect::<Vec<_>>());
 }
 
-/// Elastic resume: a 6-rank job on three nodes, stopped after a batch of 5 samples per rank
-/// (its ranks killed, as if preempted), resumed from the union of what they read on two nodes with 4
-/// ranks: the new ranks share the rest of the epoch equally (18 left: 5 each, 2 of them
-/// padded by the leader), their shares together are exactly that rest, and the next epoch is
-/// whole, 12 per rank.
-#[test]
-fn a_six_rank_job_saved_mid_epoch_resumes_on_two_nodes_with_four_ranks() {
-    use crate::resume::{dumped, encode};
-    let nodes = cluster("elastic", 2, &[]);
-    let n = crate::server::CLASSES * crate::server::PER_CLASS;
+/// Runs a 6-rank multi-node job (`body(rank)`, two ranks per node) until every rank has read
+/// `per_rank` samples of epoch 0, then kills its ranks (preempted) and waits for job `name` to
+/// fail on every node: what the ranks read, their shares disjoint.
+fn preempt(
+    nodes: &[Node],
+    name: &str,
+    per_rank: usize,
+    body: impl Fn(u32) -> Value,
+) -> BTreeSet<u32> {
+    use crate::resume::dumped;
     let dumps: Vec<TempDir> = (0..6)
-        .map(|r| TempDir::new(&format!("elastic-dump{r}")))
+        .map(|r| TempDir::new(&format!("{name}-preempted-dump{r}")))
         .collect();
     let first: Vec<_> = (0..6u32)
         .map(|r| {
             let dir = dumps[r as usize].0.to_str().unwrap().to_string();
             consumer(
                 &nodes[(r / 2) as usize].server.url,
-                &job(
-                    "el",
-                    6,
-                    2,
-                    r,
-                    json!({"epochs": 2, "seed": 3, "batch_size": 5}),
-                ),
+                &body(r),
                 &[
                     "--rank",
                     &r.to_string(),
                     "--stop-after",
-                    "5",
+                    &per_rank.to_string(),
                     "--dump",
                     &dir,
                 ],
             )
         })
         .collect();
-    wait_for("every rank to read 5 samples", || {
-        dumps.iter().all(|d| dumped(&d.0).len() >= 5).then_some(())
+    wait_for(&format!("every rank to read {per_rank} samples"), || {
+        dumps
+            .iter()
+            .all(|d| dumped(&d.0).len() >= per_rank)
+            .then_some(())
     });
     for mut c in first {
         c.kill().unwrap(); // preempted
@@ -692,19 +694,44 @@ fn a_six_rank_job_saved_mid_epoch_resumes_on_two_nodes_with_four_ranks() {
     let mut consumed = BTreeSet::new();
     for d in &dumps {
         let got = dumped(&d.0);
-        assert_eq!(got.len(), 5);
+        assert_eq!(got.len(), per_rank);
         assert!(got.iter().all(|&(e, _)| e == 0));
         consumed.extend(got.iter().map(|&(_, id)| id));
     }
-    assert_eq!(consumed.len(), 30, "the ranks' shares are disjoint");
+    assert_eq!(
+        consumed.len(),
+        6 * per_rank,
+        "the ranks' shares are disjoint"
+    );
     for (i, node) in nodes.iter().enumerate() {
         let c = node.server.client();
         wait_for(&format!("the job failed on node-{i}"), || {
-            let j = c.ok("GET", "/v1/jobs/el", None).ok()?;
+            let j = c.ok("GET", &format!("/v1/jobs/{name}"), None).ok()?;
             (j["state"] == "failed").then_some(())
         });
     }
+    consumed
+}
 
+/// Elastic resume: a 6-rank job on three nodes, stopped after a batch of 5 samples per rank
+/// (its ranks killed, as if preempted), resumed from the union of what they read on two nodes with 4
+/// ranks: the new ranks share the rest of the epoch equally (18 left: 5 each, 2 of them
+/// padded by the leader), their shares together are exactly that rest, and the next epoch is
+/// whole, 12 per rank.
+#[test]
+fn a_six_rank_job_saved_mid_epoch_resumes_on_two_nodes_with_four_ranks() {
+    use crate::resume::encode;
+    let nodes = cluster("elastic", 2, &[]);
+    let n = crate::server::CLASSES * crate::server::PER_CLASS;
+    let consumed = preempt(&nodes, "el", 5, |r| {
+        job(
+            "el",
+            6,
+            2,
+            r,
+            json!({"epochs": 2, "seed": 3, "batch_size": 5}),
+        )
+    });
     let resume = json!({"epoch": 0, "consumed": encode(consumed.iter().copied()),
                         "ranks": [0, 1, 2, 3, 4, 5], "world_size": 6});
     let resumed: Vec<_> = (0..4u32)
@@ -802,23 +829,9 @@ fn s3_cluster(tag: &str, followers: usize, n: u32) -> Option<S3Cluster> {
     .unwrap();
     c.wait_ready("imgs", crate::common::DEADLINE).unwrap();
     // Every node reports the dataset ready, and how long a fetch of it takes there.
-    wait_for(
-        "every node with the dataset ready and its fetch time",
-        || {
-            let v = c.ok("GET", "/v1/nodes", None).ok()?;
-            let ready = v["nodes"].as_array()?.iter().filter(|node| {
-                node["state"] == "alive"
-                    && node["datasets"].as_array().is_some_and(|d| {
-                        d.iter().any(|d| {
-                            d["name"] == "imgs"
-                                && d["state"] == "ready"
-                                && d["fetch_ms"].as_f64().is_some_and(|ms| ms > 0.0)
-                        })
-                    })
-            });
-            (ready.count() == followers + 1).then_some(())
-        },
-    );
+    ready_everywhere(&c, followers + 1, |d| {
+        d["fetch_ms"].as_f64().is_some_and(|ms| ms > 0.0)
+    });
     Some(S3Cluster {
         nodes,
         _proxy: proxy,
@@ -882,15 +895,12 @@ fn a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node() {
 /// job's shares are exactly the rest of the epoch, then a whole epoch.
 #[test]
 fn a_multi_node_job_fetched_ahead_resumes_on_fewer_nodes_exactly() {
-    use crate::resume::{dumped, encode};
+    use crate::resume::encode;
     let n = 300u32;
     let Some(cl) = s3_cluster("cluster_ahead_resume", 2, n) else {
         return;
     };
     let nodes = &cl.nodes;
-    let dumps: Vec<TempDir> = (0..6)
-        .map(|r| TempDir::new(&format!("ahead-resume-dump{r}")))
-        .collect();
     let body = |world: u32, r: u32, extra: Value| {
         let mut j = job(
             "far",
@@ -904,45 +914,7 @@ fn a_multi_node_job_fetched_ahead_resumes_on_fewer_nodes_exactly() {
         }
         j
     };
-    let first: Vec<_> = (0..6u32)
-        .map(|r| {
-            let dir = dumps[r as usize].0.to_str().unwrap().to_string();
-            consumer(
-                &nodes[(r / 2) as usize].server.url,
-                &body(6, r, json!({})),
-                &[
-                    "--rank",
-                    &r.to_string(),
-                    "--stop-after",
-                    "10",
-                    "--dump",
-                    &dir,
-                ],
-            )
-        })
-        .collect();
-    wait_for("every rank to read 10 samples", || {
-        dumps.iter().all(|d| dumped(&d.0).len() >= 10).then_some(())
-    });
-    for mut c in first {
-        c.kill().unwrap(); // preempted
-        c.wait().unwrap();
-    }
-    let mut consumed = BTreeSet::new();
-    for d in &dumps {
-        let got = dumped(&d.0);
-        assert_eq!(got.len(), 10);
-        assert!(got.iter().all(|&(e, _)| e == 0));
-        consumed.extend(got.iter().map(|&(_, id)| id));
-    }
-    assert_eq!(consumed.len(), 60, "the ranks' shares are disjoint");
-    for (i, node) in nodes.iter().enumerate() {
-        let c = node.server.client();
-        wait_for(&format!("the job failed on node-{i}"), || {
-            let j = c.ok("GET", "/v1/jobs/far", None).ok()?;
-            (j["state"] == "failed").then_some(())
-        });
-    }
+    let consumed = preempt(nodes, "far", 10, |r| body(6, r, json!({})));
     let resume = json!({"epoch": 0, "consumed": encode(consumed.iter().copied()),
                         "ranks": [0, 1, 2, 3, 4, 5], "world_size": 6});
     let resumed: Vec<_> = (0..4u32)

@@ -376,15 +376,21 @@ impl Fetch for Remote {
 
 /// A sampler of a remote dataset (fetch-ahead), what it sends captured.
 fn fetching_ahead() -> (Arc<Mutex<Vec<Deliver>>>, Addr<Capture>, Addr<SamplerActor>) {
+    capturing(|s| s.with_fetch_ahead(Arc::new(Remote)))
+}
+
+/// A sampler built by `build`, what it sends captured.
+fn capturing(
+    build: impl FnOnce(SamplerActor) -> SamplerActor,
+) -> (Arc<Mutex<Vec<Deliver>>>, Addr<Capture>, Addr<SamplerActor>) {
     let got = Arc::new(Mutex::new(Vec::new()));
     let cap = Capture(got.clone()).start();
-    let s = SamplerActor::new(
+    let s = build(SamplerActor::new(
         1,
         cap.clone().recipient(),
         NEVER,
         Arc::new(CacheStats::default()),
-    )
-    .with_fetch_ahead(Arc::new(Remote))
+    ))
     .start();
     (got, cap, s)
 }
@@ -623,16 +629,7 @@ async fn a_leaders_sampler_asks_for_nothing_ahead_until_a_fetch_time_is_known() 
         let known = known.clone();
         Arc::new(move || known.load(Relaxed).then_some(Duration::ZERO))
     };
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let cap = Capture(got.clone()).start();
-    let s = SamplerActor::new(
-        1,
-        cap.clone().recipient(),
-        NEVER,
-        Arc::new(CacheStats::default()),
-    )
-    .with_fetch_clock(clock)
-    .start();
+    let (got, cap, s) = capturing(|s| s.with_fetch_clock(clock));
     s.send(add(1, 0..100, SamplerKind::Dsa, 8, Some(2)))
         .await
         .unwrap()

@@ -189,11 +189,7 @@ fn fetch_clock(times: &Arc<Mutex<FetchTimes>>, dataset: &str) -> ::actors::Fetch
     let (times, dataset) = (times.clone(), dataset.to_owned());
     Arc::new(move || {
         let times = times.lock().ok()?;
-        let slowest = times
-            .get(&dataset)?
-            .values()
-            .copied()
-            .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))))?;
+        let slowest = times.get(&dataset)?.values().copied().reduce(f64::max)?;
         Some(Duration::from_secs_f64(slowest.max(0.0) / 1e3))
     })
 }

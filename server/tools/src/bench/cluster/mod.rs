@@ -427,27 +427,33 @@ fn throughput_cluster(c: &Cluster, args: &ClusterArgs, out: &Path) -> Result<(Ve
     let body = job("speedc", "speed", NODES as u32, 1, None, args.epochs);
     let cpu0 = cpu_seconds(c.leader.pid())?;
     let start = Instant::now();
+    let (rates, samples) = rank_per_node(c, &body, "speedc", out)?;
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = (cpu_seconds(c.leader.pid())? - cpu0) / secs;
+    Ok((rates, samples / secs, cpu))
+}
+
+/// A rank of the job `body` on each node (`{name}-{r}`), read to its end: each rank's
+/// samples/s, and the samples the ranks read together.
+fn rank_per_node(c: &Cluster, body: &Value, name: &str, out: &Path) -> Result<(Vec<f64>, f64)> {
     let mut consumers = Consumers::default();
     for r in 0..NODES {
         consumers.start_rank(
-            &format!("speedc-{r}"),
+            &format!("{name}-{r}"),
             &c.nodes[r].url,
-            &ranked(&body, r),
+            &ranked(body, r),
             r as u32,
             0,
             out,
         )?;
     }
-    let mut rates = Vec::new();
-    let mut samples = 0.0;
+    let (mut rates, mut samples) = (Vec::new(), 0.0);
     for r in 0..NODES {
-        let s = consumers.finish(&format!("speedc-{r}"))?;
+        let s = consumers.finish(&format!("{name}-{r}"))?;
         samples += s["samples"].as_f64().context("no samples")?;
         rates.push(rate(&s)?);
     }
-    let secs = start.elapsed().as_secs_f64();
-    let cpu = (cpu_seconds(c.leader.pid())? - cpu0) / secs;
-    Ok((rates, samples / secs, cpu))
+    Ok((rates, samples))
 }
 
 /// Part 3 on one standalone server: the same job, every rank local.

@@ -15,12 +15,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use super::{BATCH, Cluster, NODES, job, ranked, rate};
+use super::{BATCH, Cluster, NODES, job, rank_per_node};
 use crate::bench::e2e::pin::Split;
 use crate::bench::e2e::proxy::DelayProxy;
 use crate::bench::e2e::s3::{S3sFs, copy_folder};
 use crate::bench::e2e::tier::scrape;
-use crate::bench::scale::procs::{Consumers, cpu_seconds};
+use crate::bench::scale::procs::cpu_seconds;
 
 const BUCKET: &str = "bench";
 
@@ -152,23 +152,7 @@ fn ranks(c: &Cluster, dataset: &str, name: &str, epochs: u32, out: &Path) -> Res
     let cpu0 = cpu()?;
     let mut body = job(name, dataset, NODES as u32, 1, None, epochs);
     body["pipeline"] = pipeline();
-    let mut consumers = Consumers::default();
-    for r in 0..NODES {
-        consumers.start_rank(
-            &format!("{name}-{r}"),
-            &c.nodes[r].url,
-            &ranked(&body, r),
-            r as u32,
-            0,
-            out,
-        )?;
-    }
-    let (mut rates, mut samples) = (Vec::new(), 0.0);
-    for r in 0..NODES {
-        let s = consumers.finish(&format!("{name}-{r}"))?;
-        samples += s["samples"].as_f64().context("no samples")?;
-        rates.push(rate(&s)?);
-    }
+    let (rates, samples) = rank_per_node(c, &body, name, out)?;
     Ok(Run {
         rates,
         node_cpu_ms: (cpu()? - cpu0) * 1e3 / samples.max(1.0),
