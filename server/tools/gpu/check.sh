@@ -11,9 +11,11 @@
 # synthetic limit once) with A and with B in turn, on the same machine and data.
 #
 # `prepare` builds the stripped release `joader`, the stripped fixture writer of the Python
-# tests and the abi3 wheel of the Python package (about 30 MiB together). `run` expects a
-# python3 with torch, torchvision, pytest, numpy, scikit-learn and scikit-image (the photos),
-# as the GPU machine's image has them, installs the wheel into a folder of its own, and runs,
+# tests, the abi3 wheel of the Python package and the nine photos the bench's images are made
+# of (about 42 MiB together). `run` expects a python3 with torch, torchvision, pytest and numpy,
+# as the GPU machine's image has them (with scikit-image and scikit-learn, whose photos it
+# uses when they have them all, else the carried ones), unpacks the wheel into a folder of its
+# own (no pip needed), and runs,
 # each under a time limit, logging as it goes (a limit cut short loses only its own step):
 #   1. the device path's tests and the torch tests (CUDA cases included where a GPU is there);
 #   2. `joader bench train` with ResNet-18 at K = 1 and K = 4 (synthetic limit, joader with the
@@ -36,6 +38,21 @@ prepare() {
   strip -o "$dev/dataplane-fixture" target/debug/dataplane-fixture
   source tests/pyenv.sh
   python3 -m maturin build --release --quiet -m dataplane/python/Cargo.toml -o "$dev"
+  # The photos the bench's images are made of (3 MiB), in case the GPU machine's scikit-image
+  # or scikit-learn no longer ships one: `run` puts these folders first on PYTHONPATH then.
+  python3 - "$dev/photos" <<'PY'
+import importlib.util, pathlib, shutil, sys
+out = pathlib.Path(sys.argv[1])
+for name, files in {"skimage": ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "retina.jpg",
+                                "hubble_deep_field.jpg", "motorcycle_left.png"],
+                    "sklearn": ["china.jpg", "flower.jpg"]}.items():
+    root = pathlib.Path(importlib.util.find_spec(name).submodule_search_locations[0])
+    sub = "data" if name == "skimage" else "datasets/images"
+    (out / name / sub).mkdir(parents=True, exist_ok=True)
+    (out / name / "__init__.py").write_text("")
+    for f in files:
+        shutil.copy(root / sub / f, out / name / sub / f)
+PY
   du -sh "$dev"/*
 }
 
@@ -53,8 +70,10 @@ begin() {
 }
 step() { echo; echo "=== $* (at $((SECONDS - start)) s)"; }
 # install_wheel DIR WHEEL: the package into a folder of its own (on PYTHONPATH by the caller).
+# The wheel holds only the package and its dist-info, so unpacking it is installing it; this
+# needs no pip (the test environment has none).
 install_wheel() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$1" "$2" || exit 1
+  rm -rf "$1" && python3 -m zipfile -e "$2" "$1" || exit 1
 }
 # device_tests SITE: the device path's and torch's tests with the package in SITE.
 device_tests() {
@@ -68,13 +87,23 @@ run() {
   install_wheel /tmp/joader-site "$dev"/joader-*.whl
   export PYTHONPATH=/tmp/joader-site
   python3 -c 'import joader, joader.torch; print("joader", joader.__file__)' || exit 1
+  # The photos from the installed packages when they have them all, else the carried ones.
+  if ! python3 -c 'import importlib.util as u, os, sys
+for f in sys.argv[1:]:
+    n, rest = f.split("/", 1)
+    s = u.find_spec(n)
+    assert s and os.path.exists(os.path.join(list(s.submodule_search_locations)[0], rest)), f' \
+      $(cd "$dev/photos" && find . -type f ! -name __init__.py | sed 's|^\./||'); then
+    echo "the installed scikit-image or scikit-learn lacks a photo: the carried ones are used"
+    export PYTHONPATH="$PYTHONPATH:$dev/photos"
+  fi
 
   step "1. the device path's and torch's tests"
   device_tests /tmp/joader-site
 
   step "2. bench train, ResNet-18, K = 1 then K = 4"
   for k in 1 4; do
-    timeout $([ "$k" = 1 ] && echo 150 || echo 190) joader bench train --model resnet18 --jobs "$k" --steps "${GPU_STEPS:-100}" \
+    timeout $([ "$k" = 1 ] && echo 160 || echo 210) joader bench train --model resnet18 --jobs "$k" --steps "${GPU_STEPS:-100}" \
       --bench-data /tmp/joader-bench-data --out "/tmp/joader-gpu/train-k$k" || echo "bench train K=$k: exit $?"
     cp /tmp/joader-gpu/train-k$k/train.md "$out/train-k$k.md" 2>/dev/null
   done
