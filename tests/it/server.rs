@@ -1014,6 +1014,74 @@ fn sigterm_drains_refusing_new_jobs_until_the_running_ones_finish() {
     server.exits_cleanly("the server to exit once its last job ended");
 }
 
+/// A server whose stderr is a pipe nobody reads any more (the program that started it died)
+/// goes on serving, and stops on SIGTERM. The log lines it cannot write are dropped; they
+/// used to panic the thread that logged, the SIGTERM handler's task among them, and the server
+/// then never stopped.
+#[test]
+fn a_server_whose_log_reader_is_gone_serves_and_stops_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let root = dataset();
+    let state = TempDir::new("log-gone");
+    let instance = unique_instance("log_gone");
+    let mut child = std::process::Command::new(crate::common::joader_bin())
+        .args(["serve", "--instance", &instance, "--bind", "127.0.0.1:0"])
+        .args([
+            "--cache-bytes",
+            "64MiB",
+            "--drain-grace-s",
+            "1",
+            "--data-dir",
+        ])
+        .arg(&state.0)
+        .arg("--allowed-root")
+        .arg(root)
+        .env("JOADER_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn joader serve");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let addr = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            let at = l.find("addr=")?;
+            Some(l[at + 5..].split_whitespace().next()?.to_string())
+        })
+        .expect("the server logs its address");
+    drop(lines); // the read end closes: every later log line fails to write
+    let c = joader_tools::client::Client::new(format!("http://{addr}"));
+    // Registering and indexing a dataset logs at info level, on several threads.
+    create_folder_dataset_at(&c, "imgs", root);
+    c.wait_ready("imgs", DEADLINE)
+        .expect("the dataset is indexed");
+    let s = finish(consumer(
+        &format!("http://{addr}"),
+        &json!({"name": "j", "dataset": "imgs", "batch_size": 8, "epochs": 1, "pipeline": {"kind": "raw"}}),
+        &[],
+    ));
+    assert_eq!(epoch_ids(&s, 0).len(), (CLASSES * PER_CLASS) as usize);
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = dataplane::remove_dead_instance(&instance);
+    let status = status.expect("the server stops within 20 s of SIGTERM");
+    assert!(status.success(), "{status:?}");
+    assert!(shm_objects(&instance).is_empty(), "no segment is left");
+}
+
 /// SIGTERM with a job that never ends: the server stops once the grace is over (the test
 /// observes nothing within the grace, only what follows it), and the job's client gets an
 /// error that says so, never a hang.

@@ -69,6 +69,22 @@ begin() {
   python3 -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__, "cuda", torch.cuda.is_available())'
 }
 step() { echo; echo "=== $* (at $((SECONDS - start)) s)"; }
+# limit SECONDS COMMAND...: runs COMMAND in a process group of its own and, when it outlives
+# SECONDS, ends the whole group (`timeout` would end the bench alone and leave its `joader
+# serve` and job processes running into the next step); whatever the group left is ended too.
+limit() {
+  local seconds=$1 pid watcher rc
+  shift
+  setsid "$@" &
+  pid=$!
+  ( sleep "$seconds"; kill -TERM -- "-$pid" 2>/dev/null; sleep 5; kill -KILL -- "-$pid" 2>/dev/null ) &
+  watcher=$!
+  wait "$pid"
+  rc=$?
+  kill "$watcher" 2>/dev/null
+  kill -KILL -- "-$pid" 2>/dev/null
+  return "$rc"
+}
 # install_wheel DIR WHEEL: the package into a folder of its own (on PYTHONPATH by the caller).
 # The wheel holds only the package and its dist-info, so unpacking it is installing it; this
 # needs no pip (the test environment has none).
@@ -103,22 +119,22 @@ for f in sys.argv[1:]:
 
   step "2. bench train, ResNet-18, K = 1 then K = 4"
   for k in 1 4; do
-    timeout $([ "$k" = 1 ] && echo 160 || echo 210) joader bench train --model resnet18 --jobs "$k" --steps "${GPU_STEPS:-100}" \
+    limit $([ "$k" = 1 ] && echo 160 || echo 210) joader bench train --model resnet18 --jobs "$k" --steps "${GPU_STEPS:-100}" \
       --bench-data /tmp/joader-bench-data --out "/tmp/joader-gpu/train-k$k" || echo "bench train K=$k: exit $?"
     cp /tmp/joader-gpu/train-k$k/train.md "$out/train-k$k.md" 2>/dev/null
   done
 
   step "3. bench dataplane (this machine's CPU)"
-  timeout 30 joader bench dataplane || echo "bench dataplane: exit $?"
+  limit 30 joader bench dataplane || echo "bench dataplane: exit $?"
 
   step "4. bench decode on 300 of the training images"
   sub=/tmp/joader-decode-sub && rm -rf "$sub" && mkdir -p "$sub"
   find /tmp/joader-bench-data/train -name '*.jpg' | sort | head -300 | xargs -r cp -t "$sub"
-  timeout 40 joader bench decode --from "$sub" --min-seconds 1 || echo "bench decode: exit $?"
+  limit 40 joader bench decode --from "$sub" --min-seconds 1 || echo "bench decode: exit $?"
 
   if [ $((SECONDS - start)) -lt "${GPU_MIX_BEFORE:-330}" ]; then
     step "5. the ResNet-18 + ResNet-50 mix at K = 4"
-    timeout $((480 - (SECONDS - start))) joader bench train --models resnet18,resnet50 --jobs 4 --steps 60 \
+    limit $((480 - (SECONDS - start))) joader bench train --models resnet18,resnet50 --jobs 4 --steps 60 \
       --systems synthetic,joader,joader-device --bench-data /tmp/joader-bench-data --out /tmp/joader-gpu/train-mix \
       || echo "bench train mix: exit $?"
     cp /tmp/joader-gpu/train-mix/train.md "$out/train-mix.md" 2>/dev/null
@@ -140,7 +156,7 @@ ab() {
       step "bench train K=$k with $v"
       systems=joader,joader-device
       [ "$v" = a ] && systems=synthetic,$systems
-      PYTHONPATH=/tmp/joader-site-$v timeout 150 joader bench train --model resnet18 --jobs "$k" \
+      PYTHONPATH=/tmp/joader-site-$v limit 150 joader bench train --model resnet18 --jobs "$k" \
         --steps "${GPU_STEPS:-100}" --systems "$systems" --bench-data /tmp/joader-bench-data \
         --out "/tmp/joader-gpu/$v-k$k" || echo "bench train K=$k $v: exit $?"
       cp "/tmp/joader-gpu/$v-k$k/train.md" "$out/$v-k$k.md" 2>/dev/null

@@ -63,6 +63,12 @@ fn main() -> anyhow::Result<()> {
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
+        // A log line that cannot be written (stderr a pipe whose reader is gone: the parent
+        // that started the server died, `joader serve | head`) is dropped. With the default,
+        // the subscriber reports the failure with `eprintln!`, which panics on that same
+        // stderr, in whatever thread logged: the SIGTERM handler's task among them, and the
+        // server then never stopped.
+        .log_internal_errors(false)
         .init();
     match Cli::parse().command {
         Command::Serve(args) => server::serve::serve(*args),
