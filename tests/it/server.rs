@@ -1024,7 +1024,16 @@ fn a_server_whose_log_reader_is_gone_serves_and_stops_on_sigterm() {
     let root = dataset();
     let state = TempDir::new("log-gone");
     let instance = unique_instance("log_gone");
-    let mut child = std::process::Command::new(crate::common::joader_bin())
+    /// Killed, and its instance's segments removed, however the test ends.
+    struct Serve(std::process::Child, String);
+    impl Drop for Serve {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            let _ = dataplane::remove_dead_instance(&self.1);
+        }
+    }
+    let child = std::process::Command::new(crate::common::joader_bin())
         .args(["serve", "--instance", &instance, "--bind", "127.0.0.1:0"])
         .args([
             "--cache-bytes",
@@ -1041,7 +1050,8 @@ fn a_server_whose_log_reader_is_gone_serves_and_stops_on_sigterm() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn joader serve");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut serve = Serve(child, instance.clone());
+    let mut lines = BufReader::new(serve.0.stderr.take().expect("stderr")).lines();
     let addr = lines
         .by_ref()
         .map_while(Result::ok)
@@ -1062,22 +1072,11 @@ fn a_server_whose_log_reader_is_gone_serves_and_stops_on_sigterm() {
         &[],
     ));
     assert_eq!(epoch_ids(&s, 0).len(), (CLASSES * PER_CLASS) as usize);
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("pid");
+    let pid = rustix::process::Pid::from_raw(serve.0.id() as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break Some(status);
-        }
-        if start.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let _ = dataplane::remove_dead_instance(&instance);
-    let status = status.expect("the server stops within 20 s of SIGTERM");
+    let status = wait_for("the server to exit after SIGTERM", || {
+        serve.0.try_wait().expect("wait")
+    });
     assert!(status.success(), "{status:?}");
     assert!(shm_objects(&instance).is_empty(), "no segment is left");
 }
