@@ -89,11 +89,19 @@ def test_bench_train_quick_reports_every_system_over_one_window(tmp_path: Path) 
     need("joader.torch", "the joader jobs")
     assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p joader-tools"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    o = subprocess.run([str(BIN), "bench", "train", "--quick", "--bench-data", str(tmp_path / "data"),
-                        "--out", str(tmp_path / "out")],
+    # A ring shorter than a batch is refused before anything is generated.
+    o = subprocess.run([str(BIN), "bench", "train", "--quick", "--ring-capacity", "4", "--bench-data",
+                        str(tmp_path / "none"), "--out", str(tmp_path / "none-out")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert o.returncode != 0 and "cannot hold one batch of 8" in o.stderr, o.stderr
+    assert not (tmp_path / "none").exists()
+    # joader's jobs with a deeper prefetch and ring than the defaults (batches of 8).
+    o = subprocess.run([str(BIN), "bench", "train", "--quick", "--prefetch", "3", "--ring-capacity", "32",
+                        "--bench-data", str(tmp_path / "data"), "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=600, env=env)
     assert o.returncode == 0, o.stderr
     md = (tmp_path / "out" / "train.md").read_text()
+    assert "joader's jobs: prefetch 3 batches, rings of 32 records" in md, md
     rows = {}
     for line in md.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -150,6 +150,25 @@ def test_errors_carry_the_server_code(server: Dict[str, Any]) -> None:
     assert e.value.code == "empty_subset"
 
 
+def test_a_loader_asks_for_its_ring_capacity(server: Dict[str, Any]) -> None:
+    import joader
+    deep = joader.Loader(server=server["url"], dataset="imgs", job="ring-deep", batch_size=4, epochs=1,
+                         ring_capacity=100)
+    plain = joader.Loader(server=server["url"], dataset="imgs", job="ring-plain", batch_size=4, epochs=1)
+    # Rounded up to a power of two; the server's default is twice the batch, at least 64 records.
+    assert [r["capacity"] for r in deep.info["ranks"]] == [128]
+    assert [r["capacity"] for r in plain.info["ranks"]] == [64]
+    for loader in (deep, plain):
+        labels = [int(v) for _, y in loader for v in y]
+        assert len(labels) == N and sorted(labels) == sorted(i // PER_CLASS for i in range(N))
+        loader.close()
+    with pytest.raises(ValueError, match="ring_capacity must hold one batch"):
+        joader.Loader(server=server["url"], dataset="imgs", batch_size=4, ring_capacity=3)
+    with pytest.raises(joader.ServerError) as e:
+        joader.Loader(server=server["url"], dataset="imgs", batch_size=4, ring_capacity=1 << 17)
+    assert e.value.code == "too_large"
+
+
 def test_a_killed_run_resumes_from_its_state_dict(server: Dict[str, Any], tmp_path: Path) -> None:
     """Checkpoint mid-epoch, SIGKILL the client (preemption), restart from the saved state with
     the torch adapter's load_state_dict: the two parts are exactly one epoch, no duplicate."""

@@ -52,6 +52,11 @@ class Loader:
     0 / 1; with several ranks each receives a disjoint share of every epoch,
     and a share one element short of the others is padded with its first
     element (``pad``, default on), as ``DistributedSampler`` pads.
+    ``ring_capacity`` is the number of records each rank's delivery ring holds
+    (rounded up to a power of two; default twice the batch size, at least 64):
+    how far the server may deliver ahead of the prefetch.
+    A job that reads much faster than a batch's elements load (one fast model
+    alone on a GPU) can ask for more; each record holds a cache slot.
     ``on_error`` is ``"raise"`` (raise `ElementLoadError` when the server
     reports elements it failed to load) or ``"skip"`` (count them in
     ``failures`` and go on). ``timeout`` (seconds) bounds each wait for a
@@ -129,6 +134,7 @@ class Loader:
         padded: bool = False,
         fields: Union[bool, Sequence[str], None] = None,
         allow_changed_dataset: bool = False,
+        ring_capacity: Optional[int] = None,
     ) -> None:
         if not dataset:
             raise ValueError("dataset is required")
@@ -141,6 +147,8 @@ class Loader:
             raise ValueError("prefetch must be at least 1 batch")
         if threads is not None and threads < 1:
             raise ValueError("threads must be positive")
+        if ring_capacity is not None and ring_capacity < batch_size:
+            raise ValueError(f"ring_capacity must hold one batch: at least batch_size ({batch_size})")
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std (float32 NCHW output), or neither (uint8 NHWC)")
         if padded and not isinstance(transform, RandomResizedCrop):
@@ -182,6 +190,7 @@ class Loader:
             record=record,
             replay=replay,
             allow_changed_dataset=allow_changed_dataset,
+            ring_capacity=ring_capacity,
         )
         #: The field names of the dataset's image and class, and the small fields yielded
         #: (``fields``), or None for ``(images, labels)`` batches.

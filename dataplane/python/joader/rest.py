@@ -69,6 +69,7 @@ def register_job(
     replay: Optional[Dict[str, Any]] = None,
     local_world_size: Optional[int] = None,
     allow_changed_dataset: bool = False,
+    ring_capacity: Optional[int] = None,
 ) -> Dict[str, Any]:
     """``POST {server}/v1/jobs`` (see dataplane/DESIGN.md, "Job registration") and returns the response.
     ``resume`` is ``{"epoch", "consumed"}`` of a `Loader.state_dict()`; ``record`` keeps the
@@ -80,7 +81,8 @@ def register_job(
 
     ``local_world_size`` (default: ``$LOCAL_WORLD_SIZE`` as torchrun sets it, else all
     ranks) is the number of the job's ranks on this node; below ``world_size`` the job is a
-    multi-node job, sampled by the cluster's leader (README, "Running a cluster")."""
+    multi-node job, sampled by the cluster's leader (README, "Running a cluster").
+    ``ring_capacity`` is the records of each rank's delivery ring (default: the server's)."""
     if local_world_size is None and "LOCAL_WORLD_SIZE" in os.environ:
         local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
     body = {
@@ -98,6 +100,8 @@ def register_job(
     }
     if sampler is not None:
         body["sampler"] = sampler
+    if ring_capacity is not None:
+        body["ring_capacity"] = int(ring_capacity)
     if resume is not None:
         body["resume"] = {"epoch": int(resume["epoch"]), "consumed": str(resume.get("consumed", ""))}
         if resume.get("ranks") is not None:

@@ -5,6 +5,7 @@
 #   bash server/tools/gpu/check.sh prepare   # here: builds what travels into .gpu/ (ignored)
 #   bash server/tools/gpu/check.sh run       # there: writes everything to $OUT (or ./gpu-out)
 #   bash server/tools/gpu/check.sh ab A.whl B.whl   # there: two builds of the Python package
+#   bash server/tools/gpu/check.sh depth            # there: joader's prefetch and ring depth
 #
 # `ab` measures a change of the Python package before and after in one call: the tests with B,
 # then `joader bench train` (ResNet-18, K = 1 and K = 4, joader and joader-device; the
@@ -165,9 +166,34 @@ ab() {
   step done
 }
 
+# depth: whether a deeper pipeline lifts one job alone (K = 1 left 6-8 of 16 cores and half the
+# GPU idle on an H200): joader at K = 1 and K = 4 with the default prefetch (2 batches) and ring
+# (2 batches), then 4 and 4, then 6 and 8, the synthetic limit once per K, in one call.
+depth() {
+  begin "(depth)"
+  install_wheel /tmp/joader-site "$dev"/joader-*.whl
+  export PYTHONPATH=/tmp/joader-site
+  for k in 1 4; do
+    for d in "2 default" "4 512" "6 1024"; do
+      set -- $d
+      step "bench train K=$k, prefetch $1, ring $2"
+      systems=joader
+      [ "$1" = 2 ] && systems=synthetic,joader
+      ring=()
+      [ "$2" = default ] || ring=(--ring-capacity "$2")
+      limit 120 joader bench train --model "${GPU_MODEL:-resnet18}" --jobs "$k" --steps "${GPU_STEPS:-200}" --systems "$systems" \
+        --prefetch "$1" "${ring[@]}" --bench-data /tmp/joader-bench-data --out "/tmp/joader-gpu/depth-k$k-$1" \
+        || echo "bench train K=$k prefetch $1: exit $?"
+      cp "/tmp/joader-gpu/depth-k$k-$1/train.md" "$out/depth-k$k-$1.md" 2>/dev/null
+    done
+  done
+  step done
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   run) run ;;
   ab) ab "$2" "$3" ;;
-  *) echo "usage: $0 prepare|run|ab A.whl B.whl" >&2; exit 2 ;;
+  depth) depth ;;
+  *) echo "usage: $0 prepare|run|ab A.whl B.whl|depth" >&2; exit 2 ;;
 esac

@@ -105,6 +105,13 @@ pub struct TrainArgs {
     /// and resized to 256 on its shorter side, measured before the runs).
     #[arg(long, value_parser = server::config::parse_bytes)]
     pub cache_bytes: Option<u64>,
+    /// joader's jobs: batches each job's loader prepares ahead (`prefetch`, default 2).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub prefetch: u32,
+    /// joader's jobs: records of each job's delivery ring (`ring_capacity`; default the
+    /// server's, twice the batch). How far the server may deliver ahead of the prefetch.
+    #[arg(long)]
+    pub ring_capacity: Option<u32>,
     /// Train on the CPU even when CUDA is there.
     #[arg(long)]
     pub cpu: bool,
@@ -162,6 +169,10 @@ struct Setup {
     /// The GPU's name, or how the jobs train without one.
     pub(super) device: String,
     pub(super) generated: bool,
+    /// joader's jobs' prefetch depth, in batches.
+    pub(super) prefetch: u32,
+    /// joader's jobs' ring capacity (`None`: the server's default).
+    pub(super) ring_capacity: Option<u32>,
 }
 
 /// One system at one K.
@@ -202,6 +213,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
             cpu
         }
     };
+    let batch = args.batch.unwrap_or(pick(8, 128, 32));
+    if let Some(c) = args.ring_capacity
+        && (c as usize) < batch
+    {
+        bail!("--ring-capacity {c} cannot hold one batch of {batch}: give at least the batch");
+    }
     let root = match &args.data {
         Some(d) => d
             .canonicalize()
@@ -248,7 +265,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         classes: index.classes().len().max(1),
         decoded_bytes,
         cache_bytes: args.cache_bytes.unwrap_or(decoded_bytes * 36 / 100),
-        batch: args.batch.unwrap_or(pick(8, 128, 32)),
+        batch,
         warmup: args.warmup.unwrap_or(pick(2, 10, 3)).max(1),
         steps: args.steps.unwrap_or(pick(10, 200, 40)).max(1),
         models,
@@ -259,8 +276,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
             _ => "no CUDA: the CPU".to_owned(),
         },
         generated: args.data.is_none(),
+        prefetch: args.prefetch,
+        ring_capacity: args.ring_capacity,
         root,
     };
+
     let ks = if !args.jobs.is_empty() {
         args.jobs.clone()
     } else if args.quick {
@@ -336,7 +356,8 @@ fn run_system(setup: &Setup, system: System, k: usize) -> Result<Row> {
             json!({"role": "job", "system": system.name(), "model": model, "batch": setup.batch,
                 "classes": setup.classes, "seed": i, "job": format!("train-k{k}-{i}"),
                 "server": server.as_ref().map_or(String::new(), |s| s.url.clone()),
-                "root": setup.root, "workers": share, "threads": 1, "cuda": setup.cuda})
+                "root": setup.root, "workers": share, "threads": 1, "cuda": setup.cuda,
+                "prefetch": setup.prefetch, "ring_capacity": setup.ring_capacity})
         })
         .collect();
     let monitor = setup

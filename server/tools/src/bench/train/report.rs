@@ -57,10 +57,17 @@ pub(super) fn header(s: &Setup) -> String {
     } else {
         "float32"
     };
+    let depth = match s.ring_capacity {
+        Some(c) => format!("prefetch {} batches, rings of {c} records", s.prefetch),
+        None => format!(
+            "prefetch {} batches, rings of the server's default",
+            s.prefetch
+        ),
+    };
     format!(
         "joader bench train: K concurrent training jobs, one process each, on {} ({} cores); {models}, {precision}; batch {}; \
          {} images ({source}, {}), {} classes; decoded set {} (every image decoded and resized to 256 on its shorter side); \
-         joader's cache {} = {:.0}% of it",
+         joader's cache {} = {:.0}% of it; joader's jobs: {depth}",
         s.device,
         s.cores,
         s.batch,

@@ -134,7 +134,8 @@ if system in ("joader", "joader-device"):
     # joader-device: padded uint8 batches go to the device, which crops, flips and resizes them.
     ds = joader.torch.JoaderDataset(server=cfg["server"], dataset="d", job=cfg["job"], batch_size=batch, seed=seed,
                                     epochs=None, pipeline={"kind": "decode", "resize_shorter": 256},
-                                    transform=joader.RandomResizedCrop(224), prefetch=2, pin_memory=cuda,
+                                    transform=joader.RandomResizedCrop(224), prefetch=int(cfg["prefetch"]),
+                                    ring_capacity=cfg["ring_capacity"], pin_memory=cuda,
                                     device=device if system == "joader-device" else None)
 
 
