@@ -713,6 +713,41 @@ fn preempt(
     consumed
 }
 
+/// Resumes a 6-rank job that [`preempt`] stopped after `consumed` as 4 ranks, two on each of
+/// the first two nodes (`body(rank, resume)`: the registration with that `resume`), and
+/// returns each rank's summary once it has ended.
+fn resume_on_four_ranks(
+    nodes: &[Node],
+    consumed: &BTreeSet<u32>,
+    body: impl Fn(u32, Value) -> Value,
+) -> Vec<Value> {
+    let resume = json!({"epoch": 0, "consumed": crate::resume::encode(consumed.iter().copied()),
+                        "ranks": [0, 1, 2, 3, 4, 5], "world_size": 6});
+    let resumed: Vec<_> = (0..4u32)
+        .map(|r| {
+            consumer(
+                &nodes[(r / 2) as usize].server.url,
+                &body(r, resume.clone()),
+                &["--rank", &r.to_string()],
+            )
+        })
+        .collect();
+    resumed.into_iter().map(finish).collect()
+}
+
+/// The second epoch of the resumed ranks `got`: `per_rank` each, together every one of the
+/// dataset's `n` elements once.
+fn the_next_epoch_is_whole(got: &[Value], per_rank: usize, n: u32) {
+    let mut next = Vec::new();
+    for (r, s) in got.iter().enumerate() {
+        let ids = epoch_ids(s, 1);
+        assert_eq!(ids.len(), per_rank, "rank {r}: a whole epoch's share");
+        next.extend(ids);
+    }
+    next.sort_unstable();
+    assert_eq!(next, (0..n).collect::<Vec<_>>(), "the next epoch is whole");
+}
+
 /// Elastic resume: a 6-rank job on three nodes, stopped after a batch of 5 samples per rank
 /// (its ranks killed, as if preempted), resumed from the union of what they read on two nodes with 4
 /// ranks: the new ranks share the rest of the epoch equally (18 left: 5 each, 2 of them
@@ -720,36 +755,15 @@ fn preempt(
 /// whole, 12 per rank.
 #[test]
 fn a_six_rank_job_saved_mid_epoch_resumes_on_two_nodes_with_four_ranks() {
-    use crate::resume::encode;
     let nodes = cluster("elastic", 2, &[]);
     let n = crate::server::CLASSES * crate::server::PER_CLASS;
-    let consumed = preempt(&nodes, "el", 5, |r| {
-        job(
-            "el",
-            6,
-            2,
-            r,
-            json!({"epochs": 2, "seed": 3, "batch_size": 5}),
-        )
+    let settings = json!({"epochs": 2, "seed": 3, "batch_size": 5});
+    let consumed = preempt(&nodes, "el", 5, |r| job("el", 6, 2, r, settings.clone()));
+    let got = resume_on_four_ranks(&nodes, &consumed, |r, resume| {
+        let mut j = job("el", 4, 2, r, settings.clone());
+        j["resume"] = resume;
+        j
     });
-    let resume = json!({"epoch": 0, "consumed": encode(consumed.iter().copied()),
-                        "ranks": [0, 1, 2, 3, 4, 5], "world_size": 6});
-    let resumed: Vec<_> = (0..4u32)
-        .map(|r| {
-            consumer(
-                &nodes[(r / 2) as usize].server.url,
-                &job(
-                    "el",
-                    4,
-                    2,
-                    r,
-                    json!({"epochs": 2, "seed": 3, "batch_size": 5, "resume": resume}),
-                ),
-                &["--rank", &r.to_string()],
-            )
-        })
-        .collect();
-    let got: Vec<Value> = resumed.into_iter().map(finish).collect();
     let rest: BTreeSet<u32> = (0..n).filter(|i| !consumed.contains(i)).collect();
     let mut all = Vec::new();
     for (r, s) in got.iter().enumerate() {
@@ -761,14 +775,7 @@ fn a_six_rank_job_saved_mid_epoch_resumes_on_two_nodes_with_four_ranks() {
     // 20 records: the 18 ids of the rest once each, and 2 of them again as padding.
     assert_eq!(seen, rest, "the new ranks' shares are exactly the rest");
     assert_eq!(all.len() - seen.len(), 2, "two records of padding");
-    let mut next = Vec::new();
-    for (r, s) in got.iter().enumerate() {
-        let ids = epoch_ids(s, 1);
-        assert_eq!(ids.len(), 12, "rank {r}: a whole epoch's share");
-        next.extend(ids);
-    }
-    next.sort_unstable();
-    assert_eq!(next, (0..n).collect::<Vec<_>>(), "the next epoch is whole");
+    the_next_epoch_is_whole(&got, 12, n);
 }
 
 /// A leader (`node-0`) and `followers` followers over dataset `imgs` of `n` raw elements in
@@ -895,38 +902,18 @@ fn a_multi_node_job_on_an_object_store_fetches_ahead_on_every_node() {
 /// job's shares are exactly the rest of the epoch, then a whole epoch.
 #[test]
 fn a_multi_node_job_fetched_ahead_resumes_on_fewer_nodes_exactly() {
-    use crate::resume::encode;
     let n = 300u32;
     let Some(cl) = s3_cluster("cluster_ahead_resume", 2, n) else {
         return;
     };
     let nodes = &cl.nodes;
-    let body = |world: u32, r: u32, extra: Value| {
-        let mut j = job(
-            "far",
-            world,
-            2,
-            r,
-            json!({"epochs": 2, "seed": 5, "batch_size": 10, "ring_capacity": 10}),
-        );
-        for (k, v) in extra.as_object().unwrap() {
-            j[k] = v.clone();
-        }
+    let settings = json!({"epochs": 2, "seed": 5, "batch_size": 10, "ring_capacity": 10});
+    let consumed = preempt(nodes, "far", 10, |r| job("far", 6, 2, r, settings.clone()));
+    let got = resume_on_four_ranks(nodes, &consumed, |r, resume| {
+        let mut j = job("far", 4, 2, r, settings.clone());
+        j["resume"] = resume;
         j
-    };
-    let consumed = preempt(nodes, "far", 10, |r| body(6, r, json!({})));
-    let resume = json!({"epoch": 0, "consumed": encode(consumed.iter().copied()),
-                        "ranks": [0, 1, 2, 3, 4, 5], "world_size": 6});
-    let resumed: Vec<_> = (0..4u32)
-        .map(|r| {
-            consumer(
-                &nodes[(r / 2) as usize].server.url,
-                &body(4, r, json!({"resume": resume})),
-                &["--rank", &r.to_string()],
-            )
-        })
-        .collect();
-    let got: Vec<Value> = resumed.into_iter().map(finish).collect();
+    });
     // 240 left: 60 per rank, no padding.
     let rest: Vec<u32> = (0..n).filter(|i| !consumed.contains(i)).collect();
     let mut all = Vec::new();
@@ -937,12 +924,5 @@ fn a_multi_node_job_fetched_ahead_resumes_on_fewer_nodes_exactly() {
     }
     all.sort_unstable();
     assert_eq!(all, rest, "the new ranks' shares are exactly the rest");
-    let mut next = Vec::new();
-    for (r, s) in got.iter().enumerate() {
-        let ids = epoch_ids(s, 1);
-        assert_eq!(ids.len(), 75, "rank {r}: a whole epoch's share");
-        next.extend(ids);
-    }
-    next.sort_unstable();
-    assert_eq!(next, (0..n).collect::<Vec<_>>(), "the next epoch is whole");
+    the_next_epoch_is_whole(&got, 75, n);
 }
