@@ -41,18 +41,16 @@ prepare() {
   python3 -m maturin build --release --quiet -m dataplane/python/Cargo.toml -o "$dev"
   # The photos the bench's images are made of (3 MiB), in case the GPU machine's scikit-image
   # or scikit-learn no longer ships one: `run` puts these folders first on PYTHONPATH then.
-  python3 - "$dev/photos" <<'PY'
+  # The list is `PHOTOS` of bench/photos.rs ("package/path" each), read from there.
+  python3 - "$dev/photos" $(grep -o '"sk[a-z]*/[^"]*"' server/tools/src/bench/photos.rs | tr -d '"') <<'PY'
 import importlib.util, pathlib, shutil, sys
 out = pathlib.Path(sys.argv[1])
-for name, files in {"skimage": ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "retina.jpg",
-                                "hubble_deep_field.jpg", "motorcycle_left.png"],
-                    "sklearn": ["china.jpg", "flower.jpg"]}.items():
+for photo in sys.argv[2:]:
+    name, rest = photo.split("/", 1)
     root = pathlib.Path(importlib.util.find_spec(name).submodule_search_locations[0])
-    sub = "data" if name == "skimage" else "datasets/images"
-    (out / name / sub).mkdir(parents=True, exist_ok=True)
+    (out / name / rest).parent.mkdir(parents=True, exist_ok=True)
     (out / name / "__init__.py").write_text("")
-    for f in files:
-        shutil.copy(root / sub / f, out / name / sub / f)
+    shutil.copy(root / rest, out / name / rest)
 PY
   du -sh "$dev"/*
 }
