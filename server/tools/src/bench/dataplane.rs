@@ -15,11 +15,11 @@
 //!    float32 NCHW. Target: at most 0.15 ms. Beside it, the device path's CPU share: copying
 //!    each cached image into a padded uint8 batch (its crop drawn, not made: the GPU crops).
 //!    Target: at most 0.10 ms.
-//! 4. The same crop + flip paced like a training loop: a batch of 64 distinct cached images
-//!    into a batch buffer, one batch every `pace` (100 ms), beside the same batches one after
-//!    another, alternating. A core that sleeps between batches (the loop waits for the GPU)
-//!    starts each batch cold (its caches, and on a shared host its clock), so this is the
-//!    figure to hold a paced training loop's client CPU against.
+//! 4. The same crop + flip over what a training loop gives it: batches of 64 distinct cached
+//!    images into a batch buffer, back to back, and one batch every `pace` (100 ms, the loop
+//!    waiting for its GPU), alternating: whether distinct images, and a core that sleeps
+//!    between batches, cost more than the one hot image of 3. This is the figure to hold a
+//!    paced training loop's client CPU against.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -176,9 +176,7 @@ fn thread_cpu() -> Duration {
 /// read as a difference between the outputs.
 fn augment_bench(rounds: usize) -> Result<(Duration, Duration)> {
     let (h, w) = (256u32, 341u32);
-    let src: Vec<u8> = (0..(h * w * 3) as usize)
-        .map(|i| ((i * 7) ^ (i >> 9)) as u8)
-        .collect();
+    let src = cached_image(h, w, 0);
     let aug = RandomResizedCrop::new(224, 224);
     let float = Output::F32Nchw {
         mean: vec![0.485, 0.456, 0.406],
@@ -224,11 +222,7 @@ fn padded_bench(rounds: usize) -> Result<Duration> {
     let imgs: Vec<Vec<u8>> = sizes
         .iter()
         .enumerate()
-        .map(|(k, (h, w))| {
-            (0..(h * w * 3) as usize)
-                .map(|i| ((i * 7) ^ (i >> 9) ^ k) as u8)
-                .collect()
-        })
+        .map(|(k, &(h, w))| cached_image(h, w, k))
         .collect();
     let aug = RandomResizedCrop::new(224, 224);
     let mut augmenters = [Augmenter::default()];
@@ -291,10 +285,7 @@ fn padded_bench(rounds: usize) -> Result<Duration> {
 fn paced_bench(batches: usize, pace: Duration) -> Result<(Duration, Duration)> {
     const N: usize = 64;
     let (h, w) = (256u32, 341u32);
-    let per = (h * w * 3) as usize;
-    let imgs: Vec<Vec<u8>> = (0..N)
-        .map(|k| (0..per).map(|i| ((i * 7) ^ (i >> 9) ^ k) as u8).collect())
-        .collect();
+    let imgs: Vec<Vec<u8>> = (0..N).map(|k| cached_image(h, w, k)).collect();
     let aug = RandomResizedCrop::new(224, 224);
     let mut a = Augmenter::default();
     let mut out = vec![0u8; N * 224 * 224 * 3];
@@ -323,6 +314,13 @@ fn paced_bench(batches: usize, pace: Duration) -> Result<(Duration, Duration)> {
         busy.push(batch(2 * r + 2)?);
     }
     Ok((median(busy), median(paced)))
+}
+
+/// A stand-in for a cached `h × w` RGB image, different for each `k`.
+fn cached_image(h: u32, w: u32, k: usize) -> Vec<u8> {
+    (0..(h * w * 3) as usize)
+        .map(|i| ((i * 7) ^ (i >> 9) ^ k) as u8)
+        .collect()
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
