@@ -30,6 +30,8 @@ pub enum StorageError {
     NoMatch { pattern: String, ext: String },
     #[error("bad Parquet file {}: {reason}", path.display())]
     BadParquet { path: PathBuf, reason: String },
+    #[error("bad array {}: {reason}", path.display())]
+    BadArray { path: PathBuf, reason: String },
     #[error("bad label for {what}: {reason}")]
     BadLabel { what: String, reason: String },
     /// A declaration of fields the source kind cannot follow.
@@ -91,6 +93,7 @@ impl StorageError {
             StorageError::BadManifest { .. } => "bad_manifest",
             StorageError::BadShard { .. } => "bad_shard",
             StorageError::BadParquet { .. } => "bad_parquet",
+            StorageError::BadArray { .. } => "bad_array",
             StorageError::BadPattern { .. } => "bad_pattern",
             StorageError::NoMatch { .. } => "no_match",
             StorageError::BadLabel { .. } => "bad_label",

@@ -4,9 +4,12 @@
 //! member extensions (`tar_shards`, `;`-separated), a column (`manifest` CSV, `parquet`) or a
 //! key (`manifest` JSON lines).
 //!
-//! A sample is one `image` field, at most one `class` field (its integer label; without one
-//! every label is 0), and any number of small fields (`text`, `json`, `npy`, `bytes`) that
-//! travel with the decoded image in its slot (`dataplane/DESIGN.md`, "Fields"). Their values
+//! A sample is at most one `image` field, at most one `class` field (its integer label;
+//! without one every label is 0), and any number of small fields (`text`, `json`, `npy`,
+//! `bytes`) that travel with the decoded image in its slot (`dataplane/DESIGN.md`,
+//! "Fields"). A declaration without an `image` field makes samples of small fields only
+//! (text-only shards, Parquet without an image column, the rows of an `array` source): their
+//! slots hold no image, only the fields, and no pipeline runs on them. Their values
 //! are checked when the element is loaded ([`check_value`]): a value that is not what its
 //! kind says is the element's error, never a panic.
 
@@ -176,6 +179,12 @@ impl Fields {
             .map(|f| f.from.as_deref())
     }
 
+    /// True if the samples have an image (a field of kind `image`): a declaration without
+    /// one makes samples of small fields only (text-only shards, array rows).
+    pub fn has_image(&self) -> bool {
+        self.has(FieldKind::Image)
+    }
+
     /// True if a field of `kind` is declared.
     pub fn has(&self, kind: FieldKind) -> bool {
         self.0.values().any(|f| f.kind == kind)
@@ -246,8 +255,15 @@ impl TryFrom<BTreeMap<String, FieldSpec>> for Fields {
                 ));
             }
         }
-        if !fields.values().any(|f| f.kind == FieldKind::Image) {
-            return Err("no field of kind `image`: a sample needs one".into());
+        if !fields
+            .values()
+            .any(|f| f.kind == FieldKind::Image || f.kind.is_small())
+        {
+            return Err(
+                "no field of kind `image` and no small field: a sample needs an image or at \
+                 least one `text`, `json`, `npy` or `bytes` field"
+                    .into(),
+            );
         }
         Ok(Fields(fields))
     }
@@ -384,72 +400,117 @@ pub fn npy_shape(b: &[u8]) -> Result<Vec<u64>, String> {
 /// The dtype's kind (`b`, `i`, `u`, `f`, `c`, `?`) and the shape of an `.npy`, once checked
 /// as [`npy_shape`] checks it.
 fn npy_header(b: &[u8]) -> Result<(&str, Vec<u64>), String> {
-    let bad = |why: &str| Err(format!("a bad .npy header: {why}"));
-    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
-        return bad("no \\x93NUMPY magic");
-    }
-    let (hlen, start): (usize, usize) = match b[6] {
-        1 => (usize::from(u16::from_le_bytes([b[8], b[9]])), 10),
-        2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
-        v => return bad(&format!("unknown format version {v}")),
-    };
-    let Some(header) = b.get(start..start.saturating_add(hlen)) else {
-        return bad("the header runs past the end");
-    };
-    let Ok(header) = std::str::from_utf8(header) else {
-        return bad("the header is not text");
-    };
-    let value = |key: &str| -> Option<&str> {
-        let at = header.find(&format!("'{key}'"))? + key.len() + 2;
-        let rest = header[at..].trim_start().strip_prefix(':')?.trim_start();
-        Some(rest)
-    };
-    let Some(descr) = value("descr").and_then(|r| {
-        let r = r.strip_prefix('\'')?;
-        Some(&r[..r.find('\'')?])
-    }) else {
-        return bad("no 'descr'");
-    };
-    let (kind, item) = match descr.get(1..).and_then(|s| {
-        let (kind, size) = s.split_at(s.find(|c: char| c.is_ascii_digit())?);
-        Some((kind, size.parse::<u64>().ok()?))
-    }) {
-        Some((k, size)) if ["b", "i", "u", "f", "c", "?"].contains(&k) && size > 0 => (k, size),
-        _ => return bad(&format!("unsupported dtype {descr:?}")),
-    };
-    if value("fortran_order").is_none() {
-        return bad("no 'fortran_order'");
-    }
-    let Some(shape) = value("shape").and_then(|r| {
-        let r = r.strip_prefix('(')?;
-        Some(&r[..r.find(')')?])
-    }) else {
-        return bad("no 'shape'");
-    };
-    let dims: Result<Vec<u64>, _> = shape
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::parse::<u64>)
-        .collect();
-    let Ok(dims) = dims else {
-        return bad(&format!("shape ({shape}) is not a tuple of integers"));
-    };
-    let data = dims
-        .iter()
-        .try_fold(item, |n, &d| n.checked_mul(d))
-        .and_then(|n| n.checked_add((start + hlen) as u64));
+    let h = NpyHeader::parse(b)?;
+    let data = h.data_len().and_then(|n| n.checked_add(h.data_start));
     if data != Some(b.len() as u64) {
-        return bad(&format!(
-            "shape {dims:?} of {descr} needs {} bytes of data, the file has {}",
-            data.map_or_else(
-                || "too many".into(),
-                |d| (d - (start + hlen) as u64).to_string()
-            ),
-            b.len().saturating_sub(start + hlen)
+        return Err(format!(
+            "a bad .npy header: shape {:?} of {} needs {} bytes of data, the file has {}",
+            h.shape,
+            h.descr,
+            h.data_len()
+                .map_or_else(|| "too many".into(), |d| d.to_string()),
+            (b.len() as u64).saturating_sub(h.data_start)
         ));
     }
-    Ok((kind, dims))
+    Ok((h.kind, h.shape))
+}
+
+/// An `.npy` header (format 1.0 to 3.0), parsed from the file's first bytes (the data
+/// after it are not looked at).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NpyHeader<'a> {
+    /// The dtype as written (`<f4`, `|u1`).
+    pub(crate) descr: &'a str,
+    /// The dtype's kind: `b`, `i`, `u`, `f`, `c` or `?`.
+    pub(crate) kind: &'a str,
+    /// Bytes per value.
+    pub(crate) item: u64,
+    pub(crate) fortran_order: bool,
+    pub(crate) shape: Vec<u64>,
+    /// Where the data start (the header's length).
+    pub(crate) data_start: u64,
+}
+
+impl<'a> NpyHeader<'a> {
+    /// How many bytes a whole header takes, from the first 12 bytes of the file (fewer only
+    /// when the file is shorter).
+    pub(crate) fn len_from_start(b: &[u8]) -> Result<u64, String> {
+        let bad = |why: &str| Err(format!("a bad .npy header: {why}"));
+        if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+            return bad("no \\x93NUMPY magic");
+        }
+        match b[6] {
+            1 => Ok(10 + u64::from(u16::from_le_bytes([b[8], b[9]]))),
+            2 | 3 if b.len() >= 12 => {
+                Ok(12 + u64::from(u32::from_le_bytes([b[8], b[9], b[10], b[11]])))
+            }
+            v => bad(&format!("unknown format version {v}")),
+        }
+    }
+
+    /// Parses the header at the start of `b` (which must hold it whole).
+    pub(crate) fn parse(b: &'a [u8]) -> Result<Self, String> {
+        let bad = |why: &str| Err(format!("a bad .npy header: {why}"));
+        let end = Self::len_from_start(b)?;
+        let start = if b[6] == 1 { 10 } else { 12 };
+        let Some(header) = usize::try_from(end).ok().and_then(|end| b.get(start..end)) else {
+            return bad("the header runs past the end");
+        };
+        let Ok(header) = std::str::from_utf8(header) else {
+            return bad("the header is not text");
+        };
+        let value = |key: &str| -> Option<&'a str> {
+            let at = header.find(&format!("'{key}'"))? + key.len() + 2;
+            let rest = header[at..].trim_start().strip_prefix(':')?.trim_start();
+            Some(rest)
+        };
+        let Some(descr) = value("descr").and_then(|r| {
+            let r = r.strip_prefix('\'')?;
+            Some(&r[..r.find('\'')?])
+        }) else {
+            return bad("no 'descr'");
+        };
+        let (kind, item) = match descr.get(1..).and_then(|s| {
+            let (kind, size) = s.split_at(s.find(|c: char| c.is_ascii_digit())?);
+            Some((kind, size.parse::<u64>().ok()?))
+        }) {
+            Some((k, size)) if ["b", "i", "u", "f", "c", "?"].contains(&k) && size > 0 => (k, size),
+            _ => return bad(&format!("unsupported dtype {descr:?}")),
+        };
+        let Some(fortran) = value("fortran_order") else {
+            return bad("no 'fortran_order'");
+        };
+        let Some(shape) = value("shape").and_then(|r| {
+            let r = r.strip_prefix('(')?;
+            Some(&r[..r.find(')')?])
+        }) else {
+            return bad("no 'shape'");
+        };
+        let dims: Result<Vec<u64>, _> = shape
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::parse::<u64>)
+            .collect();
+        let Ok(dims) = dims else {
+            return bad(&format!("shape ({shape}) is not a tuple of integers"));
+        };
+        Ok(NpyHeader {
+            descr,
+            kind,
+            item,
+            fortran_order: fortran.starts_with("True"),
+            shape: dims,
+            data_start: end,
+        })
+    }
+
+    /// Bytes of data the shape and dtype need (`None` past `u64`).
+    pub(crate) fn data_len(&self) -> Option<u64> {
+        self.shape
+            .iter()
+            .try_fold(self.item, |n, &d| n.checked_mul(d))
+    }
 }
 
 /// The start of an `.npy` file (format 1.0): the magic and the header dict `header`, padded
@@ -571,7 +632,9 @@ mod tests {
     fn declarations() {
         let parse = |v: serde_json::Value| serde_json::from_value::<Fields>(v).map(drop);
         assert!(parse(serde_json::json!({"img": {"kind": "image"}})).is_ok());
-        let e = parse(serde_json::json!({"c": {"kind": "text"}})).unwrap_err();
+        // Samples of small fields only (text-only shards, array rows).
+        assert!(parse(serde_json::json!({"c": {"kind": "text"}})).is_ok());
+        let e = parse(serde_json::json!({"c": {"kind": "class"}})).unwrap_err();
         assert!(e.to_string().contains("no field of kind `image`"), "{e}");
         let e =
             parse(serde_json::json!({"i": {"kind": "image"}, "t": {"kind": "text", "shape": [2]}}))

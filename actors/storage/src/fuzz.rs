@@ -45,7 +45,9 @@ fn index_as(dir: &Path, name: &str, bytes: &[u8], spec: SourceSpec) {
                     let size = std::fs::metadata(shard).unwrap().len();
                     assert!(offset + len <= size, "member past the end of {shard:?}");
                 }
-                Location::ParquetRow { .. } => panic!("a Parquet row from a tar or manifest"),
+                Location::ParquetRow { .. } | Location::ArrayRow { .. } => {
+                    panic!("a Parquet or array row from a tar or manifest")
+                }
             }
         }
     }

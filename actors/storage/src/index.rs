@@ -13,6 +13,8 @@
 //!   the dataset's read state (`parquet/reader.rs`: kept with the index that the Loader reads
 //!   through, never persisted nor compared).
 //!
+//! - array rows: nothing per item (item `i` is row `i`), and per field array where its rows
+//!   are (`array.rs`);
 //! - small fields (a source with `fields`): their declaration, and a manifest's values in one
 //!   arena with an end offset per item and field ([`SampleFields`]).
 //!
@@ -245,6 +247,14 @@ enum Locations {
         row: Vec<u32>,
         info: RowsInfo,
     },
+    /// Item `i` is row `i` of every field array: `columns[k]` locates the rows of the
+    /// dataset's `shards[k]` (an `array` source; see `array.rs`). The files are opened on
+    /// first read and kept in `open` (never persisted nor compared).
+    Arrays {
+        columns: Vec<crate::array::ArrayColumn>,
+        #[serde(skip)]
+        open: ReadState,
+    },
 }
 
 /// Where an item's bytes are.
@@ -256,6 +266,8 @@ pub enum Location<'a> {
     TarMember { shard: u32, offset: u64, len: u64 },
     /// Row `row` of row group `row_group` in Parquet file number `file`.
     ParquetRow { file: u32, row_group: u32, row: u32 },
+    /// Row `row` of every field array of an `array` source.
+    ArrayRow { row: u32 },
 }
 
 /// Why a persisted index cannot be read back.
@@ -323,7 +335,27 @@ impl DatasetIndex {
                 row_group: *group.get(i)?,
                 row: *row.get(i)?,
             }),
+            Locations::Arrays { .. } => {
+                (i < self.labels.len()).then_some(Location::ArrayRow { row: id })
+            }
         }
+    }
+
+    /// An `array` source's field arrays (their files are `shards()`) and its open files.
+    pub(crate) fn arrays(
+        &self,
+    ) -> Option<(&[crate::array::ArrayColumn], &crate::array::OpenArrays)> {
+        match &self.locations {
+            Locations::Arrays { columns, open } => Some((columns, open.get_or_default())),
+            _ => None,
+        }
+    }
+
+    /// True if the items have an image: every source but an `array` and a declaration of
+    /// fields without an `image` field. Items without one are their small fields only.
+    pub fn has_image(&self) -> bool {
+        !matches!(self.locations, Locations::Arrays { .. })
+            && self.sample.as_ref().is_none_or(|s| s.fields().has_image())
     }
 
     /// The identity of the first `n` items (`None` when the index has fewer): `"n:hash"`, the
@@ -342,6 +374,12 @@ impl DatasetIndex {
             h.write(&(b.len() as u64).to_le_bytes());
             h.write(b);
         };
+        if matches!(self.locations, Locations::Arrays { .. }) {
+            // An array's rows are located by their files, the same for every row.
+            for p in &self.shards {
+                path(&mut h, p);
+            }
+        }
         for id in 0..n as u32 {
             match self.location(id)? {
                 Location::File(p) => {
@@ -362,6 +400,10 @@ impl DatasetIndex {
                     h.write(&[2]);
                     path(&mut h, self.shards.get(file as usize)?);
                     h.write(&row_group.to_le_bytes());
+                    h.write(&row.to_le_bytes());
+                }
+                Location::ArrayRow { row } => {
+                    h.write(&[3]);
                     h.write(&row.to_le_bytes());
                 }
             }
@@ -399,6 +441,9 @@ impl DatasetIndex {
             Locations::Rows {
                 file, group, row, ..
             } => (file.capacity() + group.capacity() + row.capacity()) * 4,
+            Locations::Arrays { columns, .. } => {
+                columns.iter().map(|c| c.row_header.capacity() + 16).sum()
+            }
         };
         let fields = self.sample.as_ref().map_or(0, SampleFields::heap_bytes);
         (cols + fields + self.labels.capacity() * 4) as u64
@@ -478,6 +523,13 @@ impl DatasetIndex {
                     && group.len() == n
                     && row.len() == n
                     && file.iter().all(|&f| (f as usize) < self.shards.len())
+            }
+            Locations::Arrays { columns, .. } => {
+                columns.len() == self.shards.len()
+                    && columns.iter().all(|c| {
+                        crate::fields::NpyHeader::parse(&c.row_header).is_ok()
+                            && c.row_header.len() < 1 << 20
+                    })
             }
         };
         if !ok {
@@ -568,6 +620,24 @@ impl IndexBuilder {
         }
     }
 
+    /// A builder of `rows` rows of an `array` source's `columns`.
+    pub(super) fn arrays(rows: usize, columns: Vec<crate::array::ArrayColumn>) -> Self {
+        Self {
+            labels: Vec::with_capacity(rows),
+            locations: Locations::Arrays {
+                columns,
+                open: ReadState::default(),
+            },
+            sample: None,
+            texts: Default::default(),
+        }
+    }
+
+    /// Adds the next row of an `array` source (a builder made by [`IndexBuilder::arrays`]).
+    pub(super) fn push_array_row(&mut self, label: u32) {
+        self.labels.push(label);
+    }
+
     /// Adds a Parquet row (a builder made by [`IndexBuilder::rows`]).
     pub(super) fn push_row(&mut self, file_no: u32, group_no: u32, row_no: u32, label: u32) {
         let Locations::Rows {
@@ -641,6 +711,7 @@ impl IndexBuilder {
                 group.shrink_to_fit();
                 row.shrink_to_fit();
             }
+            Locations::Arrays { .. } => {}
         }
         if let Some(sample) = &mut self.sample {
             sample.arena.shrink_to_fit();

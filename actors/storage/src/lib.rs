@@ -5,7 +5,7 @@
 //! Plain blocking code, no actix: indexing runs in the background and reads run on the
 //! Loader's worker pool.
 //!
-//! Four local source kinds ([`SourceSpec`]):
+//! Five local source kinds ([`SourceSpec`]):
 //! - `image_folder`: the torchvision `ImageFolder` layout. Classes are the sub-folders of the
 //!   root, sorted by name; an image's label is its class's position. Files are found
 //!   recursively in each class folder, ordered like torchvision (by folder, then file name),
@@ -40,6 +40,15 @@
 //! `0..MAX_NUMERIC_LABEL`, and `classes` is then `"0", "1", ..., "max"`. Text manifest labels
 //! are class names: sorted, and the label is the position.
 //!
+//! - `array`: NumPy `.npy` files aligned along their first dimension, whose rows are samples
+//!   without an image: element `i` is row `i` of every array, each an `npy` field (one 1-D
+//!   integer array may be the class). Indexing reads the headers; a read is one positioned
+//!   read per array (see `array.rs`).
+//!
+//! Samples without an image: a declaration of `fields` without an `image` field (text-only
+//! WebDataset shards, Parquet rows without an image column) makes samples of small fields
+//! only, as an `array` source's are; a manifest's entries are image files and need one.
+//!
 //! - `s3`: an S3-compatible object store, in any of the four layouts above (see `s3/`);
 //!   indexed and read through the server's [`s3::ObjectStores`], not through [`index()`];
 //!   what it fetches may be kept on local disk by the [`tier`] (`--disk-cache`).
@@ -50,6 +59,7 @@
 // Functions read as their steps: none over the threshold of the folder's `clippy.toml`.
 #![warn(clippy::too_many_lines)]
 
+mod array;
 mod classes;
 mod error;
 pub mod fields;
@@ -130,6 +140,9 @@ pub fn index(
         } => {
             let files = parquet::files(paths, split.as_deref(), &roots)?;
             parquet::index(&files, fields.as_ref(), &roots, &mut counter)?
+        }
+        SourceSpec::Array { paths, fields } => {
+            array::index(paths, fields.as_ref(), &roots, &mut counter)?
         }
         SourceSpec::S3 { url, .. } => {
             return Err(StorageError::S3NotAllowed {

@@ -37,6 +37,18 @@ impl DatasetIndex {
                     .map_or_else(|| format!("file {file}"), |p| p.display().to_string());
                 format!("{file} row group {row_group} row {row}")
             }
+            Location::ArrayRow { row } => {
+                let first = self
+                    .shards()
+                    .first()
+                    .map_or_else(|| "the arrays".to_owned(), |p| p.display().to_string());
+                let more = self.shards().len().saturating_sub(1);
+                if more == 0 {
+                    format!("{first} row {row}")
+                } else {
+                    format!("{first} (and {more} more arrays) row {row}")
+                }
+            }
         })
     }
 
@@ -109,6 +121,17 @@ impl DatasetIndex {
                         source: io::Error::new(io::ErrorKind::InvalidData, "no such file"),
                     }),
                 }
+            }
+            // The row of every field array, framed as a row's values are (no image).
+            Location::ArrayRow { row } => {
+                let Some((columns, open)) = self.arrays() else {
+                    return Err(StorageError::NoSuchItem {
+                        id,
+                        len: self.len(),
+                    });
+                };
+                let values = crate::array::read_row(self.shards(), columns, open, row)?;
+                Ok(whole_row::encode(Vec::new(), &values))
             }
         }
     }
@@ -215,7 +238,13 @@ impl DatasetIndex {
         let what = || self.describe(id).unwrap_or_else(|| format!("item {id}"));
         let declared = sample.fields();
         let small: Vec<_> = declared.small().collect();
-        let (image, values) = if sample.columns {
+        let (image, values) = if self.arrays().is_some() {
+            whole_row::decode(stored).map_err(|reason| StorageError::BadField {
+                what: what(),
+                field: "(row)".into(),
+                reason,
+            })?
+        } else if sample.columns {
             (stored, self.row_fields(id, declared)?)
         } else if sample.keys {
             tar_shards::key_members(&stored, declared).map_err(|reason| StorageError::BadField {
@@ -282,7 +311,8 @@ impl DatasetIndex {
             fields.push(SampleField {
                 name: name.to_owned(),
                 kind: spec.kind,
-                fixed_shape: spec.shape.is_some(),
+                // An array's rows all have one shape: clients stack them.
+                fixed_shape: spec.shape.is_some() || self.arrays().is_some(),
                 value,
             });
         }

@@ -115,6 +115,24 @@ pub enum SourceSpec {
         )]
         fields: Option<fields::Fields>,
     },
+    /// NumPy `.npy` files aligned along their first dimension: element `i` is row `i` of
+    /// every array (all of them have as many rows), delivered as fields, with no image. Each
+    /// file is an `npy` field, named by its file name without `.npy` unless `fields` names
+    /// them (`from`: that name); one 1-D integer array may be the `class` instead. Rows are
+    /// read with positioned reads, one per array per element.
+    Array {
+        #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
+        paths: Vec<PathBuf>,
+        /// The sample's fields, each `from` a file's name without `.npy`: `npy` fields and at
+        /// most one `class` (a 1-D integer array). Default: every file an `npy` field named
+        /// by it (filled in when the dataset is created, so that its view shows them).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(value_type = Option<std::collections::BTreeMap<String, fields::FieldSpec>>)
+        )]
+        fields: Option<fields::Fields>,
+    },
 }
 
 /// The small-field kinds a source that holds every kind takes.
@@ -131,6 +149,12 @@ impl SourceSpec {
     /// (its `npy`/`bytes` cells would name objects, each a request of its own per element);
     /// an image folder none (an `s3` source as its layout).
     pub fn check_fields(&self) -> Result<(), StorageError> {
+        if let Some(reason) = self.imageless_refused() {
+            return Err(StorageError::BadFields { reason });
+        }
+        if let SourceSpec::Array { paths, fields } = self {
+            return crate::array::check_spec(paths, fields.as_ref());
+        }
         if let SourceSpec::S3 {
             layout,
             split: Some(_),
@@ -182,7 +206,9 @@ impl SourceSpec {
                 fields,
                 ..
             } => (fields, ALL_SMALL_KINDS, "parquet"),
-            SourceSpec::ImageFolder { .. } | SourceSpec::S3 { .. } => return Ok(()),
+            SourceSpec::ImageFolder { .. } | SourceSpec::S3 { .. } | SourceSpec::Array { .. } => {
+                return Ok(());
+            }
         };
         match fields.as_ref().and_then(|f| f.unsupported(supported)) {
             Some((name, k)) => Err(StorageError::BadFields {
@@ -198,6 +224,60 @@ impl SourceSpec {
                 ),
             }),
             None => Ok(()),
+        }
+    }
+
+    /// True if the source's samples have an image: every source but an `array` and a
+    /// declaration of `fields` without an `image` field (text-only shards, Parquet without
+    /// an image column). Jobs on a dataset without images run no pipeline.
+    pub fn has_image(&self) -> bool {
+        match self {
+            SourceSpec::Array { .. } => false,
+            SourceSpec::TarShards { fields, .. }
+            | SourceSpec::Manifest { fields, .. }
+            | SourceSpec::Parquet { fields, .. }
+            | SourceSpec::S3 { fields, .. } => {
+                fields.as_ref().is_none_or(fields::Fields::has_image)
+            }
+            SourceSpec::ImageFolder { .. } => true,
+        }
+    }
+
+    /// Why a declaration without an `image` field is refused for this source, if it is: a
+    /// manifest's and an image folder's entries are image files.
+    fn imageless_refused(&self) -> Option<String> {
+        let manifest = matches!(
+            self,
+            SourceSpec::Manifest { .. }
+                | SourceSpec::S3 {
+                    layout: s3::S3Layout::Manifest,
+                    ..
+                }
+        );
+        (manifest && !self.has_image()).then(|| {
+            "a manifest's entries are image files: declare its field of kind `image`. \
+             Samples without an image come from `tar_shards` (a key's members), `parquet` \
+             (a row's columns) or an `array` source"
+                .into()
+        })
+    }
+
+    /// The source as the server keeps it: an `array` source without `fields` gets its
+    /// default declaration (each file an `npy` field named by it), so that its view and its
+    /// clients see the fields.
+    pub fn resolved(self) -> Result<SourceSpec, StorageError> {
+        match self {
+            SourceSpec::Array {
+                paths,
+                fields: None,
+            } => {
+                let fields = crate::array::default_fields(&paths)?;
+                Ok(SourceSpec::Array {
+                    paths,
+                    fields: Some(fields),
+                })
+            }
+            other => Ok(other),
         }
     }
 
@@ -231,9 +311,9 @@ impl SourceSpec {
             SourceSpec::ImageFolder { path } | SourceSpec::Manifest { path, .. } => {
                 vec![path.as_path()]
             }
-            SourceSpec::TarShards { paths, .. } | SourceSpec::Parquet { paths, .. } => {
-                paths.iter().map(PathBuf::as_path).collect()
-            }
+            SourceSpec::TarShards { paths, .. }
+            | SourceSpec::Parquet { paths, .. }
+            | SourceSpec::Array { paths, .. } => paths.iter().map(PathBuf::as_path).collect(),
             // Checked against `--allowed-s3` by the object-store stage.
             SourceSpec::S3 { .. } => Vec::new(),
         };

@@ -92,10 +92,11 @@ impl<'f> Wanted<'f> {
             };
         };
         Wanted {
-            image: split(
-                fields.from_of(FieldKind::Image).flatten(),
-                DEFAULT_IMAGE_FROM,
-            ),
+            // A declaration without an image: samples of small fields only.
+            image: match fields.from_of(FieldKind::Image) {
+                Some(from) => split(from, DEFAULT_IMAGE_FROM),
+                None => Vec::new(),
+            },
             class: fields
                 .from_of(FieldKind::Class)
                 .map(|from| split(from, "cls")),
@@ -203,7 +204,7 @@ impl Shard<'_> {
                 items.push_member(self.n, offset, len, label);
             }
             Some(f) => {
-                if s.image.is_none() {
+                if s.image.is_none() && !self.wanted.image.is_empty() {
                     let name = f.iter().find(|(_, s)| s.kind == FieldKind::Image);
                     return Err(missing(name.map_or("image", |(n, _)| n)));
                 }
@@ -360,9 +361,16 @@ pub(super) fn key_members(
             *slot = Some(bytes);
         }
     }
-    let image = image.ok_or_else(|| {
-        "missing from the key's members (the shard changed since indexing?)".to_owned()
-    })?;
+    let image = match image {
+        Some(image) => image,
+        // Samples of small fields only.
+        None if wanted.image.is_empty() => Vec::new(),
+        None => {
+            return Err(
+                "missing from the key's members (the shard changed since indexing?)".to_owned(),
+            );
+        }
+    };
     Ok((image, small))
 }
 

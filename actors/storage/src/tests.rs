@@ -664,7 +664,9 @@ fn indexes_are_compact_by_column() {
     let path_bytes: u64 = (0..n)
         .map(|id| match ix.location(id).unwrap() {
             Location::File(p) => p.as_os_str().len() as u64,
-            Location::TarMember { .. } | Location::ParquetRow { .. } => unreachable!(),
+            Location::TarMember { .. }
+            | Location::ParquetRow { .. }
+            | Location::ArrayRow { .. } => unreachable!(),
         })
         .sum();
     assert!(
@@ -1265,4 +1267,240 @@ fn a_path_that_exists_as_written_is_no_pattern() {
     // Written as patterns, they are patterns.
     assert_eq!(len("s[0-9]"), 2);
     assert_eq!(len("s?1?/*.tar"), 1);
+}
+
+/// An `.npy` file of `dtype` (as NumPy writes it, `<f4`), `shape` and raw `data`.
+fn npy(dtype: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+    crate::fields::npy_file(
+        &format!("{{'descr': '{dtype}', 'fortran_order': False, 'shape': {shape}, }}"),
+        data,
+    )
+}
+
+fn array_spec(paths: &[&Path], fields: Option<serde_json::Value>) -> SourceSpec {
+    let mut v = serde_json::json!({"kind": "array", "paths": paths});
+    if let Some(f) = fields {
+        v["fields"] = f;
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+#[test]
+fn array_rows_are_samples_read_field_by_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let roots = [tmp.path().to_owned()];
+    // 5 rows of (2, 3) uint8 pixels, 5 float32 pairs, 5 int16 classes (big-endian).
+    let x: Vec<u8> = (0..30).collect();
+    let emb: Vec<u8> = (0..10)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    let y: Vec<u8> = [3i16, 0, 1, 3, 2]
+        .iter()
+        .flat_map(|v| v.to_be_bytes())
+        .collect();
+    write(&tmp.path().join("x.npy"), &npy("|u1", "(5, 2, 3)", &x));
+    write(&tmp.path().join("emb.npy"), &npy("<f4", "(5, 2)", &emb));
+    write(&tmp.path().join("y.npy"), &npy(">i2", "(5,)", &y));
+    let (px, pe, py) = (
+        tmp.path().join("x.npy"),
+        tmp.path().join("emb.npy"),
+        tmp.path().join("y.npy"),
+    );
+
+    // The default declaration: every file an `npy` field named by it, labels 0.
+    let spec = array_spec(&[&px, &pe], None).resolved().unwrap();
+    let SourceSpec::Array {
+        fields: Some(declared),
+        ..
+    } = &spec
+    else {
+        panic!("no default fields: {spec:?}");
+    };
+    let names: Vec<_> = declared.iter().map(|(n, f)| (n, f.kind)).collect();
+    assert_eq!(
+        names,
+        [
+            ("emb", fields::FieldKind::Npy),
+            ("x", fields::FieldKind::Npy)
+        ]
+    );
+    assert!(!spec.has_image());
+    let ix = index_ok(&spec, &roots);
+    assert_eq!(ix.len(), 5);
+    assert!(!ix.has_image());
+    assert_eq!(ix.label(4), Some(0));
+    for id in 0..5u32 {
+        let s = ix.split(id, ix.read(id).unwrap()).unwrap();
+        assert!(s.image.is_empty());
+        let got: Vec<_> = s.fields.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(got, ["emb", "x"]);
+        assert!(s.fields.iter().all(|f| f.fixed_shape));
+        let (e, xv) = (&s.fields[0].value, &s.fields[1].value);
+        assert_eq!(fields::npy_shape(e).unwrap(), [2]);
+        assert_eq!(fields::npy_shape(xv).unwrap(), [2, 3]);
+        let i = id as usize;
+        assert_eq!(&e[e.len() - 8..], &emb[i * 8..i * 8 + 8]);
+        assert_eq!(&xv[xv.len() - 6..], &x[i * 6..i * 6 + 6]);
+    }
+    assert!(ix.describe(2).unwrap().ends_with("row 2"));
+
+    // A class array and fields from other names; the index persists and reads back.
+    let fields = serde_json::json!({"pixels": {"kind": "npy", "from": "x", "shape": [2, 3]},
+                                    "label": {"kind": "class", "from": "y"}});
+    let spec = array_spec(&[&px, &py], Some(fields));
+    let ix = index_ok(&spec, &roots);
+    let labels: Vec<i64> = ix.labels().collect();
+    assert_eq!(labels, [3, 0, 1, 3, 2]);
+    assert_eq!(ix.classes(), ["0", "1", "2", "3"]);
+    let back = DatasetIndex::from_bytes(&ix.to_bytes()).unwrap();
+    assert_eq!(back, ix);
+    let s = back.split(3, back.read(3).unwrap()).unwrap();
+    assert_eq!(s.fields.len(), 1);
+    assert_eq!(
+        &s.fields[0].value[s.fields[0].value.len() - 6..],
+        &x[18..24]
+    );
+    // A fingerprint names the files: the same rows of another file differ.
+    let fp = ix.fingerprint(5).unwrap();
+    assert!(ix.fingerprint_matches(&fp));
+    std::fs::copy(&px, tmp.path().join("x2.npy")).unwrap();
+    let other = index_ok(
+        &array_spec(
+            &[&tmp.path().join("x2.npy"), &py],
+            Some(serde_json::json!({"pixels": {"kind": "npy", "from": "x2"},
+                                    "label": {"kind": "class", "from": "y"}})),
+        ),
+        &roots,
+    );
+    assert!(!other.fingerprint_matches(&fp));
+}
+
+#[test]
+fn bad_arrays_and_declarations_are_refused_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let roots = [tmp.path().to_owned()];
+    let p = |n: &str| tmp.path().join(n);
+    write(&p("a.npy"), &npy("<f4", "(4, 2)", &[0; 32]));
+    write(&p("b.npy"), &npy("<f4", "(3, 2)", &[0; 24]));
+    write(&p("f.npy"), &{
+        let mut f =
+            crate::fields::npy_start("{'descr': '<f4', 'fortran_order': True, 'shape': (4, 2), }");
+        f.extend([0; 32]);
+        f
+    });
+    write(&p("short.npy"), &npy("<f4", "(4, 2)", &[0; 20]));
+    write(&p("s.npy"), &npy("<f4", "()", &[0; 4]));
+    write(&p("c.npy"), &npy("<f4", "(4,)", &[0; 16]));
+    write(&p("junk.npy"), b"not an array");
+    for (paths, fields, says) in [
+        (vec!["a.npy", "b.npy"], None, "3 rows, but"),
+        (vec!["f.npy"], None, "Fortran-ordered"),
+        (vec!["short.npy"], None, "truncated"),
+        (vec!["s.npy"], None, "0-dimensional"),
+        (vec!["junk.npy"], None, "magic"),
+        (
+            vec!["a.npy", "c.npy"],
+            Some(serde_json::json!({"a": {"kind": "npy"}, "c": {"kind": "class"}})),
+            "1-D array of integers",
+        ),
+        (
+            vec!["a.npy"],
+            Some(serde_json::json!({"a": {"kind": "npy", "shape": [3]}})),
+            "declares shape [3]",
+        ),
+    ] {
+        let paths: Vec<PathBuf> = paths.iter().map(|n| p(n)).collect();
+        let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+        let e = index_err(&array_spec(&refs, fields), &roots);
+        assert_eq!(e.code(), "bad_array", "{e}");
+        assert!(e.to_string().contains(says), "{says}: {e}");
+    }
+    for (paths, fields, says) in [
+        (vec!["a.txt"], None, "`.npy` files"),
+        (
+            vec!["a.npy", "d/a.npy"],
+            None,
+            "two paths are named `a.npy`",
+        ),
+        (
+            vec!["a.npy", "b.npy"],
+            Some(serde_json::json!({"a": {"kind": "npy"}})),
+            "`b.npy` is named by no field",
+        ),
+        (
+            vec!["a.npy"],
+            Some(serde_json::json!({"a": {"kind": "npy", "from": "z"}})),
+            "no path is named `z.npy`",
+        ),
+        (
+            vec!["a.npy"],
+            Some(serde_json::json!({"a": {"kind": "text"}})),
+            "not `text`",
+        ),
+    ] {
+        let paths: Vec<PathBuf> = paths.iter().map(|n| p(n)).collect();
+        let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+        let e = array_spec(&refs, fields).check_fields().unwrap_err();
+        assert_eq!(e.code(), "bad_fields", "{e}");
+        assert!(e.to_string().contains(says), "{says}: {e}");
+    }
+    // Outside the roots.
+    let elsewhere = tempfile::tempdir().unwrap();
+    write(
+        &elsewhere.path().join("a.npy"),
+        &npy("<f4", "(1,)", &[0; 4]),
+    );
+    let e = index_err(
+        &array_spec(&[&elsewhere.path().join("a.npy")], None),
+        &roots,
+    );
+    assert_eq!(e.code(), "outside_roots", "{e}");
+}
+
+#[test]
+fn text_only_shards_are_samples_without_an_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("shards");
+    let members: [(&str, &[u8]); 5] = [
+        ("a.txt", b"first"),
+        ("a.json", br#"{"n": 1}"#),
+        ("a.cls", b"1"),
+        ("b.txt", "zweite".as_bytes()),
+        ("b.cls", b"0"),
+    ];
+    write(&dir.join("s.tar"), &shard(&members));
+    let roots = [tmp.path().to_owned()];
+    let fields = serde_json::json!({"text": {"kind": "text", "from": "txt"},
+                                    "meta": {"kind": "json", "from": "json", "optional": true},
+                                    "label": {"kind": "class"}});
+    let spec = tar_spec(&dir, fields);
+    assert!(!spec.has_image());
+    let ix = index_ok(&spec, &roots);
+    assert!(!ix.has_image());
+    assert_eq!(ix.len(), 2);
+    assert_eq!(ix.labels().collect::<Vec<_>>(), [1, 0]);
+    let a = ix.split(0, ix.read(0).unwrap()).unwrap();
+    assert!(a.image.is_empty());
+    let values: Vec<_> = a
+        .fields
+        .iter()
+        .map(|f| (f.name.as_str(), f.value.as_slice()))
+        .collect();
+    assert_eq!(
+        values,
+        [("meta", br#"{"n": 1}"#.as_slice()), ("text", b"first")]
+    );
+    let b = ix.split(1, ix.read(1).unwrap()).unwrap();
+    assert_eq!(b.fields.len(), 1);
+    assert_eq!(b.fields[0].value, "zweite".as_bytes());
+    // A manifest's entries are image files: a declaration without one is refused.
+    let m: SourceSpec = serde_json::from_value(serde_json::json!({
+        "kind": "manifest", "path": tmp.path().join("m.jsonl"),
+        "fields": {"text": {"kind": "text"}}}))
+    .unwrap();
+    let e = m.check_fields().unwrap_err();
+    assert!(
+        e.to_string().contains("declare its field of kind `image`"),
+        "{e}"
+    );
 }

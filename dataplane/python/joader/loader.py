@@ -88,6 +88,12 @@ class Loader:
     ``replay={"job": name, "epoch": e}`` (without ``subset``) receives exactly
     a recorded epoch's order, every epoch.
 
+    Samples without an image (an ``array`` source's rows, shards or Parquet rows whose
+    ``fields`` declare no ``image``) always yield dicts of their fields (``fields=True``
+    unless a list is given; an ``array``'s ``npy`` fields stacked into one array each), with
+    the class field when one is declared; a `RandomResizedCrop`, ``padded``, ``mean``/``std``
+    or a pipeline other than ``raw`` is refused (``ValueError``) before registering.
+
     Fields: a dataset whose source declares ``fields`` (text, JSON, ``.npy``, bytes beside
     the image and class) still yields ``(images, labels)`` unless the job asks:
     ``fields=True`` (every declared field) or ``fields=["image", "caption", ...]`` yields a
@@ -196,14 +202,35 @@ class Loader:
         #: (``fields``), or None for ``(images, labels)`` batches.
         self.fields: Optional[List[str]] = None
         #: The image's and the class's field names: "image" and "label" for a dataset that
-        #: declares no fields; a declaration's own names, and no class unless it declares one.
-        self._image_name: str = "image"
+        #: declares no fields; a declaration's own names, and no class unless it declares one;
+        #: no image for a dataset whose samples have none.
+        self._image_name: Optional[str] = "image"
         self._label_name: Optional[str] = "label"
         #: The declared boxes fields, by name (their declarations), moved with the pixels.
         self._boxes: Dict[str, Dict[str, Any]] = {}
         self._optional: Set[str] = set()
+        view = _post_json(f"{self._server.rstrip('/')}/v1/datasets/{urllib.parse.quote(dataset)}", None,
+                          self._request_timeout, self._token, method="GET")
+        source: Dict[str, Any] = view.get("source") or {}
+        declared: Dict[str, Any] = source.get("fields") or {}
+        #: Whether the dataset's samples have an image: not an ``array`` source's rows, nor
+        #: samples whose ``fields`` declare no ``image`` (text-only shards).
+        self.has_image = source.get("kind") != "array" and (
+            not declared or any(spec.get("kind") == "image" for spec in declared.values()))
+        if not self.has_image:
+            if isinstance(transform, (RandomResizedCrop, Resize)):
+                raise ValueError(f"dataset {dataset!r} has no images (its samples are fields only): "
+                                 "give no RandomResizedCrop (a callable transform receives the dict)")
+            if padded or mean is not None:
+                raise ValueError(f"dataset {dataset!r} has no images (its samples are fields only): "
+                                 "padded, mean and std are for images")
+            if pipeline is not None and pipeline.get("kind") != "raw":
+                raise ValueError(f"dataset {dataset!r} has no images (its samples are fields only): "
+                                 "give no pipeline, there is nothing to decode")
+            # Its batches are dicts of its fields.
+            fields = fields or True
         if fields:
-            self._choose_fields(dataset, fields)
+            self._choose_fields(dataset, declared, fields)
         # A padded batch is normalized by its consumer, after the crop.
         self._native_args = (transform, prefetch, threads, None if padded else mean,
                              None if padded else std, pad, open_timeout)
@@ -211,14 +238,13 @@ class Loader:
         self._stage_cpu_before: Dict[str, float] = {}
         self._start(resume)
 
-    def _choose_fields(self, dataset: str, fields: Union[bool, Sequence[str]]) -> None:
+    def _choose_fields(self, dataset: str, declared: Dict[str, Any], fields: Union[bool, Sequence[str]]) -> None:
         """The names ``fields`` asks for, checked against the dataset's declaration."""
-        view = _post_json(f"{self._server.rstrip('/')}/v1/datasets/{urllib.parse.quote(dataset)}", None,
-                          self._request_timeout, self._token, method="GET")
-        declared: Dict[str, Any] = (view.get("source") or {}).get("fields") or {}
         if declared:
             # A field named "label" that is not the class is a field like any other.
             self._label_name = None
+        if not self.has_image:
+            self._image_name = None
         for name, spec in declared.items():
             if spec.get("kind") == "image":
                 self._image_name = name
@@ -228,7 +254,8 @@ class Loader:
         self._boxes = {n: spec for n, spec in declared.items() if spec.get("boxes") is not None}
         #: Small fields a sample may lack (``"optional": true``): ``None`` in its place.
         self._optional = {n for n, spec in declared.items() if spec.get("optional")}
-        known = [self._image_name] + ([self._label_name] if self._label_name else []) + small
+        known = (([self._image_name] if self._image_name else []) + ([self._label_name] if self._label_name else [])
+                 + small)
         if fields is True:
             self.fields = known
             return
@@ -250,7 +277,7 @@ class Loader:
         moved = self._move_boxes(small, values, d)
         out: Dict[str, Any] = {}
         for name in self.fields:
-            if name == self._image_name:
+            if self._image_name is not None and name == self._image_name:
                 out[name] = images
             elif self._label_name is not None and name == self._label_name:
                 out[name] = labels

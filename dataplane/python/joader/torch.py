@@ -126,16 +126,18 @@ class JoaderDataset(IterableDataset):  # type: ignore[type-arg,misc,unused-ignor
         """A dict batch with tensors: the images and labels through `_pair`, arrays as tensors."""
         image, label = self.loader._image_name, self.loader._label_name
         has_label = label is not None and label in batch
+        has_image = image is not None and image in batch
         out: Dict[str, Any] = {}
-        if image in batch or has_label:
-            n = len(batch[label]) if label is not None and has_label else len(batch[image])
+        if has_image or has_label:
+            n = len(batch[label]) if label is not None and has_label else len(batch[image or ""])
             labels = batch[label] if label is not None and has_label else np.zeros((n,), np.int64)
-            images = batch.get(image)
+            images = batch[image] if image is not None and has_image else None
             if images is None:
                 assert label is not None
                 y = torch.from_numpy(labels)
                 out[label] = self._send(y, self.device) if self.device is not None else y
             else:
+                assert image is not None
                 x, y = self._pair(images, labels)
                 out[image] = x
                 if label is not None and has_label:

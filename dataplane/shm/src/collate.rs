@@ -17,11 +17,28 @@ pub struct Collated {
     pub shape: [usize; 4],
 }
 
-/// Shape `[B, H, W, C]` of the collated batch; all items must be HWC u8 of one shape.
+/// True if the item is a sample without an image (its small fields only: an `array` dataset's
+/// row, a text-only shard's key): raw bytes of length 0.
+pub fn is_imageless(m: &ItemMeta) -> bool {
+    m.format == Format::Raw && m.len == 0
+}
+
+/// Shape `[B, H, W, C]` of the collated batch; all items must be HWC u8 of one shape, or all
+/// samples without an image (`[B, 0, 0, 0]`: nothing to copy, the fields are the sample).
 pub fn batch_shape(items: &[ItemMeta]) -> Result<[usize; 4]> {
     let Some(first) = items.first() else {
         return Ok([0, 0, 0, 0]);
     };
+    if is_imageless(first) {
+        if let Some(other) = items.iter().find(|m| !is_imageless(m)) {
+            return Err(Error::Collate(format!(
+                "element {} has no image but element {} has one: a batch is all images or \
+                 all samples without one",
+                first.element_id, other.element_id
+            )));
+        }
+        return Ok([items.len(), 0, 0, 0]);
+    }
     let Format::HwcU8 {
         height,
         width,
@@ -100,10 +117,12 @@ pub fn augmented_shape(items: &[ItemMeta], aug: &RandomResizedCrop) -> Result<[u
     let mut channels = None;
     for m in items {
         let Format::HwcU8 { channels: c, .. } = m.format else {
-            return Err(Error::Collate(format!(
-                "element {} is raw bytes; only HWC u8 images can be augmented",
-                m.element_id
-            )));
+            let what = if is_imageless(m) {
+                "has no image (a sample of fields only): give its job no transform"
+            } else {
+                "is raw bytes; only HWC u8 images can be augmented"
+            };
+            return Err(Error::Collate(format!("element {} {what}", m.element_id)));
         };
         if *channels.get_or_insert(c) != c {
             return Err(Error::Collate("items have different channel counts".into()));
@@ -336,11 +355,14 @@ pub fn write_batch(
         }
         None => batch_shape(&metas)?,
     };
+    let per = shape[1] * shape[2] * shape[3];
     if items.is_empty() {
         return Ok(shape);
     }
+    if per == 0 {
+        return imageless_labels(items, labels).map(|()| shape);
+    }
     output.validate(shape[3] as u32)?;
-    let per = shape[1] * shape[2] * shape[3];
     let have = match &images {
         BatchOut::U8(d) => d.len(),
         BatchOut::F32(d) => d.len(),
@@ -402,6 +424,21 @@ pub fn write_batch(
         labels[k] = meta.label;
     }
     Ok(shape)
+}
+
+/// The labels of a batch of samples without an image (the caller copies their fields).
+fn imageless_labels(items: &[(ItemMeta, &[u8])], labels: &mut [i64]) -> Result<()> {
+    let have = labels.len();
+    let Some(labels) = labels.get_mut(..items.len()) else {
+        return Err(Error::Collate(format!(
+            "output too small: need {} labels, got {have}",
+            items.len()
+        )));
+    };
+    for (l, (meta, _)) in labels.iter_mut().zip(items) {
+        *l = meta.label;
+    }
+    Ok(())
 }
 
 /// Runs `f` on every item and its `per` values of `out`, the items split into contiguous
@@ -479,6 +516,56 @@ mod tests {
             fields_len: 0,
             source: (0, 0),
         }
+    }
+
+    #[test]
+    fn samples_without_an_image_collate_as_their_labels() {
+        let fields_only = |id| ItemMeta {
+            format: Format::Raw,
+            len: 0,
+            fields_len: 40,
+            ..meta(id, 0, 0)
+        };
+        let items = vec![(fields_only(1), &[][..]), (fields_only(2), &[][..])];
+        let metas: Vec<_> = items.iter().map(|i| i.0).collect();
+        assert_eq!(batch_shape(&metas).unwrap(), [2, 0, 0, 0]);
+        let mut labels = [0i64; 2];
+        let mut augmenters = vec![Augmenter::default()];
+        let shape = write_batch(
+            &items,
+            None,
+            0,
+            &Output::U8Nhwc,
+            BatchOut::U8(&mut []),
+            &mut labels,
+            &mut augmenters,
+        )
+        .unwrap();
+        assert_eq!(shape, [2, 0, 0, 0]);
+        assert_eq!(labels, [10, 20]);
+        let short = write_batch(
+            &items,
+            None,
+            0,
+            &Output::U8Nhwc,
+            BatchOut::U8(&mut []),
+            &mut labels[..1],
+            &mut augmenters,
+        );
+        assert!(short.is_err());
+        // A batch is all images or all samples without one; a crop needs images.
+        let mixed = [fields_only(1), meta(2, 2, 2)];
+        assert!(batch_shape(&mixed).unwrap_err().to_string().contains("has no image"));
+        assert!(batch_shape(&[meta(2, 2, 2), fields_only(1)]).is_err());
+        let aug = RandomResizedCrop::new(2, 2);
+        let e = augmented_shape(&metas, &aug).unwrap_err().to_string();
+        assert!(e.contains("give its job no transform"), "{e}");
+        // Raw bytes that are something (a `raw` pipeline's encoded image) still do not collate.
+        let raw = ItemMeta {
+            format: Format::Raw,
+            ..meta(3, 2, 2)
+        };
+        assert!(batch_shape(&[raw]).is_err());
     }
 
     #[test]

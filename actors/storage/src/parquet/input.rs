@@ -38,7 +38,8 @@ use crate::StorageError;
 pub(super) struct OpenFile {
     pub(super) file: Arc<Input>,
     pub(super) meta: ParquetMetaData,
-    pub(super) image: ImageColumn,
+    /// `None`: the dataset's rows have no image (its fields declare none).
+    pub(super) image: Option<ImageColumn>,
 }
 
 /// Locks one of the reader's mutexes.

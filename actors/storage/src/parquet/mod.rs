@@ -139,6 +139,7 @@ fn index_all(
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
     let image_from = fields.and_then(|f| f.from_of(FieldKind::Image).flatten());
+    let imaged = fields.is_none_or(Fields::has_image);
     // The rows the footers declare, so that the columns are allocated once (growing them
     // would leave the server holding up to twice their size); and the column the first
     // file's Hugging Face metadata types as `ClassLabel`.
@@ -171,9 +172,11 @@ fn index_all(
         let n = u32::try_from(n).map_err(|_| StorageError::TooManyItems)?;
         let schema = meta.file_metadata().schema_descr();
         let hf = HfFeatures::of(&meta);
-        // The image column is chosen in the first file; the others must hold it too.
+        // The image column is chosen in the first file; the others must hold it too. A
+        // declaration without an image field reads none (rows of small fields only).
         let column = match &image_column {
             Some(c) => c.clone(),
+            None if !imaged => String::new(),
             None => image_from
                 .map(str::to_owned)
                 .or_else(|| default_image_column(schema, &hf))
@@ -183,7 +186,9 @@ fn index_all(
                         .into())
                 })?,
         };
-        ImageColumn::find(schema, &column).map_err(&bad)?;
+        if imaged {
+            ImageColumn::find(schema, &column).map_err(&bad)?;
+        }
         image_column = Some(column);
         if let Some(f) = small_fields {
             small::columns(schema, f).map_err(&bad)?;
@@ -394,8 +399,12 @@ fn open_file(
             None => Input::open(path).map_err(|e| StorageError::read(path, e))?,
         };
         let meta = file.metadata(path)?;
-        let image =
-            ImageColumn::find(meta.file_metadata().schema_descr(), &info.column).map_err(&bad)?;
+        let image = if info.column.is_empty() {
+            None
+        } else {
+            let schema = meta.file_metadata().schema_descr();
+            Some(ImageColumn::find(schema, &info.column).map_err(&bad)?)
+        };
         Ok(OpenFile { file, meta, image })
     })?;
     if group as usize >= file.meta.num_row_groups() {
@@ -435,6 +444,10 @@ fn read_row(
 ) -> Result<Vec<u8>, StorageError> {
     let bad = bad(path);
     let file = open_file(path, n, info, group)?;
+    if file.image.is_none() {
+        // Rows without an image: their small fields are the sample.
+        return Ok(Vec::new());
+    }
     let found = reader_of(info)
         .read_row(n, &file, group, row)
         .map_err(|e| bad(format!("row {row} of row group {group}: {e}")))?;
@@ -453,7 +466,7 @@ fn read_path_row(
     row: u32,
 ) -> Result<Vec<u8>, StorageError> {
     let bad = bad(path);
-    let stored = match file.image.path {
+    let stored = match file.image.as_ref().and_then(|i| i.path) {
         Some(leaf) => read_cell(
             &file.file,
             file.meta.row_group(group as usize),

@@ -64,8 +64,12 @@ pub(super) struct Decoded {
 
 /// Reads row group `group`'s image column chunk (one read) and decodes it.
 pub(super) fn decode(file: &OpenFile, group: u32) -> Result<Decoded, String> {
+    let image = file
+        .image
+        .as_ref()
+        .ok_or("the dataset's rows have no image column")?;
     let meta = file.meta.row_group(group as usize);
-    let chunk_meta = meta.column(file.image.bytes);
+    let chunk_meta = meta.column(image.bytes);
     let (start, len) = chunk_meta.byte_range();
     let bytes = Bytes::from(file.file.read_range(start, len as usize)?);
     let chunk = Arc::new(Chunk {
@@ -83,7 +87,7 @@ pub(super) fn decode(file: &OpenFile, group: u32) -> Result<Decoded, String> {
         requests_seen: 0,
     };
     let captured = capture.pages.clone();
-    let descr = meta.schema_descr().column(file.image.bytes);
+    let descr = meta.schema_descr().column(image.bytes);
     let max_def = descr.max_def_level();
     let mut column = ColumnReaderImpl::<ByteArrayType>::new(descr, Box::new(capture));
     let mut decoded: Vec<Option<ByteArray>> = Vec::with_capacity(rows);

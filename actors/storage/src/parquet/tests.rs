@@ -407,6 +407,19 @@ fn fields_name_the_columns_and_refuse_what_is_not_supported() {
         assert_eq!(crate::fields::npy_shape(npy).unwrap(), Vec::<u64>::new());
         assert_eq!(&npy[npy.len() - 8..], &i64::from(id).to_le_bytes());
     }
+    // Rows without an image: a declaration without one reads no image column; the sample is
+    // its small fields.
+    let imageless = serde_json::json!({"label": {"kind": "class"},
+                                       "j": {"kind": "json", "from": "label"}});
+    let ix = index_of(&spec(&[&file], Some(imageless)), tmp.path()).unwrap();
+    assert!(!ix.has_image());
+    for id in 0..2u32 {
+        let s = ix.split(id, ix.read(id).unwrap()).unwrap();
+        assert!(s.image.is_empty());
+        assert_eq!(s.fields[0].value, id.to_string().as_bytes());
+        let whole = ix.split_whole(id, ix.read_whole_row(id).unwrap()).unwrap();
+        assert_eq!(whole, s);
+    }
     for (fields, says) in [
         (
             serde_json::json!({"label": {"kind": "class"}}),

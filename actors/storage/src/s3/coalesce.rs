@@ -61,7 +61,8 @@ fn due(source: &SourceInner, element: u32) -> Result<Due, StorageError> {
             message: format!("element {element} is larger than a member may be"),
         }),
         Some(Location::ParquetRow { .. }) => Ok(Due::Row),
-        None => Err(StorageError::NoSuchItem {
+        // An object store holds no `array` source (it is local only).
+        Some(Location::ArrayRow { .. }) | None => Err(StorageError::NoSuchItem {
             id: element,
             len: index.len(),
         }),
@@ -237,7 +238,7 @@ fn groups(requests: Vec<Request>) -> (Vec<Group>, Vec<Request>) {
 fn shard_of(r: &Request) -> Option<u32> {
     match r.source.index.location(r.element)? {
         Location::TarMember { shard, .. } => Some(shard),
-        Location::File(_) | Location::ParquetRow { .. } => None,
+        Location::File(_) | Location::ParquetRow { .. } | Location::ArrayRow { .. } => None,
     }
 }
 

@@ -77,6 +77,8 @@ impl SourceInner {
                     self.index.small_fields_tag()
                 )),
             ),
+            // An object store holds no `array` source (it is local only).
+            Location::ArrayRow { .. } => return None,
         };
         let etag = self.etag(&object)?.to_owned();
         Some(TierKey {

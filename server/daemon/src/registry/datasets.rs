@@ -13,6 +13,9 @@ use crate::error::{Code, Error, Result};
 pub fn create_dataset(registry: &Arc<Registry>, name: String, source: SourceSpec) -> Result<()> {
     check_name("dataset", &name)?;
     super::check_not_draining(registry)?;
+    let source = source
+        .resolved()
+        .map_err(|e| Error::new(Code::InvalidRequest, e.to_string()))?;
     crate::loading::check_source(
         &source,
         &registry.config.allowed_roots,

@@ -76,7 +76,10 @@ async fn start_preload(
 ) -> Result<()> {
     super::check_not_draining(registry)?;
     let keep = req.keep;
-    let pipeline = pipeline_of(registry, &req)?;
+    let has_image = registry
+        .dataset(name)
+        .map_or(true, |d| d.record.source.has_image());
+    let pipeline = pipeline_of(registry, &req, has_image)?;
     let (dataset, index, source, pipeline_id, others) = {
         let mut inner = registry.inner.lock().map_err(Error::internal)?;
         let pipeline_id = pipeline
@@ -138,11 +141,16 @@ async fn start_preload(
 
 /// The pipeline of a memory preload (the server's default when it names none); none for a
 /// disk preload, which refuses one.
-fn pipeline_of(registry: &Registry, req: &PreloadRequest) -> Result<Option<Pipeline>> {
+fn pipeline_of(
+    registry: &Registry,
+    req: &PreloadRequest,
+    has_image: bool,
+) -> Result<Option<Pipeline>> {
     match req.keep {
         Keep::Memory => Ok(Some(super::jobs::pipeline_or_default(
             &registry.config,
             req.pipeline.as_ref(),
+            has_image,
         )?)),
         Keep::Disk if req.pipeline.is_some() => Err(Error::new(
             Code::InvalidRequest,

@@ -37,7 +37,11 @@ pub async fn register_job<T>(
     let ranks = req.validate()?;
     let node = ranks.multi.then(|| cluster_node(registry)).transpose()?;
     let capacity = ring_capacity(&registry.config, &req)?;
-    let pipeline = req.pipeline(&registry.config)?;
+    // (A dataset that does not exist is refused once resolved, below.)
+    let has_image = registry
+        .dataset(&req.dataset)
+        .map_or(true, |d| d.record.source.has_image());
+    let pipeline = req.pipeline(&registry.config, has_image)?;
     batch_fits(&registry.config, &pipeline, req.batch_size)?;
 
     let _reservation = match reserve(registry, &req, &view).await? {

@@ -334,9 +334,10 @@ impl JobRequest {
         })
     }
 
-    /// The job's pipeline (the server's default when the request names none), validated.
-    pub fn pipeline(&self, config: &Config) -> Result<Pipeline> {
-        pipeline_or_default(config, self.pipeline.as_ref())
+    /// The job's pipeline (the server's default when the request names none), validated;
+    /// on a dataset whose samples have no image (`has_image` false), none runs (`raw`).
+    pub fn pipeline(&self, config: &Config, has_image: bool) -> Result<Pipeline> {
+        pipeline_or_default(config, self.pipeline.as_ref(), has_image)
     }
 
     /// Checks the options that set or record the job's order (`resume`, `replay`, `record`)
@@ -377,8 +378,25 @@ pub struct Ranks {
     pub multi: bool,
 }
 
-/// `pipeline`, or the server's default pipeline when none is given, checked.
-pub fn pipeline_or_default(config: &Config, pipeline: Option<&Pipeline>) -> Result<Pipeline> {
+/// `pipeline`, or the server's default pipeline when none is given, checked. A dataset whose
+/// samples have no image (`has_image` false: an `array` source, fields without an `image`)
+/// runs none: its elements are their fields, kept as they are read (`raw`, so that every job
+/// on it shares them); a pipeline other than `raw` is refused, as it has nothing to decode.
+pub fn pipeline_or_default(
+    config: &Config,
+    pipeline: Option<&Pipeline>,
+    has_image: bool,
+) -> Result<Pipeline> {
+    if !has_image {
+        return match pipeline {
+            None | Some(Pipeline::Raw) => Ok(Pipeline::Raw),
+            Some(_) => Err(Error::new(
+                Code::InvalidRequest,
+                "pipeline: the dataset's samples have no image (an `array` source, or fields \
+                 without an `image`): there is nothing to decode; give no pipeline",
+            )),
+        };
+    }
     let pipeline = pipeline
         .cloned()
         .unwrap_or_else(|| config.default_pipeline.clone());
