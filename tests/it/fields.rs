@@ -1,4 +1,5 @@
-//! Samples with several fields (issue 29) in the benches: `joader bench e2e --fields`, tiny,
+//! Samples with several fields (issue 29) and samples that are not images (issue 45) in the
+//! benches: `joader bench e2e --fields` and `--arrays`, tiny,
 //! so that the bench cannot rot. The Python suite (`tests/python/test_fields.py`) checks the
 //! fields themselves against a real `joader serve`; the storage crate's tests check the
 //! layouts' parsing.
@@ -50,4 +51,44 @@ fn bench_e2e_fields_prints_its_rows() {
         "{md}"
     );
     assert!(md.contains("the same Parquet files: a string column and a struct column"));
+}
+
+/// `joader bench e2e --arrays`, tiny: the rows of a `.npy` file through an `array` dataset and
+/// through NumPy memmap readers, every figure printed; what is exact is checked: the server
+/// read each row once for the four jobs (its cache holds them all), each NumPy process read its
+/// own.
+#[test]
+fn bench_e2e_arrays_prints_its_rows() {
+    let dir = TempDir::new("bench-arrays");
+    let out = dir.0.join("out");
+    let o = joader(&[
+        "bench",
+        "e2e",
+        "--quick",
+        "--arrays",
+        "--only",
+        "arrays",
+        "--data",
+        dir.0.join("data").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let md = std::fs::read_to_string(out.join("e2e.md")).unwrap();
+    for system in ["numpy memmap", "joader"] {
+        let row = cells(&md, &format!("| 1 | {system} |"));
+        let rate: f64 = row[3].parse().unwrap();
+        let cpu: f64 = row[4].split_whitespace().next().unwrap().parse().unwrap();
+        assert!(rate > 0.0 && cpu > 0.0, "{row:?}");
+        let reads = row[7];
+        if system == "joader" {
+            assert_eq!(reads, "1.00", "{md}");
+        } else {
+            assert!(reads.starts_with("4 "), "{md}");
+        }
+    }
+    assert!(
+        md.contains("joader / numpy memmap, mean of the rounds"),
+        "{md}"
+    );
 }

@@ -86,7 +86,9 @@ class Prefetcher:
         padded: bool = False,
     ) -> None: ...
     # The batch dict; its "fields" is None, or {name: (kind, fixed_shape, [value bytes per item])}
-    # for a dataset with small fields (text, json, npy, bytes).
+    # for a dataset with small fields (text, json, npy, bytes); a fixed-shape npy field that
+    # every item has with one header comes stacked: (kind, True, (first item's .npy bytes,
+    # bytearray of every item's data end to end)).
     def next(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]: ...
     @property
     def buffers_allocated(self) -> int: ...

@@ -527,14 +527,21 @@ class Loader:
         self.close()
 
 
-def _field_values(kind: str, fixed: bool, values: List[Optional[bytes]]) -> Any:
+def _field_values(kind: str, fixed: bool, values: Any) -> Any:
     """A small field's values of a batch as Python values: text as ``str``, JSON parsed,
     ``.npy`` as arrays (stacked when the field declares a fixed shape and every item has
-    it), bytes as they are; ``None`` where an item lacks an optional field."""
+    it: the prefetch hands those over stacked, ``(first item, every item's data)``), bytes as
+    they are; ``None`` where an item lacks an optional field."""
     if kind == "text":
         return [None if v is None else v.decode("utf-8") for v in values]
     if kind == "json":
         return [None if v is None else json.loads(v) for v in values]
+    if kind == "npy" and isinstance(values, tuple):
+        # Stacked natively: the first item's .npy (its header gives dtype and shape), then
+        # every item's data end to end in a bytearray (the array is writable).
+        first, data = values
+        one = np.load(io.BytesIO(first), allow_pickle=False)
+        return np.frombuffer(data, dtype=one.dtype).reshape((-1,) + one.shape)
     if kind == "npy":
         arrays = [None if v is None else np.load(io.BytesIO(v), allow_pickle=False) for v in values]
         if fixed and arrays and all(a is not None for a in arrays):

@@ -54,14 +54,61 @@ fn fields_dict<'py>(py: Python<'py>, blocks: &[Vec<u8>]) -> PyResult<Option<Boun
     }
     let d = PyDict::new(py);
     for (name, (kind, flags, values)) in by_name {
+        let fixed = flags & dataplane::fields::FIXED_SHAPE != 0;
+        if fixed
+            && kind == dataplane::fields::FieldKind::Npy
+            && let Some((first, data)) = stacked_npy(&values)
+        {
+            let stacked = (
+                pyo3::types::PyBytes::new(py, first),
+                pyo3::types::PyByteArray::new(py, &data),
+            );
+            d.set_item(name, (kind.name(), fixed, stacked))?;
+            continue;
+        }
         let values: Vec<Option<Bound<'py, pyo3::types::PyBytes>>> = values
             .into_iter()
             .map(|v| v.map(|v| pyo3::types::PyBytes::new(py, v)))
             .collect();
-        let fixed = flags & dataplane::fields::FIXED_SHAPE != 0;
         d.set_item(name, (kind.name(), fixed, values))?;
     }
     Ok(Some(d))
+}
+
+/// The `.npy` values of a fixed-shape field stacked: the first value whole (its header gives
+/// the dtype and shape of every item) and every value's data end to end, when every item has
+/// the field, with one header (byte for byte) in C order. `None` otherwise: the values then
+/// go to Python one by one. One copy of each value instead of three (a `bytes` object, its
+/// `np.load`, `np.stack`).
+fn stacked_npy<'a>(values: &[Option<&'a [u8]>]) -> Option<(&'a [u8], Vec<u8>)> {
+    let first = (*values.first()?)?;
+    let header = npy_header_len(first)?;
+    let head = &first[..header];
+    if std::str::from_utf8(head).is_ok_and(|h| h.contains("True")) {
+        return None; // Fortran order: its data are not rows of the stacked array.
+    }
+    let mut data = Vec::with_capacity((first.len() - header) * values.len());
+    for v in values {
+        let v = (*v)?;
+        if v.len() != first.len() || &v[..header] != head {
+            return None;
+        }
+        data.extend_from_slice(&v[header..]);
+    }
+    Some((first, data))
+}
+
+/// The length of an `.npy` value's header (magic, version, length and dict), if well formed.
+fn npy_header_len(v: &[u8]) -> Option<usize> {
+    if v.len() < 10 || &v[..6] != b"\x93NUMPY" {
+        return None;
+    }
+    let len = match v[6] {
+        1 => 10 + usize::from(u16::from_le_bytes([v[8], v[9]])),
+        2 | 3 if v.len() >= 12 => 12 + u32::from_le_bytes([v[8], v[9], v[10], v[11]]) as usize,
+        _ => return None,
+    };
+    (len <= v.len()).then_some(len)
 }
 
 /// A prefetched batch's buffer lent to Python: the base of the NumPy arrays over it, it

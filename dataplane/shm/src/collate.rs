@@ -555,7 +555,12 @@ mod tests {
         assert!(short.is_err());
         // A batch is all images or all samples without one; a crop needs images.
         let mixed = [fields_only(1), meta(2, 2, 2)];
-        assert!(batch_shape(&mixed).unwrap_err().to_string().contains("has no image"));
+        assert!(
+            batch_shape(&mixed)
+                .unwrap_err()
+                .to_string()
+                .contains("has no image")
+        );
         assert!(batch_shape(&[meta(2, 2, 2), fields_only(1)]).is_err());
         let aug = RandomResizedCrop::new(2, 2);
         let e = augmented_shape(&metas, &aug).unwrap_err().to_string();

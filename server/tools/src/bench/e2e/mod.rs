@@ -12,7 +12,8 @@
 //! request (`--s3-latency-ms`, `proxy`); with `--parquet` the `parquet` source against the
 //! same images in a folder (`parquet.rs`); with `--fields` samples with a caption and a JSON
 //! document against the same images without (`fields.rs`); with `--preload` a working set
-//! preloaded before its jobs (`preload.rs`). Every system is timed
+//! preloaded before its jobs (`preload.rs`); with `--arrays` the rows of a `.npy` file through
+//! an `array` dataset against NumPy memmap readers (`arrays.rs`). Every system is timed
 //! alike, from each job's start to its last sample, with the figure from the first batch
 //! beside it (`systems.rs`). It prints and writes a markdown table and a PNG chart, the
 //! baselines' aggregates by K (flat on a decode-bound machine when the threads are the same at
@@ -21,6 +22,7 @@
 //! the decoded dataset's bytes before the scenarios and prints which fraction of it the cache
 //! holds. Nothing is asserted: the figures are what this machine did in this run.
 
+mod arrays;
 mod fields;
 mod gpu_lock;
 mod parquet;
@@ -129,6 +131,13 @@ pub struct E2eArgs {
     /// the same run, then K = 4 jobs started after it (decodes, hit ratio).
     #[arg(long)]
     pub preload: bool,
+    /// Also compare samples that are not images (`arrays.rs`): K = 4 jobs over the rows of a
+    /// 1 GiB `.npy` file of 224x224x3 uint8 rows (128 rows with `--quick`), through joader's
+    /// `array` source and the Python client, against K NumPy processes reading the same file
+    /// by `np.load(mmap_mode="r")` in their own shuffled orders; needs the `joader` package and
+    /// NumPy in python3.
+    #[arg(long)]
+    pub arrays: bool,
 }
 
 /// What every system of a run shares: the dataset, its index, the threads and the pipeline.
@@ -337,6 +346,9 @@ pub fn run(args: E2eArgs) -> Result<()> {
     }
     if args.preload {
         table.push_str(&preload::run(&ctx, n)?);
+    }
+    if args.arrays {
+        table.push_str(&arrays::run(&ctx, args.quick)?);
     }
     println!("{table}");
     for w in report::warnings(&rows) {

@@ -451,7 +451,7 @@ fn python_imports(code: &str) -> bool {
 }
 
 /// The figures of the processes' JSON lines (see `joader_python.py`, `torch_baseline.py`).
-fn outcome_of(
+pub(super) fn outcome_of(
     system: &'static str,
     runs: &[serde_json::Value],
     extra_cpu: f64,
