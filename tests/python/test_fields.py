@@ -581,6 +581,10 @@ def s3(server: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
         views = {
             "s3_wds": create(url, "s3_wds", {"kind": "s3", "url": "s3://bkt/wds/", "layout": "tar_shards",
                                              "fields": WDS_FIELDS}),
+            # The same shards read as samples without an image: the caption and the class.
+            "s3_text": create(url, "s3_text", {"kind": "s3", "url": "s3://bkt/wds/", "layout": "tar_shards",
+                                               "fields": {"caption": {"kind": "text", "from": "txt"},
+                                                          "label": {"kind": "class", "from": "cls"}}}),
             "s3_csv": create(url, "s3_csv", {"kind": "s3", "url": "s3://bkt/m/manifest.csv",
                                              "layout": "manifest", "fields": S3_CSV_FIELDS}),
         }
@@ -606,6 +610,27 @@ def test_s3_layouts_give_the_fields_of_local_ones(server: Dict[str, Any], s3: Di
             assert b[name] == a[name] and c[name] == a[name], (i, name)
         assert np.array_equal(b["emb"], a["emb"])
         assert np.array_equal(b["image"], a["image"]) and np.array_equal(c["image"], a["image"])
+
+
+def test_s3_shards_read_as_samples_without_an_image(server: Dict[str, Any], s3: Dict[str, Any]) -> None:
+    import joader
+    assert s3["views"]["s3_text"]["state"] == "ready", s3["views"]["s3_text"]
+    local = epoch(server, "wds", "wds-for-s3-text", fields=True)
+    items: Dict[int, Dict[str, Any]] = {}
+    with joader.Loader(server=s3["url"], dataset="s3_text", job="s3-text", epochs=1, batch_size=4,
+                       timeout=60) as loader:
+        for batch in loader:
+            assert set(batch) == {"caption", "label"}, batch.keys()
+            for k, i in enumerate(loader.last_ids.tolist()):
+                items[i] = {name: value[k] for name, value in batch.items()}
+    assert sorted(items) == list(range(N))
+    for i, a in enumerate(local):
+        assert items[i]["caption"] == a["caption"] and items[i]["label"] == a["label"], i
+    # A manifest's entries are images: an s3 manifest without one is refused.
+    status, body = post(s3["url"], "/v1/datasets", {"name": "s3_csv_text", "source": {
+        "kind": "s3", "url": "s3://bkt/m/manifest.csv", "layout": "manifest",
+        "fields": {"caption": {"kind": "text"}}}})
+    assert status == 400 and "declare its field of kind `image`" in body["error"]["message"], body
 
 
 def test_an_s3_image_folder_declares_no_fields(s3: Dict[str, Any]) -> None:
