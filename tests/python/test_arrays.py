@@ -51,6 +51,9 @@ def server() -> Iterator[Dict[str, Any]]:
         "y": rng.integers(0, 4, size=ROWS).astype(np.int64),
         # Fortran order is refused for more than one dimension (its rows are not contiguous).
         "fortran": np.asfortranarray(rng.standard_normal((ROWS, 3))),
+        # Rows of no dimension (a scalar each) and rows of no data.
+        "scalar": (np.arange(ROWS) / 3).astype(">f8"),
+        "empty": np.zeros((ROWS, 0), np.int16),
     }
     for name, a in arrays.items():
         np.save(data / f"{name}.npy", a)
@@ -82,6 +85,8 @@ def server() -> Iterator[Dict[str, Any]]:
                                                 "label": {"kind": "class", "from": "cls"}}}),
         "pq_text": create(url, "pq_text", {"kind": "parquet", "paths": [str(data / "pq")],
                                            "fields": {"text": {"kind": "text"}, "label": {"kind": "class"}}}),
+        "arr_edge": create(url, "arr_edge", {"kind": "array",
+                                             "paths": [str(data / "scalar.npy"), str(data / "empty.npy")]}),
         "fortran": create(url, "fortran", {"kind": "array", "paths": [str(data / "fortran.npy")]}),
         "short": create(url, "short", {"kind": "array", "paths": [str(data / "emb.npy"), str(data / "short.npy")]}),
     }
@@ -156,6 +161,21 @@ def test_a_class_array_gives_the_labels(server: Dict[str, Any]) -> None:
     # Fields asked by name.
     (items,) = epochs(server, "arr_y", "arr-y-label", 1, fields=["label"])
     assert {i: int(item["label"]) for i, item in items.items()} == {i: int(a["y"][i]) for i in range(ROWS)}
+
+
+def test_rows_of_scalars_and_of_no_data_stack(server: Dict[str, Any]) -> None:
+    import joader
+    a = server["arrays"]
+    with joader.Loader(server=server["url"], dataset="arr_edge", job="arr-edge", epochs=1, batch_size=8,
+                       timeout=60) as loader:
+        seen = 0
+        for batch in loader:
+            ids = loader.last_ids.tolist()
+            assert batch["scalar"].shape == (len(ids),) and batch["scalar"].dtype == np.dtype(">f8")
+            np.testing.assert_array_equal(batch["scalar"], a["scalar"][ids])
+            assert batch["empty"].shape == (len(ids), 0) and batch["empty"].dtype == np.int16
+            seen += len(ids)
+    assert seen == ROWS
 
 
 def test_text_only_shards_and_parquet_rows_without_an_image(server: Dict[str, Any]) -> None:

@@ -88,7 +88,7 @@ class Prefetcher:
     # The batch dict; its "fields" is None, or {name: (kind, fixed_shape, [value bytes per item])}
     # for a dataset with small fields (text, json, npy, bytes); a fixed-shape npy field that
     # every item has with one header comes stacked: (kind, True, (first item's .npy bytes,
-    # bytearray of every item's data end to end)).
+    # a uint8 array of every item's data end to end, the number of items)).
     def next(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]: ...
     @property
     def buffers_allocated(self) -> int: ...

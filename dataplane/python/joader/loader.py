@@ -538,10 +538,10 @@ def _field_values(kind: str, fixed: bool, values: Any) -> Any:
         return [None if v is None else json.loads(v) for v in values]
     if kind == "npy" and isinstance(values, tuple):
         # Stacked natively: the first item's .npy (its header gives dtype and shape), then
-        # every item's data end to end in a bytearray (the array is writable).
-        first, data = values
+        # every item's data end to end, a uint8 array of its own (viewed, not copied).
+        first, data, n = values
         one = np.load(io.BytesIO(first), allow_pickle=False)
-        return np.frombuffer(data, dtype=one.dtype).reshape((-1,) + one.shape)
+        return data.view(one.dtype).reshape((n,) + one.shape)
     if kind == "npy":
         arrays = [None if v is None else np.load(io.BytesIO(v), allow_pickle=False) for v in values]
         if fixed and arrays and all(a is not None for a in arrays):

@@ -59,9 +59,11 @@ fn fields_dict<'py>(py: Python<'py>, blocks: &[Vec<u8>]) -> PyResult<Option<Boun
             && kind == dataplane::fields::FieldKind::Npy
             && let Some((first, data)) = stacked_npy(&values)
         {
+            // The data move into the array (no copy).
             let stacked = (
                 pyo3::types::PyBytes::new(py, first),
-                pyo3::types::PyByteArray::new(py, &data),
+                PyArray::from_vec(py, data),
+                values.len(),
             );
             d.set_item(name, (kind.name(), fixed, stacked))?;
             continue;
@@ -76,10 +78,10 @@ fn fields_dict<'py>(py: Python<'py>, blocks: &[Vec<u8>]) -> PyResult<Option<Boun
 }
 
 /// The `.npy` values of a fixed-shape field stacked: the first value whole (its header gives
-/// the dtype and shape of every item) and every value's data end to end, when every item has
-/// the field, with one header (byte for byte) in C order. `None` otherwise: the values then
-/// go to Python one by one. One copy of each value instead of three (a `bytes` object, its
-/// `np.load`, `np.stack`).
+/// the dtype and shape of every item) and every value's data end to end (handed to Python as
+/// a uint8 array that owns them), when every item has the field, with one header (byte for
+/// byte) in C order. `None` otherwise: the values then go to Python one by one. One copy of
+/// each value instead of three (a `bytes` object, its `np.load`, `np.stack`).
 fn stacked_npy<'a>(values: &[Option<&'a [u8]>]) -> Option<(&'a [u8], Vec<u8>)> {
     let first = (*values.first()?)?;
     let header = npy_header_len(first)?;

@@ -319,12 +319,28 @@ impl Prepare for PipelinePrepare {
     }
 
     /// Decodes, then resizes straight into the slot `place` gives (no copy of the output),
-    /// or into a buffer when it has no room.
+    /// or into a buffer when it has no room; a `raw` pipeline copies the stored bytes there.
     fn prepare_placed(&self, bytes: &[u8], place: &mut dyn Place) -> Result<Prepared, LoadFailure> {
         let Some(decoded) =
             pipeline::decode(&self.pipeline, bytes, &self.limits).map_err(pipeline_failure)?
         else {
-            return self.prepare(bytes);
+            // `raw`: the stored bytes (none for a sample without an image) straight into the
+            // slot, its fields after them, with no copy for the Cache to make.
+            let format = dataplane::Format::Raw;
+            let mut fill = |dst: &mut [u8]| {
+                dst.copy_from_slice(bytes);
+                Ok(())
+            };
+            return match place.place(format, (0, 0), bytes.len() as u64, &mut fill) {
+                Some(placed) => Ok(Prepared {
+                    bytes: Vec::new(),
+                    format,
+                    placed: Some(placed?),
+                    fields_len: 0,
+                    source: (0, 0),
+                }),
+                None => self.prepare(bytes),
+            };
         };
         let (height, width, channels) = decoded.shape();
         let format = dataplane::Format::HwcU8 {
