@@ -234,10 +234,16 @@ fn read_header(path: &Path) -> Result<Rows, StorageError> {
             file_len - header_len
         )));
     }
-    let row_bytes = row_shape.iter().product::<u64>() * h.item;
-    if row_bytes > MAX_ROW {
-        return Err(bad(format!("a row of {row_bytes} bytes: at most 4 GiB")));
-    }
+    let row_bytes = row_shape
+        .iter()
+        .try_fold(h.item, |n, &d| n.checked_mul(d))
+        .filter(|&b| b <= MAX_ROW)
+        .ok_or_else(|| {
+            bad(format!(
+                "rows of shape {row_shape:?} of {}: at most 4 GiB a row",
+                h.descr
+            ))
+        })?;
     let shape = match row_shape {
         [] => "()".to_owned(),
         [n] => format!("({n},)"),

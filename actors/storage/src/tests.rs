@@ -1392,12 +1392,17 @@ fn bad_arrays_and_declarations_are_refused_naming_the_file() {
     write(&p("s.npy"), &npy("<f4", "()", &[0; 4]));
     write(&p("c.npy"), &npy("<f4", "(4,)", &[0; 16]));
     write(&p("junk.npy"), b"not an array");
+    write(
+        &p("huge.npy"),
+        &npy("|u1", "(0, 1099511627776, 1099511627776)", &[]),
+    );
     for (paths, fields, says) in [
         (vec!["a.npy", "b.npy"], None, "3 rows, but"),
         (vec!["f.npy"], None, "Fortran-ordered"),
         (vec!["short.npy"], None, "truncated"),
         (vec!["s.npy"], None, "0-dimensional"),
         (vec!["junk.npy"], None, "magic"),
+        (vec!["huge.npy"], None, "at most 4 GiB a row"),
         (
             vec!["a.npy", "c.npy"],
             Some(serde_json::json!({"a": {"kind": "npy"}, "c": {"kind": "class"}})),
