@@ -209,6 +209,9 @@ class Loader:
         #: The declared boxes fields, by name (their declarations), moved with the pixels.
         self._boxes: Dict[str, Dict[str, Any]] = {}
         self._optional: Set[str] = set()
+        if resume is not None:
+            # Refused before anything is sent to the server.
+            check_resumable(resume, self.world_size)
         view = _post_json(f"{self._server.rstrip('/')}/v1/datasets/{urllib.parse.quote(dataset)}", None,
                           self._request_timeout, self._token, method="GET")
         source: Dict[str, Any] = view.get("source") or {}
@@ -530,7 +533,7 @@ class Loader:
 def _field_values(kind: str, fixed: bool, values: Any) -> Any:
     """A small field's values of a batch as Python values: text as ``str``, JSON parsed,
     ``.npy`` as arrays (stacked when the field declares a fixed shape and every item has
-    it: the prefetch hands those over stacked, ``(first item, every item's data)``), bytes as
+    it: the prefetch hands those over stacked, ``(first item, every item's data, n)``), bytes as
     they are; ``None`` where an item lacks an optional field."""
     if kind == "text":
         return [None if v is None else v.decode("utf-8") for v in values]

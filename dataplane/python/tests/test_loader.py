@@ -24,7 +24,18 @@ class FakeServer:
             def do_POST(self) -> None:  # noqa: N802
                 n = int(self.headers.get("Content-Length", "0"))
                 outer.requests.append((self.path, json.loads(self.rfile.read(n))))
+                self.answer(*outer.reply)
+
+            def do_GET(self) -> None:  # noqa: N802
+                # The dataset's view (the Loader reads its source's fields): an image folder,
+                # or the reply's error, as a server without the dataset answers both.
                 status, body = outer.reply
+                if status < 400:
+                    name = self.path.rsplit("/", 1)[-1]
+                    body = {"name": name, "state": "ready", "source": {"kind": "image_folder", "path": "/d"}}
+                self.answer(status, body)
+
+            def answer(self, status: int, body: Dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
