@@ -1376,7 +1376,7 @@ fn array_rows_are_samples_read_field_by_field() {
 }
 
 #[test]
-fn bad_arrays_and_declarations_are_refused_naming_the_file() {
+fn bad_arrays_fail_the_indexing_naming_the_file() {
     let tmp = tempfile::tempdir().unwrap();
     let roots = [tmp.path().to_owned()];
     let p = |n: &str| tmp.path().join(n);
@@ -1420,6 +1420,22 @@ fn bad_arrays_and_declarations_are_refused_naming_the_file() {
         assert_eq!(e.code(), "bad_array", "{e}");
         assert!(e.to_string().contains(says), "{says}: {e}");
     }
+    // Outside the roots.
+    let elsewhere = tempfile::tempdir().unwrap();
+    write(
+        &elsewhere.path().join("a.npy"),
+        &npy("<f4", "(1,)", &[0; 4]),
+    );
+    let e = index_err(
+        &array_spec(&[&elsewhere.path().join("a.npy")], None),
+        &roots,
+    );
+    assert_eq!(e.code(), "outside_roots", "{e}");
+}
+
+#[test]
+fn array_declarations_that_name_no_file_or_another_kind_are_refused_at_once() {
+    let p = |n: &str| PathBuf::from("/data").join(n);
     for (paths, fields, says) in [
         (vec!["a.txt"], None, "`.npy` files"),
         (
@@ -1449,17 +1465,6 @@ fn bad_arrays_and_declarations_are_refused_naming_the_file() {
         assert_eq!(e.code(), "bad_fields", "{e}");
         assert!(e.to_string().contains(says), "{says}: {e}");
     }
-    // Outside the roots.
-    let elsewhere = tempfile::tempdir().unwrap();
-    write(
-        &elsewhere.path().join("a.npy"),
-        &npy("<f4", "(1,)", &[0; 4]),
-    );
-    let e = index_err(
-        &array_spec(&[&elsewhere.path().join("a.npy")], None),
-        &roots,
-    );
-    assert_eq!(e.code(), "outside_roots", "{e}");
 }
 
 #[test]
