@@ -7,11 +7,9 @@ image, a bad array naming its file)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
-import tarfile
 import tempfile
 import threading
 from pathlib import Path
@@ -20,22 +18,11 @@ from typing import Any, Dict, Iterator, List
 import numpy as np
 import pytest
 from conftest import create, get, need, post, start_serve
+from test_fields import write_shard
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
 ROWS = 37
-
-
-def write_shard(path: Path, samples: List[Dict[str, bytes]]) -> None:
-    with tarfile.open(path, "w") as tar:
-        for s in samples:
-            key = s["__key__"].decode()
-            for ext, data in s.items():
-                if ext == "__key__":
-                    continue
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
 
 
 @pytest.fixture(scope="module")

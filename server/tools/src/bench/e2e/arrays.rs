@@ -16,19 +16,14 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng, rngs::Xoshiro256PlusPlus};
 use serde_json::json;
 
 use super::Ctx;
-use super::scenarios::{JobPlan, Scenario, run_processes};
-use super::systems::{Outcome, outcome_of};
-use crate::client::Client;
-use crate::inprocess::ServerHandle;
-use server::Config;
+use super::scenarios::{Scenario, run_processes};
+use super::systems::{Outcome, outcome_of, python, start_server_of};
 use server::procstat::process_cpu;
 
 /// The jobs.
@@ -91,21 +86,18 @@ fn rows_delivered(runs: &[serde_json::Value]) -> u64 {
     runs.iter().map(|v| v["n"].as_u64().unwrap_or(0)).sum()
 }
 
-fn python(args: &[String]) -> Command {
-    let mut c = Command::new("python3");
-    c.args(["-c", SCRIPT]).args(args);
-    c
-}
-
 fn run_numpy(sc: &Scenario, file: &Path) -> Result<Run> {
     let runs = run_processes(sc, |i, _| {
-        python(&[
-            "numpy".into(),
-            file.display().to_string(),
-            sc.batch.to_string(),
-            i.to_string(),
-            format!("np{i}"),
-        ])
+        python(
+            SCRIPT,
+            &[
+                "numpy".into(),
+                file.display().to_string(),
+                sc.batch.to_string(),
+                i.to_string(),
+                format!("np{i}"),
+            ],
+        )
     })?;
     let (rss_anon, rss_file) = memory(&runs);
     Ok(Run {
@@ -117,38 +109,28 @@ fn run_numpy(sc: &Scenario, file: &Path) -> Result<Run> {
 }
 
 fn run_joader(sc: &Scenario, ctx: &Ctx, dir: &Path, file: &Path, tag: usize) -> Result<Run> {
-    let state = tempfile::Builder::new()
-        .prefix("joader-e2e-arrays-")
-        .tempdir()?;
     let cache_bytes = ctx.cache_bytes.max(256 << 20);
-    let config = Config {
-        bind: "127.0.0.1:0".parse()?,
-        data_dir: state.path().to_path_buf(),
-        instance: format!("e2e_{}_arr{tag}", std::process::id()),
+    let source = json!({"kind": "array", "paths": [file]});
+    let (server, client, _state) = start_server_of(
+        ctx,
+        &format!("arr{tag}"),
         cache_bytes,
-        cache_slots: 8192,
-        allowed_roots: vec![dir.to_path_buf()],
-        loader_workers: ctx.workers,
-        ..Config::default()
-    };
-    let server = ServerHandle::spawn(config)?;
-    let client = Client::new(server.url.clone());
-    client.ok(
-        "POST",
-        "/v1/datasets",
-        Some(&json!({"name": "arr", "source": {"kind": "array", "paths": [file]}})),
+        dir,
+        ("arr", &source),
     )?;
-    client.wait_ready("arr", Duration::from_secs(120))?;
     let url = server.url.clone();
     let cpu0 = process_cpu();
     let runs = run_processes(sc, |i, _| {
-        python(&[
-            "joader".into(),
-            url.clone(),
-            sc.batch.to_string(),
-            i.to_string(),
-            format!("arr{i}"),
-        ])
+        python(
+            SCRIPT,
+            &[
+                "joader".into(),
+                url.clone(),
+                sc.batch.to_string(),
+                i.to_string(),
+                format!("arr{i}"),
+            ],
+        )
     })?;
     let server_cpu = process_cpu() - cpu0;
     let stats = client.ok("GET", "/v1/stats", None)?;
@@ -195,17 +177,7 @@ pub(super) fn run(ctx: &Ctx, quick: bool) -> Result<String> {
     write_array(&file, rows)?;
     super::super::warm_page_cache(&dir)?;
     let n = rows as u32;
-    let sc = Scenario {
-        name: format!("arrays K={K}"),
-        jobs: (0..K)
-            .map(|_| JobPlan {
-                subset: 0..n,
-                sleep_ms: 0.0,
-                start_frac: 0.0,
-            })
-            .collect(),
-        batch: 32,
-    };
+    let sc = Scenario::together(format!("arrays K={K}"), K, n, 32);
     let rounds = if quick { 1 } else { 2 };
     let mut numpy = Vec::new();
     let mut joader = Vec::new();

@@ -136,6 +136,19 @@ pub(super) fn start_server_with(
     tag: &str,
     cache_bytes: u64,
 ) -> Result<(ServerHandle, Client, tempfile::TempDir)> {
+    let source = json!({"kind": "image_folder", "path": ctx.root});
+    start_server_of(ctx, tag, cache_bytes, &ctx.root, ("d", &source))
+}
+
+/// An in-process server of the bench's threads reading under `root`, with the dataset
+/// `(name, source)` registered and indexed.
+pub(super) fn start_server_of(
+    ctx: &Ctx,
+    tag: &str,
+    cache_bytes: u64,
+    root: &std::path::Path,
+    (name, source): (&str, &serde_json::Value),
+) -> Result<(ServerHandle, Client, tempfile::TempDir)> {
     let state = tempfile::Builder::new().prefix("joader-e2e-").tempdir()?;
     let config = Config {
         bind: "127.0.0.1:0".parse()?,
@@ -143,7 +156,7 @@ pub(super) fn start_server_with(
         instance: format!("e2e_{}_{tag}", std::process::id()),
         cache_bytes,
         cache_slots: 8192,
-        allowed_roots: vec![ctx.root.clone()],
+        allowed_roots: vec![root.to_path_buf()],
         loader_workers: ctx.workers,
         ..Config::default()
     };
@@ -152,9 +165,9 @@ pub(super) fn start_server_with(
     client.ok(
         "POST",
         "/v1/datasets",
-        Some(&json!({"name": "d", "source": {"kind": "image_folder", "path": ctx.root}})),
+        Some(&json!({"name": name, "source": source})),
     )?;
-    client.wait_ready("d", Duration::from_secs(120))?;
+    client.wait_ready(name, Duration::from_secs(120))?;
     Ok((server, client, state))
 }
 
@@ -480,7 +493,7 @@ pub(super) fn outcome_of(
     o
 }
 
-fn python(script: &str, args: &[String]) -> Command {
+pub(super) fn python(script: &str, args: &[String]) -> Command {
     let mut c = Command::new("python3");
     c.args(["-c", script]).args(args);
     c
