@@ -34,6 +34,9 @@ pub enum StorageError {
     BadArray { path: PathBuf, reason: String },
     #[error("bad label for {what}: {reason}")]
     BadLabel { what: String, reason: String },
+    /// Items that cannot be appended to the dataset (`DatasetIndex::appended`).
+    #[error("cannot append: {reason}")]
+    CannotAppend { reason: String },
     /// A declaration of fields the source kind cannot follow.
     #[error("bad fields: {reason}")]
     BadFields { reason: String },
@@ -97,6 +100,7 @@ impl StorageError {
             StorageError::BadPattern { .. } => "bad_pattern",
             StorageError::NoMatch { .. } => "no_match",
             StorageError::BadLabel { .. } => "bad_label",
+            StorageError::CannotAppend { .. } => "cannot_append",
             StorageError::BadFields { .. } => "bad_fields",
             StorageError::MissingField { .. } => "missing_field",
             StorageError::BadField { .. } => "bad_field",

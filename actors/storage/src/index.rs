@@ -30,6 +30,10 @@ use serde::{Deserialize, Serialize};
 
 use super::fields::Fields;
 
+mod append;
+#[cfg(test)]
+mod append_tests;
+
 /// What reading a Parquet row needs besides its location: the image column's name, and the
 /// allowed roots (canonical) that a row's `path` must lie under; and the dataset's read state
 /// (the Parquet source's, which this module does not know: see [`ReadState`]).

@@ -262,6 +262,56 @@ impl SourceSpec {
         })
     }
 
+    /// The sources of items appended to a dataset of this source (`POST
+    /// /v1/datasets/{name}/append`), each indexed like it, with its fields: `tar_shards` and
+    /// `parquet` take more shards or files (paths, folders, patterns; a `parquet` source
+    /// with a `split` takes dataset folders), a `manifest` more manifest files of its format,
+    /// an `image_folder` more folders of class folders (one source each). An `array` source
+    /// and an `s3` one do not grow (`CannotAppend`, saying why).
+    pub fn appended_parts(&self, paths: &[PathBuf]) -> Result<Vec<SourceSpec>, StorageError> {
+        let refuse = |reason: &str| StorageError::CannotAppend {
+            reason: reason.into(),
+        };
+        if paths.is_empty() {
+            return Err(refuse("name at least one path to append"));
+        }
+        let paths = paths.to_vec();
+        Ok(match self {
+            SourceSpec::TarShards { fields, .. } => vec![SourceSpec::TarShards {
+                paths,
+                fields: fields.clone(),
+            }],
+            SourceSpec::Parquet { split, fields, .. } => vec![SourceSpec::Parquet {
+                paths,
+                split: split.clone(),
+                fields: fields.clone(),
+            }],
+            SourceSpec::Manifest { format, fields, .. } => paths
+                .into_iter()
+                .map(|path| SourceSpec::Manifest {
+                    path,
+                    format: *format,
+                    fields: fields.clone(),
+                })
+                .collect(),
+            SourceSpec::ImageFolder { .. } => paths
+                .into_iter()
+                .map(|path| SourceSpec::ImageFolder { path })
+                .collect(),
+            SourceSpec::Array { .. } => {
+                return Err(refuse(
+                    "an array dataset's elements are its files' rows: it does not grow",
+                ));
+            }
+            SourceSpec::S3 { .. } => {
+                return Err(refuse(
+                    "an s3 dataset grows by re-indexing it (POST /v1/datasets/{name}/reindex), \
+                     which adds the store's new objects",
+                ));
+            }
+        })
+    }
+
     /// The source as the server keeps it: an `array` source without `fields` gets its
     /// default declaration (each file an `npy` field named by it), so that its view and its
     /// clients see the fields.
