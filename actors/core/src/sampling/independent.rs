@@ -24,6 +24,8 @@ struct Job {
     rng: Xoshiro256PlusPlus,
     /// A replayed job's order (a permutation of its dataset), followed every epoch.
     order: Option<std::sync::Arc<[ElementId]>>,
+    /// What joins `dataset` when the job's next epoch starts ([`Sampler::grow_job`]).
+    grown: RoaringBitmap,
 }
 
 /// Independent sampling; see the module docs.
@@ -89,6 +91,7 @@ impl Sampler for IndependentSampler {
             epochs: spec.epochs,
             rng: Xoshiro256PlusPlus::seed_from_u64(mix64(spec.seed)),
             order: None,
+            grown: RoaringBitmap::new(),
         };
         self.jobs.insert(spec.key, job);
         self.order.push(spec.key);
@@ -101,6 +104,18 @@ impl Sampler for IndependentSampler {
             .ok_or(SamplerError::UnknownJob(key))?;
         self.order.retain(|&k| k != key);
         Ok(())
+    }
+
+    fn grow_job(&mut self, key: JobKey, added: &RoaringBitmap) -> Result<u32, SamplerError> {
+        let job = self
+            .jobs
+            .get_mut(&key)
+            .ok_or(SamplerError::UnknownJob(key))?;
+        if job.order.is_some() {
+            return Err(SamplerError::FixedOrder(key));
+        }
+        job.grown |= added - &job.dataset;
+        Ok(job.epoch + 1)
     }
 
     fn sample(&mut self, active: &[JobKey], out: &mut Round) -> Result<(), SamplerError> {
@@ -134,6 +149,7 @@ impl Sampler for IndependentSampler {
                     self.order.retain(|&k| k != key);
                 } else {
                     job.epoch += 1;
+                    job.dataset |= std::mem::take(&mut job.grown);
                     job.remaining = job.dataset.clone();
                 }
             }

@@ -13,6 +13,8 @@
 //!   sampling tree, so that concurrent jobs pick the same element as often as possible;
 //! - [`IndependentSampler`]: ISA, every job shuffles on its own (the opt-out and the baseline).
 
+#[cfg(test)]
+mod grow_tests;
 mod independent;
 #[cfg(test)]
 mod reference;
@@ -135,6 +137,9 @@ pub enum SamplerError {
     /// within its dataset; or a replayed order repeats an element.
     #[error("job {0} cannot start there: {1}")]
     BadStart(JobKey, &'static str),
+    /// A replayed job follows its recorded order: its dataset cannot grow.
+    #[error("job {0} replays a recorded order: its dataset does not grow")]
+    FixedOrder(JobKey),
 }
 
 /// Checks where a job resumes (see [`Sampler::resume_job`]).
@@ -206,6 +211,11 @@ pub trait Sampler: Send {
         epoch: u32,
         remaining: RoaringBitmap,
     ) -> Result<(), SamplerError>;
+    /// Grows the job's dataset by `added` (a dataset that was appended to) from its next
+    /// epoch on: the epoch under way keeps its remaining set and its length, and every later
+    /// epoch is a uniform random permutation of the grown dataset. Returns that next epoch, the
+    /// first that covers `added`. Refused for a replayed job (its order is fixed).
+    fn grow_job(&mut self, key: JobKey, added: &RoaringBitmap) -> Result<u32, SamplerError>;
     /// Removes a job at any point of its epoch.
     fn remove_job(&mut self, key: JobKey) -> Result<(), SamplerError>;
     /// Samples one element for each job of `active` (duplicates are ignored) into `out`

@@ -78,6 +78,8 @@ struct Job {
     leaf_len: u64,
     epoch: u32,
     epochs: Option<u32>,
+    /// What joins `dataset` when the job's next epoch starts ([`Sampler::grow_job`]).
+    grown: RoaringBitmap,
 }
 
 /// The dependent sampling tree; see the module docs.
@@ -417,6 +419,10 @@ impl DependentSamplingTree {
             return;
         }
         job.epoch += 1;
+        if !job.grown.is_empty() {
+            job.dataset |= std::mem::take(&mut job.grown);
+            job.dataset_len = job.dataset.len();
+        }
         job.remaining = job.dataset.clone();
         job.remaining_len = job.dataset_len;
         let q = self.insert_at_sorted(job);
@@ -512,6 +518,7 @@ impl Sampler for DependentSamplingTree {
             leaf_len: 0,
             epoch,
             epochs: spec.epochs,
+            grown: RoaringBitmap::new(),
         };
         let p = self.insert_at_sorted(job);
         self.reindex();
@@ -525,6 +532,13 @@ impl Sampler for DependentSamplingTree {
         self.reindex();
         self.rebuild_prefix(p);
         Ok(())
+    }
+
+    fn grow_job(&mut self, key: JobKey, added: &RoaringBitmap) -> Result<u32, SamplerError> {
+        let p = self.pos(key)?;
+        let job = &mut self.jobs[p];
+        job.grown |= added - &job.dataset;
+        Ok(job.epoch + 1)
     }
 
     fn sample(&mut self, active: &[JobKey], out: &mut Round) -> Result<(), SamplerError> {
