@@ -238,6 +238,17 @@ pub struct Deliver {
     /// object store): the Cache asks the source for their bytes ahead
     /// ([`Fetch::fetch_ahead`]) unless the element is cached, loading or pending.
     pub ahead: Vec<(u32, JobId)>,
+    /// Jobs whose dataset grew (`GrowJob`), from the epoch given on: the Cache takes their
+    /// subsets before the pass's deliveries.
+    pub grown: Vec<Grown>,
+}
+
+/// A job's subset from an epoch on (see [`Deliver::grown`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grown {
+    pub job: JobId,
+    pub from_epoch: u32,
+    pub subset: Arc<RoaringBitmap>,
 }
 
 /// An end of epoch (or of a job) that happens after `groups[..after]` of a [`Deliver`].
@@ -321,6 +332,17 @@ pub struct AddJob {
     /// sent here after each pass (dropped, and counted in `JobStats::record_dropped`, when
     /// the recorder lags this channel's bound).
     pub record: Option<std::sync::mpsc::SyncSender<Vec<[u32; 3]>>>,
+}
+
+/// Control → Sampler: the job's dataset grew by `added` (an append). The job covers it from
+/// the next epoch the Sampler starts for it (the epoch under way, sampled ahead or not, keeps
+/// its elements), which it answers; the Cache learns the job's subset from then on in a
+/// [`Deliver::grown`].
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<u32, SamplerError>")]
+pub struct GrowJob {
+    pub job: JobId,
+    pub added: Arc<RoaringBitmap>,
 }
 
 /// Control → Sampler: forget a job.

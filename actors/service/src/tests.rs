@@ -493,6 +493,7 @@ async fn the_cache_fetches_ahead_only_what_it_neither_holds_nor_loads() {
             .collect(),
         ends: Vec::new(),
         ahead: ahead.into_iter().map(|e| (e, 1)).collect(),
+        grown: Vec::new(),
     };
     let asked = || -> Vec<u32> {
         let news = w.source.news.lock().unwrap();
@@ -748,6 +749,7 @@ fn epoch_of(job: JobId, elements: std::ops::Range<u32>) -> Deliver {
             finished: true,
         }],
         ahead: Vec::new(),
+        grown: Vec::new(),
     }
 }
 
@@ -841,6 +843,7 @@ async fn units_competing_for_too_little_room_complete_one_after_the_other() {
                 },
             ],
             ahead: Vec::new(),
+            grown: Vec::new(),
         });
         check_epochs(&join(h1).await, &(20..28).collect(), 1);
         check_epochs(&join(h2).await, &(30..38).collect(), 1);

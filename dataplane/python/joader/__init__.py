@@ -32,7 +32,7 @@ from ._native import JoaderError, LAYOUT_VERSION
 from .errors import ElementFailure, ElementLoadError, ServerError
 from .loader import Loader
 from .reader import Batch, RingReader
-from .rest import preload, register_job, release_preload
+from .rest import append, preload, register_job, release_preload
 from .state import check_resumable, merge_states
 from .transforms import Padded, RandomResizedCrop, Resize
 
@@ -50,6 +50,7 @@ __all__ = [
     "Batch",
     "Loader",
     "register_job",
+    "append",
     "preload",
     "release_preload",
     "merge_states",

@@ -6,7 +6,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import _native
 from ._native import LAYOUT_VERSION
@@ -167,6 +167,19 @@ def preload(
     if view["state"] == "failed":
         raise ServerError("preload_failed", str(view.get("reason")), 0)
     return view
+
+
+def append(server: str, dataset: str, paths: List[str], *, timeout: float = 600.0,
+           token: Optional[str] = None) -> Dict[str, Any]:
+    """Appends ``paths`` to a ready local dataset (``POST {server}/v1/datasets/{dataset}/append``),
+    read as its source reads its own: shard files or folders (``tar_shards``), Parquet files or
+    folders (``parquet``), manifest files (``manifest``), folders of class folders
+    (``image_folder``). The new items take the next ids; running jobs of one rank registered
+    without ``subset`` or ``replay`` cover them from their next epoch. Returns ``added``, the
+    ``jobs`` that follow (each with its ``from_epoch``) and the ``dataset``'s view; raises
+    ``ServerError`` (``cannot_append`` with the reason, ``dataset_not_ready``, ...)."""
+    url = server.rstrip("/") + f"/v1/datasets/{dataset}/append"
+    return _post_json(url, {"paths": [str(p) for p in paths]}, timeout, token)
 
 
 def release_preload(server: str, dataset: str, *, token: Optional[str] = None) -> None:

@@ -50,6 +50,22 @@ pub struct DatasetRecord {
     /// released: a restarted server preloads it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preload: Option<serde_json::Value>,
+    /// What was appended to the dataset since it was indexed, in order (`POST
+    /// /v1/datasets/{name}/append`): a dataset indexed again from its source (a server that
+    /// stopped while indexing it) indexes these after it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub appended: Vec<Appended>,
+}
+
+/// One append to a dataset.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+pub struct Appended {
+    /// The paths it named.
+    #[schema(value_type = Vec<String>)]
+    pub paths: Vec<std::path::PathBuf>,
+    /// Items it added.
+    pub items: u64,
+    pub appended_unix: u64,
 }
 
 /// The folder of the index files, beside `catalog.redb`.
@@ -311,6 +327,7 @@ mod tests {
             created_unix: 1,
             changes: None,
             preload: None,
+            appended: Vec::new(),
         };
         (dir, index, rec)
     }

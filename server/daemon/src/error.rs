@@ -98,6 +98,11 @@ codes! {
     NodeMismatch = ("node_mismatch", 409,
         "a node's view of a multi-node job disagrees with the leader's (another dataset size, \
          overlapping ranks): every node must index the same source and ranks must be disjoint"),
+    CannotAppend = ("cannot_append", 409,
+        "the items cannot join the dataset: it does not grow (an `array` or `s3` source), an \
+         append is under way, or the appended source differs from the dataset's (another kind, \
+         other fields or image column) or holds a shard or file the dataset reads already; the \
+         message says which"),
     DatasetChanged = ("dataset_changed", 409,
         "the resume state was saved on another version of the dataset (its fingerprint differs: \
          files added in its middle, replaced, relabelled, or the dataset re-indexed from other \

@@ -12,20 +12,38 @@ use joader_pipeline::{self as pipeline, Limits, Output, Pipeline, PipelineError}
 use joader_storage::s3::{self, ObjectStores, ObjectVersion, S3Source};
 use joader_storage::{self as storage, DatasetIndex, SourceSpec, StorageError};
 
-/// A dataset index read through storage.
-pub struct IndexSource(pub Arc<DatasetIndex>);
+/// A local dataset's index read through storage. An append replaces the index with the
+/// grown one ([`IndexSource::replace`]): the existing ids read as before, and the loads under
+/// way finish on the index they started with.
+pub struct IndexSource(std::sync::RwLock<Arc<DatasetIndex>>);
+
+impl IndexSource {
+    pub fn new(index: Arc<DatasetIndex>) -> Self {
+        IndexSource(std::sync::RwLock::new(index))
+    }
+
+    fn index(&self) -> Arc<DatasetIndex> {
+        // A poisoned lock still holds a whole index (it is only ever swapped).
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Reads through `index` from now on (the dataset grew: `registry::append`).
+    pub fn replace(&self, index: Arc<DatasetIndex>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = index;
+    }
+}
 
 impl ElementSource for IndexSource {
     fn read(&self, element: u32) -> Result<Vec<u8>, LoadFailure> {
-        self.0.read(element).map_err(|e| failure(&e))
+        self.index().read(element).map_err(|e| failure(&e))
     }
 
     fn label(&self, element: u32) -> i64 {
-        self.0.label(element).unwrap_or(-1)
+        self.index().label(element).unwrap_or(-1)
     }
 
     fn split(&self, element: u32, stored: Vec<u8>) -> Result<(Vec<u8>, Vec<u8>), LoadFailure> {
-        split(&self.0, element, stored)
+        split(&self.index(), element, stored)
     }
 }
 
@@ -295,7 +313,7 @@ pub fn element_source(
             versions,
         )?))),
         (SourceSpec::S3 { url, .. }, None) => Err(no_object_store(url)),
-        _ => Ok(Arc::new(IndexSource(index))),
+        _ => Ok(Arc::new(IndexSource::new(index))),
     }
 }
 

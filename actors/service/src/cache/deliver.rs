@@ -19,6 +19,11 @@ impl CacheActor {
             return;
         }
         let source = self.sources.get(&msg.dataset).cloned();
+        for g in &msg.grown {
+            if let Some(job) = self.jobs.get_mut(&g.job) {
+                job.subsets.grow(g.from_epoch, g.subset.clone());
+            }
+        }
         let mut ends = msg.ends.iter().peekable();
         for (gi, group) in msg.groups.iter().enumerate() {
             while let Some(end) = ends.next_if(|e| e.after <= gi) {
@@ -29,8 +34,11 @@ impl CacheActor {
                     continue;
                 };
                 let resumed = job.resume.take();
-                let (pipeline, stats, subset) =
-                    (job.pipeline, job.stats.clone(), job.subset.clone());
+                let (pipeline, stats, subset) = (
+                    job.pipeline,
+                    job.stats.clone(),
+                    job.subsets.at(item.epoch).clone(),
+                );
                 let rank = (item.position % job.rings.len() as u32) as usize;
                 if let Some(remaining) = resumed {
                     // A resumed epoch starts: only what remains of it is needed once more.

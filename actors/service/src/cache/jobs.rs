@@ -70,7 +70,7 @@ impl CacheActor {
                 dataset: msg.dataset,
                 pipeline: msg.pipeline,
                 prepare: msg.prepare,
-                subset: msg.subset,
+                subsets: super::Subsets::new(msg.subset),
                 rings,
                 batch: msg.batch,
                 credit,

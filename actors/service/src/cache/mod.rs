@@ -154,7 +154,7 @@ struct CacheJob {
     dataset: DatasetId,
     pipeline: PipelineId,
     prepare: Arc<dyn Prepare>,
-    subset: Arc<RoaringBitmap>,
+    subsets: Subsets,
     rings: Vec<RankRing>,
     /// Records a unit holds (the job's batch size per rank).
     batch: u32,
@@ -172,6 +172,34 @@ struct CacheJob {
     resume: Option<Arc<RoaringBitmap>>,
     /// See [`OpenJob::own_positions`](crate::messages::OpenJob::own_positions).
     own_positions: bool,
+}
+
+/// A job's subset by epoch: it changes only when its dataset grows (`Deliver::grown`), from
+/// the epoch the Sampler says on. Deliveries and ring records of an earlier epoch still
+/// queued keep theirs.
+struct Subsets(Vec<(u32, Arc<RoaringBitmap>)>);
+
+impl Subsets {
+    fn new(subset: Arc<RoaringBitmap>) -> Self {
+        Subsets(vec![(0, subset)])
+    }
+
+    /// The job's subset in `epoch`.
+    fn at(&self, epoch: u32) -> &Arc<RoaringBitmap> {
+        &self
+            .0
+            .iter()
+            .rev()
+            .find(|(from, _)| *from <= epoch)
+            .unwrap_or(&self.0[0])
+            .1
+    }
+
+    /// The subset from `from` on.
+    fn grow(&mut self, from: u32, subset: Arc<RoaringBitmap>) {
+        self.0.retain(|(f, _)| *f < from);
+        self.0.push((from, subset));
+    }
 }
 
 /// See the module docs.

@@ -69,7 +69,7 @@ impl CacheActor {
             let batch = job.batch as usize;
             let epoch_end = job
                 .own_positions
-                .then(|| (job.subset.len(), job.rings.len() as u64));
+                .then_some((&job.subsets, job.rings.len() as u64));
             'rings: for rr in &mut job.rings {
                 while self.ready_unit(rr, batch)
                     && rr.ring.free_credit() as usize >= rr.ready
@@ -108,13 +108,13 @@ impl CacheActor {
     }
 
     /// Pushes one ready entry into its ring.
-    /// `epoch_end`: `(subset size, ranks)` of a job with its own positions.
+    /// `epoch_end`: `(subsets, ranks)` of a job with its own positions.
     fn push(
         &mut self,
         rr: &mut RankRing,
         entry: RingRecord,
         stats: &crate::stats::JobStats,
-        epoch_end: Option<(u64, u64)>,
+        epoch_end: Option<(&super::Subsets, u64)>,
     ) -> Result<(), dataplane::Error> {
         // The epoch's end is queued with its last deliveries (the Sampler's `EndAt` comes in
         // the same message), so the record before it says it is the last: a client that
@@ -123,8 +123,10 @@ impl CacheActor {
         // With the job's own positions a rank's last position of an epoch is known too (the
         // end may come with a later pass when other ranks' last elements come later).
         let last = matches!(rr.queue.front(), Some(RingRecord::EndOfEpoch { .. }))
-            || epoch_end.is_some_and(|(n, ranks)| match entry {
-                RingRecord::Item { position, .. } => u64::from(position) + ranks >= n,
+            || epoch_end.is_some_and(|(subsets, ranks)| match entry {
+                RingRecord::Item {
+                    position, epoch, ..
+                } => u64::from(position) + ranks >= subsets.at(epoch).len(),
                 _ => false,
             });
         match entry {

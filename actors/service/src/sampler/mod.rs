@@ -41,8 +41,8 @@ mod pace;
 pub(crate) use invariants::probe;
 
 use crate::messages::{
-    AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, ElementSource, EndAt, JobId, JobSignal,
-    Pass, RemoveJob,
+    AddJob, DatasetId, Deliver, DeliverGroup, DeliverItem, ElementSource, EndAt, GrowJob, Grown,
+    JobId, JobSignal, Pass, RemoveJob,
 };
 use crate::stats::{CacheStats, JobStats};
 use joader_core::invariants::Periodic;
@@ -226,6 +226,7 @@ impl SamplerActor {
             groups: Vec::new(),
             ends: Vec::new(),
             ahead: Vec::new(),
+            grown: Vec::new(),
         };
         let mut active: Vec<JobId> = Vec::new();
         for _ in 0..MAX_ROUNDS_PER_PASS {
@@ -702,6 +703,7 @@ impl SamplerActor {
                 groups: Vec::new(),
                 ends: Vec::new(),
                 ahead: Vec::new(),
+                grown: Vec::new(),
             };
             self.release(&mut out);
             if !out.groups.is_empty() || !out.ends.is_empty() {
@@ -720,6 +722,36 @@ impl SamplerActor {
         }
     }
 
+    /// Grows a job's dataset from its next epoch, and tells the Cache its subset from then.
+    fn grow_job(&mut self, msg: &GrowJob) -> Result<u32, SamplerError> {
+        let kind = self
+            .jobs
+            .get(&msg.job)
+            .ok_or(SamplerError::UnknownJob(msg.job))?
+            .kind;
+        let sampler: &mut dyn Sampler = match kind {
+            SamplerKind::Dsa => &mut self.dsa,
+            SamplerKind::Isa => &mut self.isa,
+        };
+        let from_epoch = sampler.grow_job(msg.job, &msg.added)?;
+        let subset = sampler
+            .dataset(msg.job)
+            .map(|d| d | msg.added.as_ref())
+            .ok_or(SamplerError::UnknownJob(msg.job))?;
+        self.downstream.do_send(Deliver {
+            dataset: self.dataset,
+            groups: Vec::new(),
+            ends: Vec::new(),
+            ahead: Vec::new(),
+            grown: vec![Grown {
+                job: msg.job,
+                from_epoch,
+                subset: Arc::new(subset),
+            }],
+        });
+        Ok(from_epoch)
+    }
+
     /// The sampler of a kind.
     fn sampler(&self, kind: SamplerKind) -> &dyn Sampler {
         match kind {
@@ -736,6 +768,16 @@ impl Handler<AddJob> for SamplerActor {
         let added = self.add_job(msg, ctx);
         self.after_message();
         added
+    }
+}
+
+impl Handler<GrowJob> for SamplerActor {
+    type Result = Result<u32, SamplerError>;
+    fn handle(&mut self, msg: GrowJob, _: &mut Context<Self>) -> Self::Result {
+        let _cpu = stages::enter(&SAMPLER);
+        let grown = self.grow_job(&msg);
+        self.after_message();
+        grown
     }
 }
 

@@ -25,9 +25,39 @@ impl DatasetIndex {
         if u32::try_from(self.len() + part.len()).is_err() {
             return Err(StorageError::TooManyItems);
         }
+        if matches!(self.locations, Locations::Arrays { .. }) {
+            return Err(refuse(
+                "an array dataset's elements are its files' rows: it does not grow",
+            ));
+        }
         let sample = append_fields(self.sample.as_ref(), part.sample.as_ref())?;
+        let locations = self.append_locations(part)?;
+        let (classes, map) = merge_classes(&self.classes, &part.classes);
+        let labels = self
+            .labels
+            .iter()
+            .copied()
+            .chain(part.labels.iter().map(|&l| {
+                if l == NO_CLASS {
+                    NO_CLASS
+                } else {
+                    map[l as usize]
+                }
+            }))
+            .collect();
+        Ok(DatasetIndex {
+            labels,
+            locations,
+            classes,
+            shards: [self.shards.as_slice(), &part.shards].concat(),
+            sample,
+        })
+    }
+
+    /// The locations of both, `part`'s shard and file numbers after this index's.
+    fn append_locations(&self, part: &DatasetIndex) -> Result<Locations, StorageError> {
         let shards = self.shards.len() as u32;
-        let locations = match (&self.locations, &part.locations) {
+        Ok(match (&self.locations, &part.locations) {
             (
                 Locations::Files { arena, ends },
                 Locations::Files {
@@ -97,36 +127,11 @@ impl DatasetIndex {
                     info: info.clone(),
                 }
             }
-            (Locations::Arrays { .. }, _) => {
-                return Err(refuse(
-                    "an array dataset's elements are its files' rows: it does not grow",
-                ));
-            }
             _ => {
                 return Err(refuse(
                     "the appended items come from another kind of source",
                 ));
             }
-        };
-        let (classes, map) = merge_classes(&self.classes, &part.classes);
-        let labels = self
-            .labels
-            .iter()
-            .copied()
-            .chain(part.labels.iter().map(|&l| {
-                if l == NO_CLASS {
-                    NO_CLASS
-                } else {
-                    map[l as usize]
-                }
-            }))
-            .collect();
-        Ok(DatasetIndex {
-            labels,
-            locations,
-            classes,
-            shards: [self.shards.as_slice(), &part.shards].concat(),
-            sample,
         })
     }
 }

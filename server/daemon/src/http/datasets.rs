@@ -1,16 +1,17 @@
-//! `/v1/datasets`: create (indexed in the background), list, get, failures, re-index, delete.
+//! `/v1/datasets`: create (indexed in the background), list, get, failures, re-index, append,
+//! preload, delete.
 
 use actix_web::{HttpResponse, delete, get, post, web};
 use joader_storage::SourceSpec;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
 
 use super::error::errors;
 use super::views::{DatasetList, DatasetView, Failure, FailureList, dataset_view};
 use crate::error::{Error, Result};
-use crate::registry::datasets;
 use crate::registry::preload::{self, PreloadRequest};
+use crate::registry::{append, datasets};
 use crate::state::AppState;
 
 /// `POST /v1/datasets`.
@@ -30,6 +31,7 @@ pub struct CreateDataset {
 errors!(CreateErrors: InvalidRequest, PathNotAllowed, EndpointNotAllowed, DatasetExists, ShuttingDown);
 errors!(GetErrors: DatasetNotFound);
 errors!(DeleteErrors: InvalidRequest, DatasetNotFound, DatasetInUse);
+errors!(AppendErrors: InvalidRequest, PathNotAllowed, DatasetNotFound, DatasetNotReady, CannotAppend, ShuttingDown);
 errors!(ReindexErrors: InvalidRequest, DatasetNotFound, DatasetInUse, DatasetNotReady, ShuttingDown);
 errors!(PreloadErrors: InvalidRequest, EmptySubset, DatasetNotFound, DatasetNotReady, PreloadExists, PinBudget, ShuttingDown);
 errors!(ReleaseErrors: DatasetNotFound, PreloadNotFound);
@@ -132,6 +134,71 @@ async fn reindex_dataset(
     Ok(HttpResponse::Accepted().json(dataset_view(&d)))
 }
 
+/// `POST /v1/datasets/{name}/append`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"paths": ["/data/laion/shards-000147.tar"]}))]
+pub struct AppendRequest {
+    /// What joins the dataset, read as its source reads its own paths: `tar_shards`: shard
+    /// files, folders of them or patterns; `parquet`: Parquet files, folders or patterns (with
+    /// a `split`: dataset folders); `manifest`: manifest files of the dataset's format;
+    /// `image_folder`: folders of class folders.
+    #[schema(value_type = Vec<String>)]
+    pub paths: Vec<std::path::PathBuf>,
+}
+
+/// What an append did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AppendView {
+    /// Items appended: their ids follow the dataset's.
+    pub added: u64,
+    /// The running jobs that follow the dataset, each with the first epoch that covers the new
+    /// items (the next one the server starts for it).
+    pub jobs: Vec<GrownJob>,
+    pub dataset: DatasetView,
+}
+
+/// A running job that follows its dataset as it grows.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct GrownJob {
+    pub name: String,
+    pub from_epoch: u32,
+}
+
+/// Append shards, Parquet files, manifest files or class folders to a ready local dataset,
+/// while its jobs run: the existing ids, labels and cached elements stay and the new items
+/// take the next ids. Each running job of one rank registered without `subset` or `replay`
+/// covers them from its next epoch (each epoch a permutation of the dataset as it stands when
+/// the epoch starts); other jobs keep the dataset they registered with. Answers once the
+/// appended paths are indexed and persisted.
+#[utoipa::path(
+    tag = "datasets",
+    params(("name" = String, Path, description = "the dataset's name", example = "example")),
+    request_body = AppendRequest,
+    responses(
+        (status = 200, description = "appended", body = AppendView),
+        AppendErrors
+    )
+)]
+#[post("/v1/datasets/{name}/append")]
+async fn append_dataset(
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    body: web::Json<AppendRequest>,
+) -> Result<HttpResponse> {
+    let out = append::append_dataset(&state.registry, &name, body.into_inner().paths).await?;
+    let d = state.registry.dataset(&name)?;
+    Ok(HttpResponse::Ok().json(AppendView {
+        added: out.added,
+        jobs: out
+            .jobs
+            .into_iter()
+            .map(|(name, from_epoch)| GrownJob { name, from_epoch })
+            .collect(),
+        dataset: dataset_view(&d),
+    }))
+}
+
 /// Preload a working set of the dataset (a subset, prepared by the pipeline its jobs will
 /// use) into the cache and pin it there until released: it loads in the background, below
 /// running jobs' loads (poll the dataset: its `preload.state` becomes `ready`); a job on the
@@ -206,6 +273,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(delete_dataset)
         .service(dataset_failures)
         .service(reindex_dataset)
+        .service(append_dataset)
         .service(preload_dataset)
         .service(release_preload);
 }

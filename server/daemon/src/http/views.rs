@@ -37,6 +37,8 @@ pub struct DatasetView {
     pub changes: Option<ObjectChanges>,
     /// Its working set (`POST /v1/datasets/{name}/preload`), until released.
     pub preload: Option<PreloadView>,
+    /// What was appended to it, in order (`POST /v1/datasets/{name}/append`).
+    pub appended: Vec<crate::catalog::Appended>,
 }
 
 /// A dataset's preload: what it asked for and how far it is.
@@ -125,6 +127,7 @@ pub fn dataset_view(d: &DatasetEntry) -> DatasetView {
         created_unix: d.record.created_unix,
         changes: d.record.changes.clone(),
         preload: d.preload.as_ref().map(preload_view),
+        appended: d.record.appended.clone(),
     }
 }
 
@@ -168,7 +171,12 @@ pub struct JobView {
     pub epoch: u64,
     /// Position in the current epoch (of the last sampled element).
     pub position: u64,
+    /// Elements of its subset: of its next epoch when its dataset grew (`grows`).
     pub subset_size: u64,
+    /// The job follows its dataset as it grows (`POST /v1/datasets/{name}/append`): from the
+    /// next epoch the server starts for it after an append, each epoch covers the grown
+    /// dataset. True for a job of one rank registered without `subset` or `replay`.
+    pub grows: bool,
     /// The dataset's fingerprint when the job registered (`items:xxh3-64` of its items'
     /// locations and labels, in id order): a checkpoint keeps it, and a resume on a dataset
     /// whose first items differ is refused (`dataset_changed`).
@@ -255,7 +263,8 @@ pub fn job_view(j: &JobEntry) -> JobView {
         reason,
         epoch,
         position: s.position.load(Relaxed),
-        subset_size: j.subset_len,
+        subset_size: j.subset_len.load(Relaxed),
+        grows: j.grows,
         dataset_fingerprint: j.fingerprint.clone(),
         sampled: s.sampled.load(Relaxed),
         delivered: s.delivered.load(Relaxed),

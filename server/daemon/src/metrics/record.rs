@@ -312,7 +312,7 @@ fn job_families(
         let values = [
             s.epoch.load(Relaxed) as f64,
             s.position.load(Relaxed) as f64,
-            j.subset_len as f64,
+            j.subset_len.load(Relaxed) as f64,
             j.rate().0,
             s.run_rate(!j.has_ended()),
             f64::from(u8::from(st == "running")),

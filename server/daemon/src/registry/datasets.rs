@@ -16,25 +16,7 @@ pub fn create_dataset(registry: &Arc<Registry>, name: String, source: SourceSpec
     let source = source
         .resolved()
         .map_err(|e| Error::new(Code::InvalidRequest, e.to_string()))?;
-    crate::loading::check_source(
-        &source,
-        &registry.config.allowed_roots,
-        registry.objects.as_deref(),
-    )
-    .map_err(|e| match e {
-        StorageError::S3Invalid { .. }
-        | StorageError::BadFields { .. }
-        | StorageError::NoMatch { .. }
-        | StorageError::BadPattern { .. } => Error::new(Code::InvalidRequest, e.to_string()),
-        StorageError::S3EndpointNotAllowed { .. } => {
-            Error::new(Code::EndpointNotAllowed, e.to_string())
-        }
-        StorageError::S3NotAllowed { .. } => Error::new(Code::PathNotAllowed, e.to_string()),
-        e => Error::new(
-            Code::PathNotAllowed,
-            format!("{e}; allowed roots: {:?}", registry.config.allowed_roots),
-        ),
-    })?;
+    check_source(registry, &source)?;
     let record = DatasetRecord {
         name: name.clone(),
         source,
@@ -45,6 +27,7 @@ pub fn create_dataset(registry: &Arc<Registry>, name: String, source: SourceSpec
             .map_or(0, |d| d.as_secs()),
         changes: None,
         preload: None,
+        appended: Vec::new(),
     };
     {
         let mut inner = registry.inner.lock().map_err(Error::internal)?;
@@ -69,6 +52,30 @@ pub fn create_dataset(registry: &Arc<Registry>, name: String, source: SourceSpec
     }
     start_indexing(registry.clone(), record.name);
     Ok(())
+}
+
+/// Checks a source's paths against the server's allowed roots and object stores, before any
+/// indexing.
+pub(super) fn check_source(registry: &Registry, source: &SourceSpec) -> Result<()> {
+    crate::loading::check_source(
+        source,
+        &registry.config.allowed_roots,
+        registry.objects.as_deref(),
+    )
+    .map_err(|e| match e {
+        StorageError::S3Invalid { .. }
+        | StorageError::BadFields { .. }
+        | StorageError::NoMatch { .. }
+        | StorageError::BadPattern { .. } => Error::new(Code::InvalidRequest, e.to_string()),
+        StorageError::S3EndpointNotAllowed { .. } => {
+            Error::new(Code::EndpointNotAllowed, e.to_string())
+        }
+        StorageError::S3NotAllowed { .. } => Error::new(Code::PathNotAllowed, e.to_string()),
+        e => Error::new(
+            Code::PathNotAllowed,
+            format!("{e}; allowed roots: {:?}", registry.config.allowed_roots),
+        ),
+    })
 }
 
 /// Indexes an `s3` dataset again, in the background; once done, its record's `changes` says
@@ -160,8 +167,14 @@ pub fn reindex_dataset(registry: &Arc<Registry>, name: &str) -> Result<()> {
 pub async fn delete_dataset(registry: &Registry, name: &str, force: bool) -> Result<()> {
     let users: Vec<String> = {
         let inner = registry.inner.lock().map_err(Error::internal)?;
-        if !inner.datasets.contains_key(name) {
+        let Some(d) = inner.datasets.get(name) else {
             return Err(Error::dataset_not_found(name));
+        };
+        if d.appending {
+            return Err(Error::new(
+                Code::DatasetInUse,
+                format!("dataset '{name}' is being appended to: delete it once that ends"),
+            ));
         }
         inner
             .jobs

@@ -5,6 +5,7 @@
 //! [`ClusterNode`] interface, which `crate::cluster` implements (the cluster imports the
 //! registry, never the reverse; `crate::state` holds both).
 
+pub mod append;
 pub mod cluster_node;
 pub mod datasets;
 mod disk_preload;
@@ -243,10 +244,11 @@ impl Inner {
                     ),
                 ));
             }
-            None => d
-                .source
-                .insert(Arc::new(crate::loading::IndexSource(index.clone())))
-                .clone(),
+            None => {
+                let local = Arc::new(crate::loading::IndexSource::new(index.clone()));
+                d.local = Some(local.clone());
+                d.source.insert(local).clone()
+            }
         };
         Ok((d, index, source))
     }
@@ -389,6 +391,10 @@ pub struct DatasetEntry {
     pub sampler: Option<Addr<SamplerActor>>,
     /// Its working set preloaded and pinned in the cache, until released.
     pub preload: Option<preload::PreloadEntry>,
+    /// `source` when it reads local files: an append gives it the grown index.
+    pub local: Option<Arc<crate::loading::IndexSource>>,
+    /// An append is under way (`append::append_dataset`; one at a time).
+    pub appending: bool,
 }
 
 impl DatasetEntry {
@@ -401,6 +407,8 @@ impl DatasetEntry {
             source: None,
             sampler: None,
             preload: None,
+            local: None,
+            appending: false,
         }
     }
 }
@@ -409,7 +417,11 @@ pub struct JobEntry {
     pub id: u64,
     pub name: String,
     pub dataset: String,
-    pub subset_len: u64,
+    /// Elements of its subset (of its next epoch, when its dataset grew).
+    pub subset_len: AtomicU64,
+    /// Its subset is the whole dataset, which it follows as it grows by appends (a job of
+    /// one rank registered without `subset` or `replay`; see `append`).
+    pub grows: bool,
     pub pipeline: Pipeline,
     pub request: JobRequest,
     pub stats: Arc<JobStats>,
@@ -475,15 +487,17 @@ pub enum RateOver {
 /// Indexes a dataset on a background thread and records the outcome.
 pub fn start_indexing(registry: Arc<Registry>, name: String) {
     let spawned = std::thread::Builder::new().name(format!("joader-index-{name}")).spawn(move || {
-        let (spec, progress) = {
+        let (spec, progress, record) = {
             let Ok(inner) = registry.inner.lock() else { return };
             let Some(d) = inner.datasets.get(&name) else { return };
-            (d.record.source.clone(), d.progress.clone())
+            (d.record.source.clone(), d.progress.clone(), d.record.clone())
         };
         let started = Instant::now();
         let objects = registry.objects.as_deref();
         let result = crate::loading::index(&spec, &registry.config.allowed_roots, objects, &mut |n| progress.store(n, Relaxed))
             .and_then(|(index, versions)| {
+                // What was appended to it joins it again, in order.
+                let index = append::replay_appends(&record, &registry.config.allowed_roots, index)?;
                 // An object store's reader is opened here, off the HTTP workers.
                 let index = Arc::new(index);
                 let source = matches!(spec, joader_storage::SourceSpec::S3 { .. })

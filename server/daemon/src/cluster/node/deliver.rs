@@ -140,6 +140,7 @@ fn empty(dataset: DatasetId) -> Deliver {
         groups: Vec::new(),
         ends: Vec::new(),
         ahead: Vec::new(),
+        grown: Vec::new(),
     }
 }
 

@@ -79,7 +79,7 @@ pub async fn register_job<T>(
     if node.is_none() {
         add_to_sampler(registry, &req, &job, ranks.world, record).await?;
     }
-    let entry = job.entry(&req, rings, remover);
+    let entry = job.entry(&req, ranks, rings, remover);
     let body = view(registry, &entry);
     registry
         .inner
@@ -90,6 +90,14 @@ pub async fn register_job<T>(
     tracing::info!(job = %req.name, dataset = %req.dataset, world = ranks.world,
         local_ranks = ranks.local, multi = ranks.multi, capacity, "job registered");
     Ok((body, true))
+}
+
+/// Whether the job follows its dataset as it grows by appends: its subset is the whole
+/// dataset (no `subset`, no `replay`) and it has one rank. A job of several ranks keeps the
+/// dataset it registered with: its clients size each rank's even share once, at
+/// registration.
+fn grows(req: &JobRequest, ranks: Ranks) -> bool {
+    req.subset.is_none() && req.replay.is_none() && ranks.world == 1 && !ranks.multi
 }
 
 /// What the registration resolved of a new job, for its later phases.
@@ -106,6 +114,7 @@ impl NewJob {
     fn entry(
         self,
         req: &JobRequest,
+        ranks: Ranks,
         rings: Vec<RingInfo>,
         remover: Recipient<RemoveJob>,
     ) -> JobEntry {
@@ -113,7 +122,8 @@ impl NewJob {
             id: self.id,
             name: req.name.clone(),
             dataset: req.dataset.clone(),
-            subset_len: self.order.subset.len(),
+            subset_len: self.order.subset.len().into(),
+            grows: grows(req, ranks),
             pipeline: self.pipeline,
             request: req.identity(),
             stats: self.stats,

@@ -1,0 +1,162 @@
+"""Appending to a dataset while its jobs run (issue 45, item 2), through a real `joader serve`:
+a job that follows its dataset covers the appended shard from the epoch the append names (each
+epoch an exact permutation of the dataset as it stood when the epoch started), a job with a
+subset keeps its own, a state saved before the append resumes over the grown dataset, the
+refusals say why, and a restarted server keeps what was appended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Set
+
+import pytest
+from conftest import create, get, post, start_serve
+from test_fields import write_shard
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
+SIZES = {"a": 120, "b": 80, "c": 60}
+FIELDS = {"text": {"kind": "text", "from": "txt"}, "label": {"kind": "class", "from": "cls"}}
+
+
+def text(shard: str, k: int) -> str:
+    return f"{shard}{k}"
+
+
+def serve(tmp: Path, instance: str) -> Any:
+    return start_serve(str(BIN), ["--instance", instance, "--data-dir", str(tmp / "state"),
+                                  "--allowed-root", str(tmp / "data"), "--cache-bytes", str(16 << 20),
+                                  "--cache-slots", "512"])
+
+
+def stop(proc: Any, instance: str) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"joader-{instance}-")], "segments left behind"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Dict[str, Any]]:
+    assert BIN.exists(), f"{BIN} is missing: build it with cargo build -p joader-tools"
+    tmp = Path(tempfile.mkdtemp(prefix="joader-append-"))
+    data = tmp / "data"
+    data.mkdir()
+    for shard, n in SIZES.items():
+        write_shard(data / f"{shard}.tar", [{"__key__": f"{shard}{k:04d}".encode(), "txt": text(shard, k).encode(),
+                                             "cls": str(k % 4).encode()} for k in range(n)])
+    # A shard without the declared text field.
+    write_shard(data / "bad.tar", [{"__key__": b"z0000", "cls": b"1"}])
+    instance = f"pyappend_{os.getpid()}"
+    proc, url = serve(tmp, instance)
+    view = create(url, "grow", {"kind": "tar_shards", "paths": [str(data / "a.tar"), str(data / "b.tar")],
+                                "fields": FIELDS})
+    assert view["state"] == "ready" and view["items"] == 200, view
+    state = {"url": url, "instance": instance, "tmp": tmp, "data": data, "proc": proc}
+    yield state
+    stop(state["proc"], instance)
+
+
+def run_epochs(loader: Any, n: int, first: Dict[int, str]) -> List[Dict[int, str]]:
+    """`n` epochs of `loader` (the first already begun with `first`), each its texts by id."""
+    out = []
+    for e in range(n):
+        items = dict(first) if e == 0 else {}
+        for batch in loader:
+            for k, i in enumerate(loader.last_ids.tolist()):
+                assert i not in items, f"element {i} twice in one epoch"
+                items[i] = batch["text"][k]
+        out.append(items)
+    return out
+
+
+def expected(n: int) -> Dict[int, str]:
+    """The texts of the dataset's first `n` items, by id (a, b, then c)."""
+    texts = [text(s, k) for s, size in SIZES.items() for k in range(size)]
+    return dict(enumerate(texts[:n]))
+
+
+def test_a_running_job_covers_the_appended_shard_from_its_next_epoch(server: Dict[str, Any]) -> None:
+    import joader
+    url, data = server["url"], server["data"]
+    follow = joader.Loader(server=url, dataset="grow", job="follow", epochs=4, batch_size=8, timeout=60)
+    fixed = joader.Loader(server=url, dataset="grow", job="fixed", epochs=2, batch_size=8, timeout=60,
+                          subset={"start": 0, "end": 200})
+    saver = joader.Loader(server=url, dataset="grow", job="saver", epochs=1, batch_size=8, timeout=60)
+    with follow, fixed:
+        # Epoch 0 has begun for the follower; the saver keeps a state mid-epoch.
+        it = iter(follow)
+        batch = next(it)
+        first = {i: batch["text"][k] for k, i in enumerate(follow.last_ids.tolist())}
+        with saver:
+            before: Set[int] = set()
+            for _ in range(5):
+                next(iter(saver))
+                before.update(saver.last_ids.tolist())
+            state = saver.state_dict()
+        out = joader.append(url, "grow", [str(data / "c.tar")])
+        assert out["added"] == SIZES["c"], out
+        assert out["dataset"]["items"] == 260 and len(out["dataset"]["appended"]) == 1, out
+        assert out["dataset"]["appended"][0]["items"] == SIZES["c"]
+        jobs = {j["name"]: j["from_epoch"] for j in out["jobs"]}
+        # The job with a subset keeps its own; the follower grows from the next epoch the
+        # server starts for it (the one under way, or the next if it was sampled ahead).
+        # (The saver may still run: its reader left mid-epoch.)
+        assert "follow" in jobs and "fixed" not in jobs, jobs
+        assert jobs["follow"] in (1, 2), jobs
+        view = get(url, "/v1/jobs/follow")
+        assert view["grows"] is True and view["subset_size"] == 260, view
+        assert get(url, "/v1/jobs/fixed")["grows"] is False
+        # Each epoch an exact permutation of the dataset as it stood when it started.
+        for e, items in enumerate(run_epochs(follow, 4, first)):
+            assert items == expected(200 if e < jobs["follow"] else 260), f"epoch {e}"
+        for items in run_epochs(fixed, 2, {}):
+            assert items == expected(200)
+    # A state saved before the append resumes: the rest of its epoch over the grown dataset.
+    with joader.Loader(server=url, dataset="grow", job="saver", epochs=1, batch_size=8, timeout=60,
+                       resume=state) as resumed:
+        (rest,) = run_epochs(resumed, 1, {})
+    consumed = set(range(260)) - set(rest)
+    assert not set(rest) & before and consumed >= before, "an element twice in the resumed epoch"
+    assert set(range(200, 260)) <= set(rest)
+
+
+def test_appends_that_cannot_join_say_why(server: Dict[str, Any]) -> None:
+    url, data = server["url"], server["data"]
+    status, body = post(url, "/v1/datasets/grow/append", {"paths": [str(data / "a.tar")]})
+    assert (status, body["error"]["code"]) == (409, "cannot_append"), body
+    assert "a.tar is in the dataset already" in body["error"]["message"], body
+    status, body = post(url, "/v1/datasets/grow/append", {"paths": []})
+    assert (status, body["error"]["code"]) == (409, "cannot_append"), body
+    status, body = post(url, "/v1/datasets/grow/append", {"paths": [str(data / "bad.tar")]})
+    assert (status, body["error"]["code"]) == (400, "invalid_request"), body
+    assert "missing_field" in body["error"]["message"], body
+    status, body = post(url, "/v1/datasets/grow/append", {"paths": ["/etc"]})
+    assert (status, body["error"]["code"]) == (403, "path_not_allowed"), body
+    status, body = post(url, "/v1/datasets/nothing/append", {"paths": [str(data / "c.tar")]})
+    assert (status, body["error"]["code"]) == (404, "dataset_not_found"), body
+    import numpy as np
+    np.save(data / "x.npy", np.zeros((4, 2), np.float32))
+    assert create(url, "arr", {"kind": "array", "paths": [str(data / "x.npy")]})["state"] == "ready"
+    status, body = post(url, "/v1/datasets/arr/append", {"paths": [str(data / "x.npy")]})
+    assert (status, body["error"]["code"]) == (409, "cannot_append"), body
+    assert "does not grow" in body["error"]["message"], body
+    # Nothing of the refusals joined.
+    assert get(url, "/v1/datasets/grow")["items"] in (200, 260)
+
+
+def test_a_restarted_server_keeps_what_was_appended(server: Dict[str, Any]) -> None:
+    import joader
+    url = server["url"]
+    if get(url, "/v1/datasets/grow")["items"] == 200:
+        joader.append(url, "grow", [str(server["data"] / "c.tar")])
+    stop(server["proc"], server["instance"])
+    server["proc"], server["url"] = serve(server["tmp"], server["instance"])
+    url = server["url"]
+    view = get(url, "/v1/datasets/grow")
+    assert view["items"] == 260 and [a["items"] for a in view["appended"]] == [SIZES["c"]], view
+    with joader.Loader(server=url, dataset="grow", job="after", epochs=1, batch_size=8, timeout=60) as ld:
+        (items,) = run_epochs(ld, 1, {})
+    assert items == expected(260)
