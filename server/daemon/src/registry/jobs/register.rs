@@ -79,14 +79,20 @@ pub async fn register_job<T>(
     if node.is_none() {
         add_to_sampler(registry, &req, &job, ranks.world, record).await?;
     }
+    let (id, items, sampler) = (job.id, job.dataset.index.len(), job.dataset.sampler.clone());
     let entry = job.entry(&req, ranks, rings, remover);
+    let follows = entry.grows;
     let body = view(registry, &entry);
+    let entry = Arc::new(entry);
     registry
         .inner
         .lock()
         .map_err(Error::internal)?
         .jobs
-        .insert(req.name.clone(), Arc::new(entry));
+        .insert(req.name.clone(), entry.clone());
+    if follows && node.is_none() {
+        catch_up(registry, &req.dataset, (id, items), &entry, &sampler).await;
+    }
     tracing::info!(job = %req.name, dataset = %req.dataset, world = ranks.world,
         local_ranks = ranks.local, multi = ranks.multi, capacity, "job registered");
     Ok((body, true))
@@ -98,6 +104,36 @@ pub async fn register_job<T>(
 /// registration.
 fn grows(req: &JobRequest, ranks: Ranks) -> bool {
     req.subset.is_none() && req.replay.is_none() && ranks.world == 1 && !ranks.multi
+}
+
+/// A job that follows its dataset and resolved it before an append that ran while it
+/// registered (the append told the jobs it found, and this one was not among them yet): grows
+/// it by what was appended since `items`. Telling a job twice grows it once.
+async fn catch_up(
+    registry: &Registry,
+    dataset: &str,
+    (id, items): (JobId, usize),
+    entry: &JobEntry,
+    sampler: &Addr<SamplerActor>,
+) {
+    let now = registry
+        .dataset(dataset)
+        .ok()
+        .and_then(|d| d.index.map(|i| i.len()))
+        .unwrap_or(items);
+    if now > items {
+        let added: RoaringBitmap = (items as u32..now as u32).collect();
+        entry
+            .subset_len
+            .store(now as u64, std::sync::atomic::Ordering::Relaxed);
+        let grown = sampler.send(actors::GrowJob {
+            job: id,
+            added: Arc::new(added),
+        });
+        if let Ok(Err(e)) = grown.await {
+            tracing::debug!(job = id, error = %e, "a job did not grow (it ended)");
+        }
+    }
 }
 
 /// What the registration resolved of a new job, for its later phases.
