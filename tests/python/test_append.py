@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Set
 
 import pytest
-from conftest import create, get, post, start_serve
+from conftest import create, get, need, post, start_serve
 from test_fields import write_shard
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,16 +147,56 @@ def test_appends_that_cannot_join_say_why(server: Dict[str, Any]) -> None:
     assert get(url, "/v1/datasets/grow")["items"] in (200, 260)
 
 
-def test_a_restarted_server_keeps_what_was_appended(server: Dict[str, Any]) -> None:
+def test_parquet_files_append_and_keep_their_classes(server: Dict[str, Any]) -> None:
     import joader
-    url = server["url"]
+    pa = need("pyarrow", "a Parquet dataset grown by a file")
+    import pyarrow.parquet as pq
+    url, data = server["url"], server["data"]
+    (data / "pq").mkdir()
+    label = pa.dictionary(pa.int8(), pa.string())
+    pq.write_table(pa.table({"text": [f"p{i}" for i in range(30)],
+                             "label": pa.array([["cat", "dog"][i % 2] for i in range(30)]).cast(label)}),
+                   data / "pq" / "one.parquet", row_group_size=7)
+    pq.write_table(pa.table({"text": [f"q{i}" for i in range(20)],
+                             "label": pa.array([["emu", "cat"][i % 2] for i in range(20)]).cast(label)}),
+                   data / "two.parquet", row_group_size=6)
+    view = create(url, "pq", {"kind": "parquet", "paths": [str(data / "pq")],
+                              "fields": {"text": {"kind": "text"}, "label": {"kind": "class"}}})
+    assert view["state"] == "ready" and view["items"] == 30, view
+    out = joader.append(url, "pq", [str(data / "two.parquet")])
+    assert out["added"] == 20 and out["dataset"]["classes"] == view["classes"] + ["emu"], out
+    names = out["dataset"]["classes"]
+    with joader.Loader(server=url, dataset="pq", job="pq-after", epochs=1, batch_size=8, timeout=60) as ld:
+        got: Dict[int, Any] = {}
+        for batch in ld:
+            for k, i in enumerate(ld.last_ids.tolist()):
+                got[i] = (batch["text"][k], names[int(batch["label"][k])])
+    assert got == {**{i: (f"p{i}", ["cat", "dog"][i % 2]) for i in range(30)},
+                   **{30 + i: (f"q{i}", ["emu", "cat"][i % 2]) for i in range(20)}}
+
+
+def test_a_restarted_server_keeps_what_was_appended(server: Dict[str, Any]) -> None:
+    import subprocess
+    url, data = server["url"], server["data"]
     if get(url, "/v1/datasets/grow")["items"] == 200:
-        joader.append(url, "grow", [str(server["data"] / "c.tar")])
+        import joader
+        joader.append(url, "grow", [str(data / "c.tar")])
+    # The command line's append, of two shards at once.
+    assert create(url, "grow2", {"kind": "tar_shards", "paths": [str(data / "a.tar")],
+                                 "fields": FIELDS})["items"] == 120
+    run = subprocess.run([str(BIN), "append", "grow2", str(data / "b.tar"), str(data / "c.tar"), "--server", url],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "appended 140 items to dataset 'grow2' (260 now)" in run.stderr, run.stderr
+    import joader
     stop(server["proc"], server["instance"])
     server["proc"], server["url"] = serve(server["tmp"], server["instance"])
     url = server["url"]
     view = get(url, "/v1/datasets/grow")
     assert view["items"] == 260 and [a["items"] for a in view["appended"]] == [SIZES["c"]], view
-    with joader.Loader(server=url, dataset="grow", job="after", epochs=1, batch_size=8, timeout=60) as ld:
-        (items,) = run_epochs(ld, 1, {})
-    assert items == expected(260)
+    for dataset in ("grow", "grow2"):
+        with joader.Loader(server=url, dataset=dataset, job=f"after-{dataset}", epochs=1, batch_size=8,
+                           timeout=60) as ld:
+            (items,) = run_epochs(ld, 1, {})
+        assert items == expected(260), dataset
+    assert [a["items"] for a in get(url, "/v1/datasets/grow2")["appended"]] == [140]

@@ -18,16 +18,25 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: impl Into<String>) -> Self {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .build()
-            .into();
         Self {
             base: base.into().trim_end_matches('/').to_string(),
-            agent,
+            agent: Self::agent(Duration::from_secs(30)),
             token: None,
         }
+    }
+
+    fn agent(timeout: Duration) -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .build()
+            .into()
+    }
+
+    /// The same client, waiting up to `timeout` for each answer (30 s by default).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.agent = Self::agent(timeout);
+        self
     }
 
     pub fn with_token(mut self, token: Option<String>) -> Self {

@@ -4,6 +4,7 @@
 //! `main.rs` only dispatches.
 #![forbid(unsafe_code)]
 
+pub mod append;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod cleanup;

@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 #[cfg(feature = "bench")]
 use joader_tools::bench;
-use joader_tools::{cleanup, consume, demo, preload, simulate, synth};
+use joader_tools::{append, cleanup, consume, demo, preload, simulate, synth};
 
 /// mimalloc instead of glibc's malloc: the loader threads allocate and free a decoded image
 /// (hundreds of KiB) per element, often freed on another thread (the Cache's); glibc returns
@@ -38,6 +38,9 @@ enum Command {
     /// Preload a dataset's working set into a running server's cache and pin it there, so
     /// that jobs started later decode nothing of it; waits with a progress bar.
     Preload(preload::PreloadArgs),
+    /// Append shards, Parquet files, manifest files or class folders to a running server's
+    /// dataset while its jobs run (they cover the new items from their next epoch).
+    Append(append::AppendArgs),
     /// Generate a synthetic ImageNet-like ImageFolder dataset (JPEGs in class folders).
     GenDataset(synth::GenDatasetArgs),
     /// Simulate samplers and cache policies on synthetic datasets and count cache misses.
@@ -75,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args),
         Command::Consume(args) => consume::run(args),
         Command::Preload(args) => preload::run(args),
+        Command::Append(args) => append::run(args),
         Command::Cleanup(args) => cleanup::run(args),
         Command::GenDataset(args) => synth::gen_dataset(args),
         Command::Simulate(args) => simulate::run(args),
