@@ -18,7 +18,7 @@ from test_fields import write_shard
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("JOADER_BIN", ROOT / "target" / "debug" / "joader"))
-SIZES = {"a": 120, "b": 80, "c": 60}
+SIZES = {"a": 120, "b": 80, "c": 60, "d": 40}
 FIELDS = {"text": {"kind": "text", "from": "txt"}, "label": {"kind": "class", "from": "cls"}}
 
 
@@ -101,26 +101,30 @@ def test_a_running_job_covers_the_appended_shard_from_its_next_epoch(server: Dic
         assert out["dataset"]["items"] == 260 and len(out["dataset"]["appended"]) == 1, out
         assert out["dataset"]["appended"][0]["items"] == SIZES["c"]
         jobs = {j["name"]: j["from_epoch"] for j in out["jobs"]}
+        # A second append before that epoch starts joins it too.
+        out = joader.append(url, "grow", [str(data / "d.tar")])
+        assert out["added"] == SIZES["d"] and out["dataset"]["items"] == 300, out
+        assert {j["name"]: j["from_epoch"] for j in out["jobs"]}["follow"] == jobs["follow"], out
         # The job with a subset keeps its own; the follower grows from the next epoch the
         # server starts for it (the one under way, or the next if it was sampled ahead).
         # (The saver may still run: its reader left mid-epoch.)
         assert "follow" in jobs and "fixed" not in jobs, jobs
         assert jobs["follow"] in (1, 2), jobs
         view = get(url, "/v1/jobs/follow")
-        assert view["grows"] is True and view["subset_size"] == 260, view
+        assert view["grows"] is True and view["subset_size"] == 300, view
         assert get(url, "/v1/jobs/fixed")["grows"] is False
         # Each epoch an exact permutation of the dataset as it stood when it started.
         for e, items in enumerate(run_epochs(follow, 4, first)):
-            assert items == expected(200 if e < jobs["follow"] else 260), f"epoch {e}"
+            assert items == expected(200 if e < jobs["follow"] else 300), f"epoch {e}"
         for items in run_epochs(fixed, 2, {}):
             assert items == expected(200)
     # A state saved before the append resumes: the rest of its epoch over the grown dataset.
     with joader.Loader(server=url, dataset="grow", job="saver", epochs=1, batch_size=8, timeout=60,
                        resume=state) as resumed:
         (rest,) = run_epochs(resumed, 1, {})
-    consumed = set(range(260)) - set(rest)
+    consumed = set(range(300)) - set(rest)
     assert not set(rest) & before and consumed >= before, "an element twice in the resumed epoch"
-    assert set(range(200, 260)) <= set(rest)
+    assert set(range(200, 300)) <= set(rest)
 
 
 def test_appends_that_cannot_join_say_why(server: Dict[str, Any]) -> None:
@@ -144,7 +148,7 @@ def test_appends_that_cannot_join_say_why(server: Dict[str, Any]) -> None:
     assert (status, body["error"]["code"]) == (409, "cannot_append"), body
     assert "does not grow" in body["error"]["message"], body
     # Nothing of the refusals joined.
-    assert get(url, "/v1/datasets/grow")["items"] in (200, 260)
+    assert get(url, "/v1/datasets/grow")["items"] in (200, 300)
 
 
 def test_parquet_files_append_and_keep_their_classes(server: Dict[str, Any]) -> None:
@@ -181,6 +185,7 @@ def test_a_restarted_server_keeps_what_was_appended(server: Dict[str, Any]) -> N
     if get(url, "/v1/datasets/grow")["items"] == 200:
         import joader
         joader.append(url, "grow", [str(data / "c.tar")])
+        joader.append(url, "grow", [str(data / "d.tar")])
     # The command line's append, of two shards at once.
     assert create(url, "grow2", {"kind": "tar_shards", "paths": [str(data / "a.tar")],
                                  "fields": FIELDS})["items"] == 120
@@ -193,10 +198,10 @@ def test_a_restarted_server_keeps_what_was_appended(server: Dict[str, Any]) -> N
     server["proc"], server["url"] = serve(server["tmp"], server["instance"])
     url = server["url"]
     view = get(url, "/v1/datasets/grow")
-    assert view["items"] == 260 and [a["items"] for a in view["appended"]] == [SIZES["c"]], view
-    for dataset in ("grow", "grow2"):
+    assert view["items"] == 300 and [a["items"] for a in view["appended"]] == [SIZES["c"], SIZES["d"]], view
+    for dataset, n in (("grow", 300), ("grow2", 260)):
         with joader.Loader(server=url, dataset=dataset, job=f"after-{dataset}", epochs=1, batch_size=8,
                            timeout=60) as ld:
             (items,) = run_epochs(ld, 1, {})
-        assert items == expected(260), dataset
+        assert items == expected(n), dataset
     assert [a["items"] for a in get(url, "/v1/datasets/grow2")["appended"]] == [140]

@@ -46,14 +46,58 @@ pub(crate) struct ArrayColumn {
 }
 
 /// The files of an `array` dataset, opened on first read and kept (a read that fails to
-/// open one tries again next time).
+/// open one tries again next time); or, for arrays in an object store, what reads their rows
+/// there (installed by the source, `s3::array`).
 #[derive(Default)]
-pub(crate) struct OpenArrays(Mutex<Vec<Option<Arc<File>>>>);
+pub(crate) struct OpenArrays {
+    files: Mutex<Vec<Option<Arc<File>>>>,
+    objects: std::sync::OnceLock<Arc<dyn ArrayObjects>>,
+}
+
+/// Reads rows of arrays that are objects: each `(key, byte range)` of `reads`, all at once.
+pub(crate) trait ArrayObjects: Send + Sync {
+    fn read(&self, reads: &[(&Path, std::ops::Range<u64>)]) -> Result<Vec<Vec<u8>>, StorageError>;
+}
+
+/// Where an array's header and labels are read from while it is indexed: a local file or an
+/// object.
+pub(crate) trait ArrayBytes {
+    /// The file's or object's length.
+    fn len(&self) -> u64;
+    /// `len` bytes at `offset` (within [`ArrayBytes::len`]).
+    fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, StorageError>;
+}
+
+/// A local array file.
+struct LocalArray {
+    path: PathBuf,
+    file: File,
+    len: u64,
+}
+
+impl ArrayBytes for LocalArray {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, StorageError> {
+        let mut buf = vec![0u8; len];
+        self.file
+            .read_exact_at(&mut buf, offset)
+            .map_err(|e| StorageError::io(&self.path, e))?;
+        Ok(buf)
+    }
+}
 
 impl OpenArrays {
+    /// Reads the rows through `objects` from now on (arrays in an object store).
+    pub(crate) fn set_objects(&self, objects: Arc<dyn ArrayObjects>) {
+        let _ = self.objects.set(objects);
+    }
+
     fn file(&self, n: usize, path: &Path) -> Result<Arc<File>, StorageError> {
         let mut files = self
-            .0
+            .files
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if files.len() <= n {
@@ -190,29 +234,28 @@ struct Rows {
     row_bytes: u64,
 }
 
-/// Reads and checks the header of the array at `path` (canonical).
-fn read_header(path: &Path) -> Result<Rows, StorageError> {
+/// Reads and checks the header of the array `path` names (canonical, or an object's name),
+/// read from `bytes`.
+fn read_header(path: &Path, bytes: &dyn ArrayBytes) -> Result<Rows, StorageError> {
     let bad = |reason: String| StorageError::BadArray {
         path: path.to_owned(),
         reason,
     };
-    let file = File::open(path).map_err(|e| StorageError::io(path, e))?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| StorageError::io(path, e))?
-        .len();
-    let mut start = vec![0u8; file_len.min(12) as usize];
-    file.read_exact_at(&mut start, 0)
-        .map_err(|e| StorageError::io(path, e))?;
+    let file_len = bytes.len();
+    // An object's header is read with one request when it fits in 4 KiB (NumPy pads it to
+    // 64 bytes; a few hundred for most arrays).
+    let start = bytes.read_at(0, file_len.min(4096) as usize)?;
     let header_len = NpyHeader::len_from_start(&start).map_err(bad)?;
     if header_len > file_len || header_len > 1 << 20 {
         return Err(bad(format!(
             "its header says it takes {header_len} bytes; the file has {file_len}"
         )));
     }
-    let mut header = vec![0u8; header_len as usize];
-    file.read_exact_at(&mut header, 0)
-        .map_err(|e| StorageError::io(path, e))?;
+    let header = if header_len as usize <= start.len() {
+        start[..header_len as usize].to_vec()
+    } else {
+        bytes.read_at(0, header_len as usize)?
+    };
     let h = NpyHeader::parse(&header).map_err(bad)?;
     let Some((&rows, row_shape)) = h.shape.split_first() else {
         return Err(bad("a 0-dimensional array has no rows".into()));
@@ -273,15 +316,12 @@ fn row_shape(header: &[u8]) -> Vec<u64> {
 }
 
 /// Reads a `class` array's labels: a 1-D array of integers.
-fn read_labels(path: &Path, rows: &Rows) -> Result<Vec<i64>, StorageError> {
+fn read_labels(path: &Path, bytes: &dyn ArrayBytes, rows: &Rows) -> Result<Vec<i64>, StorageError> {
     let bad = |reason: String| StorageError::BadArray {
         path: path.to_owned(),
         reason,
     };
-    let file = File::open(path).map_err(|e| StorageError::io(path, e))?;
-    let mut head = vec![0u8; rows.data_start as usize];
-    file.read_exact_at(&mut head, 0)
-        .map_err(|e| StorageError::io(path, e))?;
+    let head = bytes.read_at(0, rows.data_start as usize)?;
     let h = NpyHeader::parse(&head).map_err(bad)?;
     if h.shape.len() != 1 || !matches!(h.kind, "i" | "u" | "b") || h.item > 8 {
         return Err(bad(format!(
@@ -291,9 +331,7 @@ fn read_labels(path: &Path, rows: &Rows) -> Result<Vec<i64>, StorageError> {
         )));
     }
     let item = h.item as usize;
-    let mut data = vec![0u8; item * rows.rows as usize];
-    file.read_exact_at(&mut data, rows.data_start)
-        .map_err(|e| StorageError::io(path, e))?;
+    let data = bytes.read_at(rows.data_start, item * rows.rows as usize)?;
     let big = h.descr.starts_with('>');
     let signed = h.kind == "i";
     Ok(data
@@ -323,6 +361,33 @@ pub(crate) fn index(
     roots: &Roots,
     progress: &mut Progress<'_>,
 ) -> Result<DatasetIndex, StorageError> {
+    index_with(paths, fields, progress, &mut |path| {
+        let canonical = roots.check(path)?;
+        let file = File::open(&canonical).map_err(|e| StorageError::io(&canonical, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| StorageError::io(&canonical, e))?
+            .len();
+        let local = LocalArray {
+            path: canonical.clone(),
+            file,
+            len,
+        };
+        Ok((canonical, Box::new(local) as Box<dyn ArrayBytes>))
+    })
+}
+
+/// What opening one of an `array` source's paths gives: the name its index keeps (a
+/// canonical path, an object's key) and its bytes.
+pub(crate) type Opened = (PathBuf, Box<dyn ArrayBytes>);
+
+/// Indexes an `array` source whose paths `open` opens (local files, or objects).
+pub(crate) fn index_with(
+    paths: &[PathBuf],
+    fields: Option<&Fields>,
+    progress: &mut Progress<'_>,
+    open: &mut dyn FnMut(&Path) -> Result<Opened, StorageError>,
+) -> Result<DatasetIndex, StorageError> {
     let fields = match fields {
         Some(f) => f.clone(),
         None => default_fields(paths)?,
@@ -333,8 +398,8 @@ pub(crate) fn index(
     let mut labels = None;
     let mut count: Option<(u64, &Path)> = None;
     for (name, spec, path) in declared {
-        let canonical = roots.check(path)?;
-        let rows = read_header(&canonical)?;
+        let (canonical, bytes) = open(path)?;
+        let rows = read_header(path, bytes.as_ref())?;
         match count {
             Some((n, first)) if n != rows.rows => {
                 return Err(StorageError::BadArray {
@@ -350,7 +415,7 @@ pub(crate) fn index(
             _ => count = Some((rows.rows, path)),
         }
         if spec.kind == FieldKind::Class {
-            labels = Some(read_labels(&canonical, &rows)?);
+            labels = Some(read_labels(path, bytes.as_ref(), &rows)?);
             continue;
         }
         if let Some(want) = &spec.shape
@@ -403,6 +468,9 @@ pub(crate) fn read_row(
     open: &OpenArrays,
     row: u32,
 ) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+    if let Some(objects) = open.objects.get() {
+        return read_row_objects(objects.as_ref(), files, columns, row);
+    }
     let mut values = Vec::with_capacity(columns.len());
     for (n, (path, c)) in files.iter().zip(columns).enumerate() {
         let file = open.file(n, path)?;
@@ -441,4 +509,52 @@ pub(crate) fn read_row(
         values.push(Some(value));
     }
     Ok(values)
+}
+
+/// [`read_row`] of arrays that are objects: one ranged GET per array, all at once.
+fn read_row_objects(
+    objects: &dyn ArrayObjects,
+    keys: &[PathBuf],
+    columns: &[ArrayColumn],
+    row: u32,
+) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+    let reads = keys
+        .iter()
+        .zip(columns)
+        .map(|(key, c)| {
+            let at = c
+                .data_start
+                .checked_add(u64::from(row) * c.row_bytes)
+                .filter(|_| c.row_bytes <= MAX_ROW)
+                .ok_or_else(|| StorageError::ReadFailed {
+                    path: key.clone(),
+                    source: io::Error::new(io::ErrorKind::InvalidData, "row out of range"),
+                })?;
+            Ok((key.as_path(), at..at + c.row_bytes))
+        })
+        .collect::<Result<Vec<_>, StorageError>>()?;
+    let got = objects.read(&reads)?;
+    if let Some((key, _)) = reads
+        .iter()
+        .zip(&got)
+        .find(|((_, r), b)| b.len() as u64 != r.end - r.start)
+    {
+        return Err(StorageError::ReadFailed {
+            path: key.0.to_owned(),
+            source: io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the array is shorter than its index says (truncated?)",
+            ),
+        });
+    }
+    Ok(got
+        .into_iter()
+        .zip(columns)
+        .map(|(bytes, c)| {
+            let mut value = Vec::with_capacity(c.row_header.len() + bytes.len());
+            value.extend_from_slice(&c.row_header);
+            value.extend_from_slice(&bytes);
+            Some(value)
+        })
+        .collect())
 }

@@ -61,8 +61,16 @@ fn a_grown_job_covers_its_new_elements_from_its_next_epoch() {
         let mut got = Epochs::new();
         run_to_end(s.as_mut(), &[1, 2], &mut got, Some(30));
         // Overlapping what it has: only the new ids join.
-        let added: RoaringBitmap = (90..130).collect();
-        assert_eq!(s.grow_job(1, &added).unwrap(), 1, "{kind:?}");
+        // Two appends in one epoch (the first overlapping what it has): the next epoch's
+        // dataset holds both.
+        let (from, next) = s.grow_job(1, &(90..110).collect()).unwrap();
+        assert_eq!((from, next), (1, (0..110).collect()), "{kind:?}");
+        let added: RoaringBitmap = (110..130).collect();
+        assert_eq!(
+            s.grow_job(1, &added).unwrap(),
+            (1, (0..130).collect()),
+            "{kind:?}"
+        );
         assert_eq!(
             s.dataset(1).unwrap().len(),
             100,

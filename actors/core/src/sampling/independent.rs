@@ -106,7 +106,11 @@ impl Sampler for IndependentSampler {
         Ok(())
     }
 
-    fn grow_job(&mut self, key: JobKey, added: &RoaringBitmap) -> Result<u32, SamplerError> {
+    fn grow_job(
+        &mut self,
+        key: JobKey,
+        added: &RoaringBitmap,
+    ) -> Result<(u32, RoaringBitmap), SamplerError> {
         let job = self
             .jobs
             .get_mut(&key)
@@ -115,7 +119,7 @@ impl Sampler for IndependentSampler {
             return Err(SamplerError::FixedOrder(key));
         }
         job.grown |= added - &job.dataset;
-        Ok(job.epoch + 1)
+        Ok((job.epoch + 1, &job.dataset | &job.grown))
     }
 
     fn sample(&mut self, active: &[JobKey], out: &mut Round) -> Result<(), SamplerError> {

@@ -214,8 +214,13 @@ pub trait Sampler: Send {
     /// Grows the job's dataset by `added` (a dataset that was appended to) from its next
     /// epoch on: the epoch under way keeps its remaining set and its length, and every later
     /// epoch is a uniform random permutation of the grown dataset. Returns that next epoch, the
-    /// first that covers `added`. Refused for a replayed job (its order is fixed).
-    fn grow_job(&mut self, key: JobKey, added: &RoaringBitmap) -> Result<u32, SamplerError>;
+    /// first that covers `added`, and the job's dataset from then on (every growth since its
+    /// epoch started included). Refused for a replayed job (its order is fixed).
+    fn grow_job(
+        &mut self,
+        key: JobKey,
+        added: &RoaringBitmap,
+    ) -> Result<(u32, RoaringBitmap), SamplerError>;
     /// Removes a job at any point of its epoch.
     fn remove_job(&mut self, key: JobKey) -> Result<(), SamplerError>;
     /// Samples one element for each job of `active` (duplicates are ignored) into `out`

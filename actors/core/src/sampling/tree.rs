@@ -534,11 +534,15 @@ impl Sampler for DependentSamplingTree {
         Ok(())
     }
 
-    fn grow_job(&mut self, key: JobKey, added: &RoaringBitmap) -> Result<u32, SamplerError> {
+    fn grow_job(
+        &mut self,
+        key: JobKey,
+        added: &RoaringBitmap,
+    ) -> Result<(u32, RoaringBitmap), SamplerError> {
         let p = self.pos(key)?;
         let job = &mut self.jobs[p];
         job.grown |= added - &job.dataset;
-        Ok(job.epoch + 1)
+        Ok((job.epoch + 1, &job.dataset | &job.grown))
     }
 
     fn sample(&mut self, active: &[JobKey], out: &mut Round) -> Result<(), SamplerError> {

@@ -733,11 +733,7 @@ impl SamplerActor {
             SamplerKind::Dsa => &mut self.dsa,
             SamplerKind::Isa => &mut self.isa,
         };
-        let from_epoch = sampler.grow_job(msg.job, &msg.added)?;
-        let subset = sampler
-            .dataset(msg.job)
-            .map(|d| d | msg.added.as_ref())
-            .ok_or(SamplerError::UnknownJob(msg.job))?;
+        let (from_epoch, subset) = sampler.grow_job(msg.job, &msg.added)?;
         self.downstream.do_send(Deliver {
             dataset: self.dataset,
             groups: Vec::new(),

@@ -36,12 +36,15 @@ pub struct AppendOutcome {
 /// What the append starts from, taken under the registry's lock.
 struct Start {
     id: u16,
-    record: DatasetRecord,
+    /// The dataset's source.
+    source: joader_storage::SourceSpec,
     index: Arc<DatasetIndex>,
 }
 
 /// Appends `paths` to the dataset `name` (see the module docs). Indexes them on the blocking
-/// pool and answers once every job that follows the dataset knows.
+/// pool and answers once every job that follows the dataset knows. It runs as a task of its
+/// own: a client that gives up waiting does not stop it halfway (the dataset would stay
+/// marked appending, its jobs not told).
 pub async fn append_dataset(
     registry: &Arc<Registry>,
     name: &str,
@@ -49,40 +52,50 @@ pub async fn append_dataset(
 ) -> Result<AppendOutcome> {
     check_not_draining(registry)?;
     let start = begin(registry, name)?;
-    let grown = grow(registry, name, &start, paths).await;
-    let finished = finish(registry, name, &start, grown);
-    let (added, jobs, sampler) = finished?;
-    let mut followed = Vec::new();
-    if let Some(sampler) = sampler {
-        let new: RoaringBitmap =
-            ((start.index.len() as u32)..(start.index.len() as u32 + added as u32)).collect();
-        let new = Arc::new(new);
-        for (id, job) in jobs {
-            followed.extend(tell(&sampler, id, new.clone(), job).await);
+    let (registry, name) = (registry.clone(), name.to_owned());
+    actix_web::rt::spawn(async move {
+        let grown = grow(&registry, &name, &start, paths).await;
+        let (added, jobs, sampler) = finish(&registry, &name, &start, grown)?;
+        let mut followed = Vec::new();
+        if let Some(sampler) = sampler {
+            let first = start.index.len() as u32;
+            let new = Arc::new((first..first + added as u32).collect::<RoaringBitmap>());
+            let items = start.index.len() as u64 + added;
+            for job in jobs {
+                followed.extend(tell(&sampler, new.clone(), job, items).await);
+            }
         }
-    }
-    tracing::info!(dataset = %name, added, jobs = followed.len(), "dataset appended to");
-    Ok(AppendOutcome {
-        added,
-        jobs: followed,
+        tracing::info!(dataset = %name, added, jobs = followed.len(), "dataset appended to");
+        Ok(AppendOutcome {
+            added,
+            jobs: followed,
+        })
     })
+    .await
+    .map_err(Error::internal)?
 }
 
-/// Tells a job's Sampler that its dataset grew; a job that ended meanwhile is left out.
+/// Tells a job's Sampler that its dataset grew (to `items`); a job that ended meanwhile, or
+/// whose last epoch is under way, is left out.
 async fn tell(
     sampler: &actix::Addr<SamplerActor>,
-    id: u64,
     added: Arc<RoaringBitmap>,
-    job: String,
+    job: Arc<super::JobEntry>,
+    items: u64,
 ) -> Option<(String, u32)> {
-    match sampler.send(GrowJob { job: id, added }).await {
-        Ok(Ok(from)) => Some((job, from)),
+    match sampler.send(GrowJob { job: job.id, added }).await {
+        Ok(Ok(from)) if job.request.epochs.is_none_or(|e| from < e) => {
+            job.subset_len
+                .store(items, std::sync::atomic::Ordering::Relaxed);
+            Some((job.name.clone(), from))
+        }
+        Ok(Ok(_)) => None,
         Ok(Err(e)) => {
-            tracing::debug!(job = %job, error = %e, "a job did not grow (it ended)");
+            tracing::debug!(job = %job.name, error = %e, "a job did not grow (it ended)");
             None
         }
         Err(e) => {
-            tracing::warn!(job = %job, error = %e, "the dataset's sampler is gone");
+            tracing::warn!(job = %job.name, error = %e, "the dataset's sampler is gone");
             None
         }
     }
@@ -113,21 +126,21 @@ fn begin(registry: &Registry, name: &str) -> Result<Start> {
     d.appending = true;
     Ok(Start {
         id: d.id,
-        record: d.record.clone(),
+        source: d.record.source.clone(),
         index,
     })
 }
 
-/// Indexes the appended paths as the dataset's source, grows its index and persists both.
-/// Returns the grown index and its record.
+/// Indexes the appended paths as the dataset's source, grows its index and persists both
+/// (the append joins the dataset's record as it is then, under the registry's lock, so that
+/// what else changed in the record meanwhile is kept). Returns the grown index.
 async fn grow(
     registry: &Arc<Registry>,
     name: &str,
     start: &Start,
     paths: Vec<PathBuf>,
-) -> Result<(Arc<DatasetIndex>, DatasetRecord)> {
+) -> Result<Arc<DatasetIndex>> {
     let parts = start
-        .record
         .source
         .appended_parts(&paths)
         .map_err(|e| storage_error(name, e))?;
@@ -135,7 +148,7 @@ async fn grow(
         super::datasets::check_source(registry, part)?;
     }
     let (registry, name) = (registry.clone(), name.to_string());
-    let (index, mut record) = (start.index.clone(), start.record.clone());
+    let (index, id) = (start.index.clone(), start.id);
     actix_web::rt::task::spawn_blocking(move || {
         let roots = &registry.config.allowed_roots;
         let mut grown: Option<DatasetIndex> = None;
@@ -146,25 +159,43 @@ async fn grow(
             grown = Some(base.appended(&part).map_err(|e| storage_error(&name, e))?);
         }
         let grown = grown.ok_or_else(|| Error::internal("an append of no part"))?;
-        record.appended.push(Appended {
+        let appended = Appended {
             paths,
             items: (grown.len() - index.len()) as u64,
             appended_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
-        });
-        registry
-            .catalog
-            .put(&record, Some(&grown))
-            .map_err(Error::internal)?;
-        Ok((Arc::new(grown), record))
+        };
+        let record = {
+            let mut inner = registry.inner.lock().map_err(Error::internal)?;
+            let d = inner
+                .datasets
+                .get_mut(&name)
+                .filter(|d| d.id == id)
+                .ok_or_else(|| Error::dataset_not_found(&name))?;
+            d.record.appended.push(appended);
+            d.record.clone()
+        };
+        if let Err(e) = registry.catalog.put(&record, Some(&grown)) {
+            if let Ok(mut inner) = registry.inner.lock()
+                && let Some(d) = inner.datasets.get_mut(&name).filter(|d| d.id == id)
+            {
+                d.record.appended.pop();
+            }
+            return Err(Error::internal(e));
+        }
+        Ok(Arc::new(grown))
     })
     .await
     .map_err(Error::internal)?
 }
 
-/// The jobs to tell, and their Sampler.
-type Followers = (u64, Vec<(u64, String)>, Option<actix::Addr<SamplerActor>>);
+/// The items added, the jobs to tell, and their Sampler.
+type Followers = (
+    u64,
+    Vec<Arc<super::JobEntry>>,
+    Option<actix::Addr<SamplerActor>>,
+);
 
 /// Serves the grown index (when the append succeeded) and ends the append; returns the items
 /// added, the jobs that follow the dataset and its Sampler.
@@ -172,33 +203,28 @@ fn finish(
     registry: &Registry,
     name: &str,
     start: &Start,
-    grown: Result<(Arc<DatasetIndex>, DatasetRecord)>,
+    grown: Result<Arc<DatasetIndex>>,
 ) -> Result<Followers> {
     let mut inner = registry.inner.lock().map_err(Error::internal)?;
     let Some(d) = inner.datasets.get_mut(name).filter(|d| d.id == start.id) else {
-        // Deleted (and maybe created again) meanwhile: what was persisted went with it.
+        // A dataset being appended to is not deleted (`delete_dataset` refuses).
         return Err(Error::dataset_not_found(name));
     };
     d.appending = false;
-    let (index, record) = grown?;
+    let index = grown?;
     let added = (index.len() - start.index.len()) as u64;
     d.progress
         .store(index.len() as u64, std::sync::atomic::Ordering::Relaxed);
     if let Some(local) = &d.local {
         local.replace(index.clone());
     }
-    d.index = Some(index.clone());
-    d.record = record;
+    d.index = Some(index);
     let sampler = d.sampler.clone();
     let jobs = inner
         .jobs
         .values()
         .filter(|j| j.dataset == name && j.grows && !j.has_ended())
-        .map(|j| {
-            j.subset_len
-                .store(index.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            (j.id, j.name.clone())
-        })
+        .cloned()
         .collect();
     Ok((added, jobs, sampler))
 }
@@ -217,7 +243,9 @@ fn storage_error(name: &str, e: StorageError) -> Error {
 }
 
 /// A dataset indexed again from its source (a server that stopped while indexing it): `base`,
-/// its source's index, grown by each of its appends in order.
+/// its source's index, grown by each of its appends in order. A part that the source's own
+/// paths hold now (an appended shard inside the source's folder or pattern) is in `base`
+/// already: it is left out, and logged.
 pub fn replay_appends(
     record: &DatasetRecord,
     roots: &[PathBuf],
@@ -227,7 +255,13 @@ pub fn replay_appends(
     for a in &record.appended {
         for part in record.source.appended_parts(&a.paths)? {
             let part = joader_storage::index(&part, roots, &mut |_| {})?;
-            index = index.appended(&part)?;
+            match index.appended(&part) {
+                Ok(grown) => index = grown,
+                Err(e @ StorageError::CannotAppend { .. }) => {
+                    tracing::warn!(dataset = %record.name, error = %e, "an append is left out of the re-index");
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(index)

@@ -195,12 +195,17 @@ pub async fn delete_dataset(registry: &Registry, name: &str, force: bool) -> Res
     for job in users {
         super::jobs::stop_job(registry, &job).await?;
     }
-    let removed = registry
-        .inner
-        .lock()
-        .map_err(Error::internal)?
-        .datasets
-        .remove(name);
+    let removed = {
+        let mut inner = registry.inner.lock().map_err(Error::internal)?;
+        // An append may have started while its jobs stopped: it persists the dataset again.
+        if inner.datasets.get(name).is_some_and(|d| d.appending) {
+            return Err(Error::new(
+                Code::DatasetInUse,
+                format!("dataset '{name}' is being appended to: delete it once that ends"),
+            ));
+        }
+        inner.datasets.remove(name)
+    };
     // Its working set is released with it (its pins, and the index its preload held).
     if let Some(d) = removed
         && let Some(p) = &d.preload
