@@ -91,4 +91,13 @@ fn bench_e2e_arrays_prints_its_rows() {
         md.contains("joader / numpy memmap, mean of the rounds"),
         "{md}"
     );
+    // With an s3s-fs (the test command builds one), the rows in a bucket: dependent sampling
+    // fetches each row once for the 4 jobs.
+    if std::env::var_os("JOADER_S3S_FS").is_some() {
+        let dsa = cells(&md, "| 1 | joader, s3, dsa |");
+        assert_eq!((dsa[5], dsa[7]), ("1.00", "1.00"), "{md}");
+        let isa = cells(&md, "| 1 | joader, s3, isa |");
+        assert!(isa[5].parse::<f64>().unwrap() >= 1.0, "{md}");
+        assert!(md.contains("DSA / ISA, mean of the rounds"), "{md}");
+    }
 }

@@ -87,3 +87,34 @@ def create(url: str, name: str, source: Dict[str, Any]) -> Dict[str, Any]:
     status, body = post(url, "/v1/datasets", {"name": name, "source": source})
     assert status in (200, 201, 202), body
     return wait_indexed(url, name)
+
+
+def s3_store(root: str, key: str, secret: str) -> Tuple["subprocess.Popen[bytes]", Dict[str, str]]:
+    """Starts a real S3 server (`s3s-fs`, the binary JOADER_S3S_FS names) over the folder
+    `root` (each of its folders a bucket) on a free port; returns it and the environment a
+    `joader serve` reads it with. The test skips without the binary, or fails under
+    JOADER_REQUIRE_TOOLS=1. The caller kills it."""
+    import socket
+    s3s_fs = os.environ.get("JOADER_S3S_FS", "")
+    if not os.access(s3s_fs, os.X_OK):
+        missing = f"JOADER_S3S_FS={s3s_fs!r} names no s3s-fs binary (tests/all.sh builds one)"
+        if REQUIRE_TOOLS:
+            pytest.fail(f"JOADER_REQUIRE_TOOLS=1 and {missing}", pytrace=False)
+        pytest.skip(missing)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = subprocess.Popen([s3s_fs, "--host", "127.0.0.1", "--port", str(port), "--access-key", key,
+                              "--secret-key", secret, root],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert store.poll() is None and time.monotonic() < deadline, "s3s-fs did not start"
+            time.sleep(0.05)
+    env = {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ALLOW_HTTP": "true"}
+    return store, env

@@ -218,3 +218,79 @@ def test_what_samples_without_an_image_cannot_take_is_refused(server: Dict[str, 
     status, body = post(url, "/v1/datasets", {"name": "manifest_text", "source": {
         "kind": "manifest", "path": str(server["data"] / "m.csv"), "fields": {"t": {"kind": "text"}}}})
     assert status == 400 and "declare its field of kind `image`" in body["error"]["message"], body
+
+
+@pytest.fixture(scope="module")
+def s3(server: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
+    """The module's arrays as `.npy` objects in a real S3 server (`s3s-fs`), read by a second
+    `joader serve` as `s3` datasets of the `array` layout."""
+    import shutil
+    from conftest import s3_store
+    data: Path = server["data"]
+    root = Path(tempfile.mkdtemp(prefix="joader-arrays-s3-"))
+    for prefix, names in (("arr", ("pixels", "emb")), ("arr_y", ("pixels", "y")), ("bad", ("fortran",))):
+        (root / "bkt" / prefix).mkdir(parents=True)
+        for n in names:
+            shutil.copy(data / f"{n}.npy", root / "bkt" / prefix / f"{n}.npy")
+    store, env = s3_store(str(root), "arrkey", "arrsecret0123456789")
+    instance = f"pyarrays3_{os.getpid()}"
+    proc, url = start_serve(str(BIN), ["--instance", instance, "--data-dir", str(root / "state"),
+                                       "--allowed-s3", "s3://bkt", "--cache-bytes", str(32 << 20),
+                                       "--cache-slots", "512"], env)
+    try:
+        views = {
+            "s3_arr": create(url, "s3_arr", {"kind": "s3", "url": "s3://bkt/arr/", "layout": "array"}),
+            "s3_arr_y": create(url, "s3_arr_y", {"kind": "s3", "url": "s3://bkt/arr_y/*.npy", "layout": "array",
+                                                 "fields": {"x": {"kind": "npy", "from": "pixels"},
+                                                            "label": {"kind": "class", "from": "y"}}}),
+            "s3_bad": create(url, "s3_bad", {"kind": "s3", "url": "s3://bkt/bad/", "layout": "array"}),
+        }
+        yield {"url": url, "views": views}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        store.kill()
+        store.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_arrays_in_an_object_store_read_as_local_ones(server: Dict[str, Any], s3: Dict[str, Any]) -> None:
+    a = server["arrays"]
+    view = s3["views"]["s3_arr"]
+    assert view["state"] == "ready" and view["items"] == ROWS, view
+    # The default declaration, filled in once the objects were listed.
+    assert view["source"]["fields"] == {"emb": {"kind": "npy"}, "pixels": {"kind": "npy"}}, view
+    remote = {"url": s3["url"]}
+    results: Dict[str, Any] = {}
+
+    def run(job: str) -> None:
+        results[job] = epochs(remote, "s3_arr", job, 2)
+
+    threads = [threading.Thread(target=run, args=(f"s3-arr-{k}",)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert set(results) == {"s3-arr-0", "s3-arr-1"}
+    for job_epochs in results.values():
+        for items in job_epochs:
+            for i, item in items.items():
+                np.testing.assert_array_equal(item["pixels"], a["pixels"][i])
+                assert item["emb"].dtype == np.float32
+                np.testing.assert_array_equal(item["emb"], a["emb"][i])
+    assert get(s3["url"], "/v1/jobs/s3-arr-0")["pipeline"] == {"kind": "raw"}
+    # A class array's labels, the objects named by a pattern.
+    view = s3["views"]["s3_arr_y"]
+    assert view["state"] == "ready" and view["classes"] == ["0", "1", "2", "3"], view
+    (items,) = epochs({"url": s3["url"]}, "s3_arr_y", "s3-arr-y", 1)
+    for i, item in items.items():
+        assert item["label"] == a["y"][i]
+        np.testing.assert_array_equal(item["x"], a["pixels"][i])
+    # A bad array fails the indexing naming its object.
+    view = s3["views"]["s3_bad"]
+    assert view["state"] == "failed" and "Fortran-ordered" in view["error"], view
+    assert "bad/fortran.npy" in view["error"], view
+    # A declaration of another kind is refused before anything is listed.
+    status, body = post(s3["url"], "/v1/datasets", {"name": "s3_text", "source": {
+        "kind": "s3", "url": "s3://bkt/arr/", "layout": "array", "fields": {"t": {"kind": "text"}}}})
+    assert status == 400 and "`npy` arrays and at most one `class`" in body["error"]["message"], body

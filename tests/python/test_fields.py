@@ -21,7 +21,6 @@ import tarfile
 import tempfile
 import textwrap
 import threading
-import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Set, Tuple
 
@@ -535,15 +534,8 @@ def test_torchrun_ranks_get_dict_batches(server: Dict[str, Any], tmp_path: Path)
 def s3(server: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
     """The module's WebDataset shards and a manifest of its images in a real S3 server
     (`s3s-fs`, the binary JOADER_S3S_FS names), read by a second `joader serve`."""
-    from conftest import REQUIRE_TOOLS
-    s3s_fs = os.environ.get("JOADER_S3S_FS", "")
-    if not os.access(s3s_fs, os.X_OK):
-        missing = f"JOADER_S3S_FS={s3s_fs!r} names no s3s-fs binary (tests/all.sh builds one)"
-        if REQUIRE_TOOLS:
-            pytest.fail(f"JOADER_REQUIRE_TOOLS=1 and {missing}", pytrace=False)
-        pytest.skip(missing)
+    from conftest import s3_store
     import shutil
-    import socket
     data: Path = server["data"]
     root = Path(tempfile.mkdtemp(prefix="joader-fields-s3-"))
     bucket = root / "bkt"
@@ -557,23 +549,7 @@ def s3(server: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
             shutil.copy(p, bucket / "m" / "imgs" / f"{i:04d}.jpg")
             w.writerow([f"imgs/{i:04d}.jpg", server["classes"].index(p.parent.name), caption(i),
                         json.dumps(meta(i))])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    key, secret = "fieldskey", "fieldssecret0123456789"
-    store = subprocess.Popen([s3s_fs, "--host", "127.0.0.1", "--port", str(port), "--access-key", key,
-                              "--secret-key", secret, str(root)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert store.poll() is None and time.monotonic() < deadline, "s3s-fs did not start"
-            time.sleep(0.05)
-    env = {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ALLOW_HTTP": "true"}
+    store, env = s3_store(str(root), "fieldskey", "fieldssecret0123456789")
     instance = f"pyfields3_{os.getpid()}"
     proc, url = start_serve(str(BIN), ["--instance", instance, "--data-dir", str(root / "state"),
                                        "--allowed-s3", "s3://bkt", "--cache-slots", "1024"], env)

@@ -177,19 +177,7 @@ fn fields_files<'a>(
     let mut used = BTreeMap::new();
     let mut out = Vec::new();
     for (name, spec) in fields.iter() {
-        if !matches!(spec.kind, FieldKind::Npy | FieldKind::Class) {
-            return Err(bad(format!(
-                "field `{name}`: an `array` source's fields are `npy` arrays and at most one \
-                 `class`, not `{}` (its samples have no image)",
-                spec.kind.name()
-            )));
-        }
-        if spec.optional || spec.boxes.is_some() {
-            return Err(bad(format!(
-                "field `{name}`: every row of an array has a value and no image to hold boxes: \
-                 declare it without `optional` and `boxes`"
-            )));
-        }
+        check_field(name, spec).map_err(bad)?;
         let from = spec.from.as_deref().unwrap_or(name);
         let Some(path) = stems.get(from) else {
             return Err(bad(format!(
@@ -215,6 +203,34 @@ fn fields_files<'a>(
         )));
     }
     Ok(out)
+}
+
+/// Checks an `array` declaration on its own (an `s3` array layout's, before its objects are
+/// listed): `npy` fields and at most one `class`, none `optional` nor with `boxes`.
+pub(crate) fn check_declaration(fields: &Fields) -> Result<(), StorageError> {
+    let bad = |reason: String| StorageError::BadFields { reason };
+    for (name, spec) in fields.iter() {
+        check_field(name, spec).map_err(bad)?;
+    }
+    Ok(())
+}
+
+/// What every field of an `array` source must be.
+fn check_field(name: &str, spec: &FieldSpec) -> Result<(), String> {
+    if !matches!(spec.kind, FieldKind::Npy | FieldKind::Class) {
+        return Err(format!(
+            "field `{name}`: an `array` source's fields are `npy` arrays and at most one \
+             `class`, not `{}` (its samples have no image)",
+            spec.kind.name()
+        ));
+    }
+    if spec.optional || spec.boxes.is_some() {
+        return Err(format!(
+            "field `{name}`: every row of an array has a value and no image to hold boxes: \
+             declare it without `optional` and `boxes`"
+        ));
+    }
+    Ok(())
 }
 
 /// Checks an `array` source before any indexing: `.npy` paths of distinct names, and a

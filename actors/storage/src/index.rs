@@ -355,6 +355,12 @@ impl DatasetIndex {
         }
     }
 
+    /// The fields the index was made with (an `array` source's default declaration once its
+    /// files or objects are known), if it declares any.
+    pub fn declared_fields(&self) -> Option<&Fields> {
+        self.sample.as_ref().map(SampleFields::fields)
+    }
+
     /// True if the items have an image: every source but an `array` and a declaration of
     /// fields without an `image` field. Items without one are their small fields only.
     pub fn has_image(&self) -> bool {

@@ -152,8 +152,8 @@ impl SourceSpec {
         if let Some(reason) = self.imageless_refused() {
             return Err(StorageError::BadFields { reason });
         }
-        if let SourceSpec::Array { paths, fields } = self {
-            return crate::array::check_spec(paths, fields.as_ref());
+        if let Some(arrays) = self.check_arrays() {
+            return arrays;
         }
         if let SourceSpec::S3 {
             layout,
@@ -227,12 +227,36 @@ impl SourceSpec {
         }
     }
 
+    /// [`SourceSpec::check_fields`] of an `array` source or layout (`None` for the others).
+    fn check_arrays(&self) -> Option<Result<(), StorageError>> {
+        match self {
+            SourceSpec::Array { paths, fields } => {
+                Some(crate::array::check_spec(paths, fields.as_ref()))
+            }
+            // Which objects the fields come from is known once they are listed.
+            SourceSpec::S3 {
+                layout: s3::S3Layout::Array,
+                fields,
+                ..
+            } => Some(
+                fields
+                    .as_ref()
+                    .map_or(Ok(()), crate::array::check_declaration),
+            ),
+            _ => None,
+        }
+    }
+
     /// True if the source's samples have an image: every source but an `array` and a
     /// declaration of `fields` without an `image` field (text-only shards, Parquet without
     /// an image column). Jobs on a dataset without images run no pipeline.
     pub fn has_image(&self) -> bool {
         match self {
-            SourceSpec::Array { .. } => false,
+            SourceSpec::Array { .. }
+            | SourceSpec::S3 {
+                layout: s3::S3Layout::Array,
+                ..
+            } => false,
             SourceSpec::TarShards { fields, .. }
             | SourceSpec::Manifest { fields, .. }
             | SourceSpec::Parquet { fields, .. }

@@ -218,7 +218,7 @@ class Loader:
         declared: Dict[str, Any] = source.get("fields") or {}
         #: Whether the dataset's samples have an image: not an ``array`` source's rows, nor
         #: samples whose ``fields`` declare no ``image`` (text-only shards).
-        self.has_image = source.get("kind") != "array" and (
+        self.has_image = "array" not in (source.get("kind"), source.get("layout")) and (
             not declared or any(spec.get("kind") == "image" for spec in declared.values()))
         if not self.has_image:
             if isinstance(transform, (RandomResizedCrop, Resize)):

@@ -41,7 +41,8 @@ enum Due {
         shard: u32,
         range: Range<u64>,
     },
-    /// A Parquet row, read by the local source's reader through ranged GETs.
+    /// A Parquet row or an array row, read by the local source's reader through ranged
+    /// GETs.
     Row,
 }
 
@@ -60,9 +61,9 @@ fn due(source: &SourceInner, element: u32) -> Result<Due, StorageError> {
             code: "refused",
             message: format!("element {element} is larger than a member may be"),
         }),
-        Some(Location::ParquetRow { .. }) => Ok(Due::Row),
-        // An object store holds no `array` source (it is local only).
-        Some(Location::ArrayRow { .. }) | None => Err(StorageError::NoSuchItem {
+        // An array row's values are ranges of several objects, read together.
+        Some(Location::ParquetRow { .. } | Location::ArrayRow { .. }) => Ok(Due::Row),
+        None => Err(StorageError::NoSuchItem {
             id: element,
             len: index.len(),
         }),

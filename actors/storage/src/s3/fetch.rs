@@ -178,7 +178,10 @@ impl ObjectStores {
                 _ => Ok(()),
             };
         }
-        if !matches!(layout, S3Layout::TarShards | S3Layout::Parquet) {
+        if !matches!(
+            layout,
+            S3Layout::TarShards | S3Layout::Parquet | S3Layout::Array
+        ) {
             return Ok(());
         }
         let keys = crate::select::brace_keys(&url.key)?;
@@ -282,6 +285,12 @@ impl ObjectStores {
         if let Some(info) = index.rows_info() {
             let opener = super::parquet::Opener::new(self, &dataset, versions);
             crate::parquet::reader_of(info).set_objects(Arc::new(opener));
+        }
+        // An array dataset's rows are read through the stage too.
+        if let Some((_, open)) = index.arrays() {
+            open.set_objects(Arc::new(super::array::RowObjects::new(
+                self, &dataset, versions,
+            )));
         }
         static SOURCES: AtomicU64 = AtomicU64::new(0);
         let inner = Arc::new(SourceInner {

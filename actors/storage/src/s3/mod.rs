@@ -32,6 +32,7 @@
 
 mod ahead;
 mod allow;
+mod array;
 mod coalesce;
 mod dataset;
 mod fetch;
@@ -72,6 +73,9 @@ pub enum S3Layout {
     Manifest,
     /// Parquet files as the Hugging Face Hub stores image datasets (see `parquet`).
     Parquet,
+    /// NumPy `.npy` objects aligned along their first dimension, as a local `array` source
+    /// (see `array`).
+    Array,
 }
 
 /// An indexed `s3` source: its index, and the objects it was made of, sorted by key.
@@ -94,6 +98,7 @@ fn index(
         S3Layout::TarShards => tar_shards::index(stores, dataset, fields, progress),
         S3Layout::Manifest => manifest::index(stores, dataset, fields, progress),
         S3Layout::Parquet => parquet::index(stores, dataset, fields, split, progress),
+        S3Layout::Array => array::index(stores, dataset, fields, progress),
     }
 }
 
@@ -158,6 +163,7 @@ fn pattern_objects(
 ) -> Result<(), StorageError> {
     let (ext, is_file): (&str, fn(&str) -> bool) = match layout {
         S3Layout::Parquet => ("parquet", parquet::has_parquet_extension),
+        S3Layout::Array => ("npy", array::has_npy_extension),
         _ => ("tar", |k| {
             crate::tar_shards::has_tar_extension(std::path::Path::new(k))
         }),

@@ -47,8 +47,9 @@ const OBJECTS_AHEAD: usize = 16;
 pub(super) const ROW_READS: usize = 64;
 
 thread_local! {
-    /// Bytes the store sent to this thread's GETs (a row read's, for its `Done`).
-    static SENT: Cell<u64> = const { Cell::new(0) };
+    /// Bytes the store sent to this thread's GETs (a row read's, for its `Done`; an array
+    /// row's too, `s3::array`).
+    pub(super) static SENT: Cell<u64> = const { Cell::new(0) };
 }
 
 pub(super) fn has_parquet_extension(key: &str) -> bool {
@@ -259,7 +260,7 @@ impl Ranges for ObjectRanges {
 }
 
 /// One ranged GET under a place among the requests in flight.
-async fn get_range(
+pub(super) async fn get_range(
     remote: &Remote,
     ds: &S3Dataset,
     key: &str,

@@ -77,8 +77,25 @@ impl SourceInner {
                     self.index.small_fields_tag()
                 )),
             ),
-            // An object store holds no `array` source (it is local only).
-            Location::ArrayRow { .. } => return None,
+            // A row of every array: kept under the first array's name, with every array's
+            // ETag (a change to any of them is another row).
+            Location::ArrayRow { row } => {
+                let etags = self
+                    .index
+                    .shards()
+                    .iter()
+                    .map(|k| self.etag(&k.to_string_lossy()).map(str::to_owned))
+                    .collect::<Option<Vec<String>>>()?;
+                let etag = etags.join(",");
+                let part = format!("array row {row} of {}", etags.len());
+                return Some(TierKey {
+                    store: self.store.clone(),
+                    object: shard(0)?,
+                    etag,
+                    range: None,
+                    part: Some(part),
+                });
+            }
         };
         let etag = self.etag(&object)?.to_owned();
         Some(TierKey {

@@ -514,6 +514,10 @@ pub fn start_indexing(registry: Arc<Registry>, name: String) {
             Ok((index, source, versions)) => {
                 progress.store(index.len() as u64, Relaxed);
                 record.state = "ready".into();
+                // An `s3` array's default fields are known once its objects are listed.
+                if let joader_storage::SourceSpec::S3 { layout: joader_storage::s3::S3Layout::Array, fields: f @ None, .. } = &mut record.source {
+                    f.clone_from(&index.declared_fields().cloned());
+                }
                 record.error = None;
                 // Compared with the objects of the previous index (a re-index).
                 record.changes = match (&versions, registry.catalog.objects(&name)) {

@@ -3,7 +3,7 @@
 # `array` dataset `arr`: batch["x"] is the batch's rows stacked) or from the file with NumPy
 # (`np.load(mmap_mode="r")`, each batch the rows of its own shuffled order: arr[perm[i:i+b]],
 # one copy out of the page cache).
-# argv: mode (joader | numpy) url_or_path batch seed job. Prints "ready" once imported, waits
+# argv: mode (joader | numpy) url_or_path batch seed job [sampler]. Prints "ready" once imported, waits
 # for "go", prints "progress N" after each batch, then {"n", "n_first", "start", "first", "end",
 # "cpu", "rss_anon", "rss_file"} as JSON: cpu is this process's from "go"; rss_anon and rss_file
 # the largest RssAnon and RssFile (bytes) it had after a batch: what it held of its own and
@@ -12,6 +12,7 @@ import json, resource, sys, time
 import numpy as np
 
 mode, where, batch, seed, job = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+sampler = sys.argv[6] if len(sys.argv) > 6 else None
 if mode == "joader":
     import joader
 
@@ -31,7 +32,8 @@ def status(key):
 
 def batches():
     if mode == "joader":
-        loader = joader.Loader(server=where, dataset="arr", job=job, batch_size=batch, epochs=1, seed=seed)
+        loader = joader.Loader(server=where, dataset="arr", job=job, batch_size=batch, epochs=1, seed=seed,
+                               sampler=sampler)
         for b in loader:
             yield b["x"]
         loader.close()

@@ -13,6 +13,12 @@
 //! per delivered sample (the clients' and, for joader, the server's) and memory: each client's
 //! own (`RssAnon`), what it maps of the file (`RssFile`: the page cache, largest after a batch)
 //! and joader's cache in `/dev/shm`. The file is written once (random bytes) next to the bench's image folder.
+//!
+//! With an `s3s-fs` (`--s3s-fs` or `JOADER_S3S_FS`), the same file as an object in a local S3
+//! server, read by a `joader serve` child as an `s3` dataset of the `array` layout by K jobs,
+//! dependent sampling (DSA: each row fetched once for the K jobs) against independent (ISA:
+//! each job its own order, as K readers would be), side by side: the store's bytes per row and
+//! GETs, throughput and CPU per sample (the server's and the clients').
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -22,8 +28,10 @@ use rand::{Rng, SeedableRng, rngs::Xoshiro256PlusPlus};
 use serde_json::json;
 
 use super::Ctx;
+use super::s3::{S3sFs, Scrape, copy_folder, server_cpu};
 use super::scenarios::{Scenario, run_processes};
 use super::systems::{Outcome, outcome_of, python, start_server_of};
+use crate::bench::scale::procs::{DEADLINE, ServerProc};
 use server::procstat::process_cpu;
 
 /// The jobs.
@@ -155,8 +163,134 @@ fn run_joader(sc: &Scenario, ctx: &Ctx, dir: &Path, file: &Path, tag: usize) -> 
     })
 }
 
-/// Runs the comparison and returns its markdown.
-pub(super) fn run(ctx: &Ctx, quick: bool) -> Result<String> {
+/// What one S3 run gave: its outcome, and what the server read from the store.
+struct S3Run {
+    outcome: Outcome,
+    /// Bytes read from the store, and GET requests.
+    store_bytes: f64,
+    gets: f64,
+    /// Elements loaded (rows the server prepared).
+    loads: u64,
+}
+
+/// The file in a local S3 server, and a `joader serve` child reading it as dataset `arr`.
+fn s3_server(
+    s3s_fs: &Path,
+    file: &Path,
+    tag: &str,
+) -> Result<(S3sFs, ServerProc, tempfile::TempDir)> {
+    let root = tempfile::Builder::new()
+        .prefix("joader-e2e-arrays-s3-")
+        .tempdir()?;
+    let folder = file.parent().context("the array's folder")?;
+    let only = root.path().join("src");
+    std::fs::create_dir_all(&only)?;
+    if std::fs::hard_link(file, only.join("x.npy")).is_err() {
+        std::fs::copy(file, only.join("x.npy"))?;
+    }
+    copy_folder(&only, &root.path().join("bkt").join("arr"))?;
+    let store = S3sFs::start(s3s_fs, root.path())?;
+    let env = store.env(&store.endpoint());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = [
+        "--allowed-s3".to_owned(),
+        "s3://bkt".to_owned(),
+        "--cache-slots".to_owned(),
+        "8192".to_owned(),
+    ];
+    let server = ServerProc::start_with(tag, &[folder.to_owned()], 256 << 20, &args, &env)?;
+    let client = server.client();
+    let source = json!({"kind": "s3", "url": "s3://bkt/arr/", "layout": "array"});
+    client.ok(
+        "POST",
+        "/v1/datasets",
+        Some(&json!({"name": "arr", "source": source})),
+    )?;
+    client.wait_ready("arr", DEADLINE)?;
+    Ok((store, server, root))
+}
+
+/// K jobs over the file in the store, sampled by `sampler` (`dsa` or `isa`).
+fn run_s3(sc: &Scenario, s3s_fs: &Path, file: &Path, sampler: &str, tag: usize) -> Result<S3Run> {
+    let (_store, server, _root) = s3_server(s3s_fs, file, &format!("arrs3{tag}{sampler}"))?;
+    let client = server.client();
+    let before = Scrape::of(&server.url)?;
+    let cpu0 = server_cpu(&client)?;
+    let url = server.url.clone();
+    let runs = run_processes(sc, |i, _| {
+        python(
+            SCRIPT,
+            &[
+                "joader".into(),
+                url.clone(),
+                sc.batch.to_string(),
+                i.to_string(),
+                format!("arr{i}"),
+                sampler.to_owned(),
+            ],
+        )
+    })?;
+    let cpu = server_cpu(&client)? - cpu0;
+    let after = Scrape::of(&server.url)?;
+    let stats = client.ok("GET", "/v1/stats", None)?;
+    Ok(S3Run {
+        outcome: outcome_of(
+            if sampler == "dsa" {
+                "joader, s3, dsa"
+            } else {
+                "joader, s3, isa"
+            },
+            &runs,
+            cpu,
+            stats["decodes"].as_f64().unwrap_or(0.0),
+            stats["hit_ratio"].as_f64(),
+        ),
+        store_bytes: after.bytes - before.bytes,
+        gets: after.gets - before.gets,
+        loads: stats["loads"].as_u64().context("loads")?,
+    })
+}
+
+/// The S3 section: DSA and ISA over the file in the store, per round.
+fn s3_report(sc: &Scenario, rows: u64, runs: &[(S3Run, S3Run)]) -> String {
+    let mut out = format!(
+        "\n#### The same rows in an S3 bucket (s3s-fs on loopback; {}, {rows} rows)\n\n\
+         | round | system | samples/s | CPU ms per sample (server's + clients') | store bytes \
+         per row | GETs per row | rows loaded per row |\n|---:|---|---:|---:|---:|---:|---:|\n",
+        sc.name
+    );
+    for (r, (dsa, isa)) in runs.iter().enumerate() {
+        for run in [dsa, isa] {
+            let o = &run.outcome;
+            out.push_str(&format!(
+                "| {} | {} | {:.0} | {:.3} | {:.2} | {:.2} | {:.2} |\n",
+                r + 1,
+                o.system,
+                o.aggregate,
+                o.cpu_ms_per_sample,
+                run.store_bytes / (rows * ROW) as f64,
+                run.gets / rows as f64,
+                run.loads as f64 / rows as f64,
+            ));
+        }
+    }
+    let mean = |f: &dyn Fn(&(S3Run, S3Run)) -> f64| {
+        runs.iter().map(f).sum::<f64>() / runs.len().max(1) as f64
+    };
+    out.push_str(&format!(
+        "\nDSA / ISA, mean of the rounds: store bytes {:.3}x, throughput {:.3}x, CPU per \
+         sample {:.3}x. The store serves from its own page cache on this machine, so the bytes \
+         are what a remote store would bill and the network would carry.\n",
+        mean(&|(d, _)| d.store_bytes) / mean(&|(_, i)| i.store_bytes).max(1.0),
+        mean(&|(d, _)| d.outcome.aggregate) / mean(&|(_, i)| i.outcome.aggregate).max(1e-9),
+        mean(&|(d, _)| d.outcome.cpu_ms_per_sample)
+            / mean(&|(_, i)| i.outcome.cpu_ms_per_sample).max(1e-9),
+    ));
+    out
+}
+
+/// Runs the comparison and returns its markdown (with the S3 rows when `s3s_fs` is given).
+pub(super) fn run(ctx: &Ctx, quick: bool, s3s_fs: Option<&Path>) -> Result<String> {
     let rows = if quick { 128 } else { (1 << 30) / ROW };
     let dir: PathBuf = ctx
         .root
@@ -181,13 +315,27 @@ pub(super) fn run(ctx: &Ctx, quick: bool) -> Result<String> {
     let rounds = if quick { 1 } else { 2 };
     let mut numpy = Vec::new();
     let mut joader = Vec::new();
+    let mut s3 = Vec::new();
     for r in 0..rounds {
         eprintln!("scenario {} round {}: numpy memmap", sc.name, r + 1);
         numpy.push(run_numpy(&sc, &file)?);
         eprintln!("scenario {} round {}: joader", sc.name, r + 1);
         joader.push(run_joader(&sc, ctx, &dir, &file, r)?);
+        if let Some(bin) = s3s_fs {
+            eprintln!(
+                "scenario {} round {}: joader, s3 (dsa, then isa)",
+                sc.name,
+                r + 1
+            );
+            let dsa = run_s3(&sc, bin, &file, "dsa", r)?;
+            s3.push((dsa, run_s3(&sc, bin, &file, "isa", r)?));
+        }
     }
-    Ok(report(&sc, rows, &numpy, &joader))
+    let mut out = report(&sc, rows, &numpy, &joader);
+    if !s3.is_empty() {
+        out.push_str(&s3_report(&sc, rows, &s3));
+    }
+    Ok(out)
 }
 
 fn report(sc: &Scenario, rows: u64, numpy: &[Run], joader: &[Run]) -> String {

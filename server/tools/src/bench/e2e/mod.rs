@@ -348,7 +348,9 @@ pub fn run(args: E2eArgs) -> Result<()> {
         table.push_str(&preload::run(&ctx, n)?);
     }
     if args.arrays {
-        table.push_str(&arrays::run(&ctx, args.quick)?);
+        // With an s3s-fs at hand, the rows in a bucket too.
+        let s3s_fs = s3::s3s_fs(args.s3s_fs.as_deref()).ok();
+        table.push_str(&arrays::run(&ctx, args.quick, s3s_fs.as_deref())?);
     }
     println!("{table}");
     for w in report::warnings(&rows) {

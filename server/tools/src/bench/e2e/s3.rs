@@ -458,9 +458,9 @@ pub(super) fn server_cpu(client: &Client) -> Result<f64> {
 }
 
 /// The server's object-store series, as its `/metrics` gives them (0 before any read).
-struct Scrape {
-    bytes: f64,
-    gets: f64,
+pub(super) struct Scrape {
+    pub(super) bytes: f64,
+    pub(super) gets: f64,
     get_s: f64,
     queued_s: f64,
     limit: f64,
@@ -469,7 +469,7 @@ struct Scrape {
 }
 
 impl Scrape {
-    fn of(url: &str) -> Result<Self> {
+    pub(super) fn of(url: &str) -> Result<Self> {
         let text = ureq::get(&format!("{url}/metrics"))
             .call()?
             .into_body()
