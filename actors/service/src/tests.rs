@@ -431,6 +431,97 @@ async fn two_jobs_decode_each_element_once_and_get_exact_epochs() {
     w.cache.send(Shutdown).await.unwrap();
 }
 
+/// Reads a ring to its end: each epoch's element ids, and the (epoch, last position) of every
+/// batch that the server marked as holding its epoch's last record.
+fn read_marked(instance: String, ring: String) -> std::thread::JoinHandle<MarkedEpochs> {
+    std::thread::spawn(move || {
+        let reader = Reader::open(&instance, &ring).unwrap();
+        let mut out = MarkedEpochs::default();
+        loop {
+            let batch = reader
+                .next_batch(BATCH as usize, Some(Duration::from_secs(20)))
+                .unwrap();
+            let mut last = None;
+            for item in batch.items() {
+                let (epoch, pos) = (item.meta.epoch as usize, item.meta.position);
+                out.ids.resize_with(out.ids.len().max(epoch + 1), Vec::new);
+                out.ids[epoch].push(item.meta.element_id);
+                last = last.max(Some((epoch, pos)));
+            }
+            for e in batch.errors() {
+                let epoch = e.epoch as usize;
+                out.ids.resize_with(out.ids.len().max(epoch + 1), Vec::new);
+                out.ids[epoch].push(e.element_id);
+                last = last.max(Some((epoch, e.position)));
+            }
+            if batch.raw().last_of_epoch {
+                out.marks.extend(last);
+            }
+            let done = batch.end_of_stream();
+            drop(batch);
+            if done {
+                return out;
+            }
+        }
+    })
+}
+
+/// What [`read_marked`] saw.
+#[derive(Default)]
+struct MarkedEpochs {
+    ids: Vec<Vec<u32>>,
+    marks: Vec<(usize, u64)>,
+}
+
+/// A job whose dataset grows twice before its first epoch is sampled: its first epoch keeps
+/// the subset it registered with, the later ones cover both growths, and the ring marks each
+/// epoch's last record where that epoch ends (the Cache's subset by epoch).
+#[actix::test]
+async fn a_grown_job_gets_exact_epochs_of_its_grown_dataset() {
+    let w = world("grow", 128, 1 << 21);
+    let (stats, ring) = w.job(1, (0..40).collect(), 3, 16).await;
+    for added in [40..50, 50..60] {
+        let from = w
+            .sampler
+            .send(GrowJob {
+                job: 1,
+                added: Arc::new(added.collect()),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(from, 1, "the epoch after the one under way");
+    }
+    let mut seen = join(read_marked(w.instance.clone(), ring)).await;
+    for ids in &mut seen.ids {
+        ids.sort_unstable();
+    }
+    let range = |n: u32| (0..n).collect::<Vec<u32>>();
+    assert_eq!(seen.ids, [range(40), range(60), range(60)], "exact epochs");
+    assert_eq!(
+        seen.marks,
+        [(0, 39), (1, 59), (2, 59)],
+        "the epochs' last records"
+    );
+    wait_until("the job's 160 acknowledgements", || {
+        stats.acknowledged.load(Relaxed) == 160
+    })
+    .await;
+    assert_eq!(stats.state(), JobState::Finished);
+    // A job the sampler does not know is refused.
+    let unknown = w
+        .sampler
+        .send(GrowJob {
+            job: 9,
+            added: Arc::new((60..61).collect()),
+        })
+        .await
+        .unwrap();
+    assert!(unknown.is_err());
+    assert_invariants(&w).await;
+    w.cache.send(Shutdown).await.unwrap();
+}
+
 /// The source hears, per job, each epoch's start with what it needs, each delivery once per
 /// epoch after that start, and the job's end: what a disk tier's admission asks.
 #[actix::test]
