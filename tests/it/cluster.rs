@@ -13,28 +13,39 @@ use crate::common::{
 };
 use crate::server::{dataset, epoch_ids};
 
-struct Node {
-    server: TestServer,
-    _dir: TempDir,
+pub(crate) struct Node {
+    pub(crate) server: TestServer,
+    pub(crate) _dir: TempDir,
 }
 
 /// A node timeout far above any stall of a loaded machine, for the tests that do not lose a
 /// node by its silence: a node killed (or a leader) is lost at once through its broken
 /// stream, and a process starved for a few seconds must not be lost (its multi-node jobs
 /// would fail). Only the frozen follower's test is about the timeout, and sets its own.
-const NO_TIMEOUT: [&str; 2] = ["--node-timeout-ms", "60000"];
+pub(crate) const NO_TIMEOUT: [&str; 2] = ["--node-timeout-ms", "60000"];
 
 /// A leader (`node-0`) and `followers` followers (`node-1`, …), the leader's dataset `imgs`
 /// indexed by every node. Nodes time out after [`NO_TIMEOUT`] unless `extra` sets
 /// `--node-timeout-ms`.
 fn cluster(tag: &str, followers: usize, extra: &[&str]) -> Vec<Node> {
+    cluster_with(tag, followers, extra, &[])
+}
+
+/// [`cluster`], the leader started with `leader_extra` too (`--leader-only`: it is not a node).
+pub(crate) fn cluster_with(
+    tag: &str,
+    followers: usize,
+    extra: &[&str],
+    leader_extra: &[&str],
+) -> Vec<Node> {
     let root = dataset();
     let start = |i: usize, leader: Option<&str>| {
         let dir = TempDir::new(&format!("{tag}{i}"));
         let name = format!("node-{i}");
         let mut args = vec!["--node-name", name.as_str()];
-        if let Some(l) = leader {
-            args.extend(["--leader", l]);
+        match leader {
+            Some(l) => args.extend(["--leader", l]),
+            None => args.extend(leader_extra),
         }
         if !extra.contains(&NO_TIMEOUT[0]) {
             args.extend(NO_TIMEOUT);
@@ -56,13 +67,18 @@ fn cluster(tag: &str, followers: usize, extra: &[&str]) -> Vec<Node> {
     )
     .unwrap();
     c.wait_ready("imgs", crate::common::DEADLINE).unwrap();
-    ready_everywhere(&c, followers + 1, |_| true);
+    let count = followers + usize::from(!leader_extra.contains(&"--leader-only"));
+    ready_everywhere(&c, count, |_| true);
     nodes
 }
 
 /// Waits until `count` nodes are alive at the leader (client `c`) with dataset `imgs` ready
 /// and `also` true of the node's view of it.
-fn ready_everywhere(c: &joader_tools::client::Client, count: usize, also: impl Fn(&Value) -> bool) {
+pub(crate) fn ready_everywhere(
+    c: &joader_tools::client::Client,
+    count: usize,
+    also: impl Fn(&Value) -> bool,
+) {
     wait_for(
         "every node alive at the leader with the dataset ready",
         || {
@@ -79,7 +95,7 @@ fn ready_everywhere(c: &joader_tools::client::Client, count: usize, also: impl F
     );
 }
 
-fn job(name: &str, world: u32, local: u32, rank: u32, extra: Value) -> Value {
+pub(crate) fn job(name: &str, world: u32, local: u32, rank: u32, extra: Value) -> Value {
     let mut j = json!({"name": name, "dataset": "imgs", "batch_size": 4, "world_size": world,
         "local_world_size": local, "rank": rank, "pipeline": {"kind": "raw"}});
     for (k, v) in extra.as_object().unwrap() {
@@ -88,7 +104,7 @@ fn job(name: &str, world: u32, local: u32, rank: u32, extra: Value) -> Value {
     j
 }
 
-fn loads(nodes: &[Node]) -> u64 {
+pub(crate) fn loads(nodes: &[Node]) -> u64 {
     nodes
         .iter()
         .map(|n| {
@@ -258,11 +274,13 @@ fn a_killed_follower_fails_the_multi_node_job_on_the_other_nodes() {
     });
 }
 
-/// The leader killed mid-epoch: the followers fail their multi-node job (`job_failed`: the
-/// stream to the leader closed, not a timeout) and keep serving a single-node job.
+/// The leader killed mid-epoch and not restarted: the followers pause their multi-node job,
+/// fail it when their grace period ends (`job_failed`, saying so) and keep serving a
+/// single-node job throughout.
 #[test]
 fn a_killed_leader_fails_multi_node_jobs_and_single_node_jobs_go_on() {
-    let mut nodes = cluster("lead", 2, &[]);
+    // A grace period that ends: the leader does not come back.
+    let mut nodes = cluster("lead", 2, &["--leader-grace-ms", "1500"]);
     let multi: Vec<_> = (0..2u32)
         .map(|r| {
             consumer(
@@ -293,7 +311,10 @@ fn a_killed_leader_fails_multi_node_jobs_and_single_node_jobs_go_on() {
             !out.status.success() && err.contains("job_failed"),
             "rank {r}: {err}"
         );
-        assert!(err.contains("leader"), "rank {r}: {err}");
+        assert!(
+            err.contains("did not come back within the grace period"),
+            "rank {r}: {err}"
+        );
         eprintln!(
             "rank {r} failed {:?} after the leader was killed",
             killed.elapsed()
@@ -318,7 +339,9 @@ fn a_killed_leader_fails_multi_node_jobs_and_single_node_jobs_go_on() {
 /// new multi-node job across both nodes reads an exact epoch.
 #[test]
 fn a_restarted_leader_cleans_its_stale_segments_and_the_follower_rejoins() {
-    let mut nodes = cluster("rejoin", 1, &[]);
+    // The leader also serves ranks: its own ranks die with it, and the follower's fail at the
+    // end of its grace period.
+    let mut nodes = cluster("rejoin", 1, &["--leader-grace-ms", "1500"]);
     let n = (crate::server::CLASSES * crate::server::PER_CLASS) as usize;
     // A multi-node job running when the leader dies: its rings are in /dev/shm.
     let before: Vec<_> = (0..2u32)

@@ -3,6 +3,7 @@
 mod bench;
 mod bounded;
 mod cluster;
+mod cluster_restart;
 mod codemap;
 mod common;
 mod decode;

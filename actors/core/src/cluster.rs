@@ -124,6 +124,18 @@ impl EpochPlacer {
         self
     }
 
+    /// Takes up the epoch under way where a previous placer of the same job left it (a
+    /// leader that restarted): `filled[i]` records already placed on node `i` this epoch (its
+    /// positions `0..filled[i]`), `first` elements of the epoch already placed (padding
+    /// repeats them). Assignments go on at the next position of each node, within the same
+    /// quotas.
+    pub fn restore(&mut self, filled: &[u64], first: &[u32]) {
+        for (f, &n) in self.filled.iter_mut().zip(filled) {
+            *f = n;
+        }
+        self.first = first.iter().copied().take(self.keep_first).collect();
+    }
+
     /// The job's nodes (keys).
     pub fn nodes(&self) -> &[u64] {
         &self.nodes
@@ -206,6 +218,56 @@ mod tests {
 
     fn keys(names: &[&str]) -> Vec<u64> {
         names.iter().map(|n| node_key(n)).collect()
+    }
+
+    /// A placer restored in the middle of an epoch (a leader that restarted) with the records
+    /// each node had received goes on at their next positions: every rank still receives
+    /// exactly its count of the epoch, and each node's positions run `0..` without a gap.
+    #[test]
+    fn a_restored_placer_completes_the_epoch_exactly() {
+        let all = keys(&["a", "b", "c"]);
+        for drop_last in [false, true] {
+            for cut in [0usize, 1, 17, 40, 99] {
+                let (n, ranks) = (100u32, vec![2u32, 1, 3]);
+                let mut rng = StdRng::seed_from_u64(cut as u64);
+                let mut order: Vec<u32> = (0..n).collect();
+                order.shuffle(&mut rng);
+                let mut before =
+                    EpochPlacer::new(u64::from(n), all.clone(), ranks.clone(), drop_last);
+                let placed: Vec<Placed> = order[..cut]
+                    .iter()
+                    .filter_map(|&e| before.assign(&all, e))
+                    .collect();
+                let mut filled = vec![0u64; 3];
+                for p in &placed {
+                    filled[p.node] = filled[p.node].max(u64::from(p.position) + 1);
+                }
+                let first: Vec<u32> = placed.iter().map(|p| p.element).collect();
+                let mut after =
+                    EpochPlacer::new(u64::from(n), all.clone(), ranks.clone(), drop_last);
+                after.restore(&filled, &first);
+                let mut rest: Vec<Placed> = order[cut..]
+                    .iter()
+                    .filter_map(|&e| after.assign(&all, e))
+                    .collect();
+                rest.extend(after.end_epoch());
+                let mut per_rank: BTreeMap<(usize, u32), usize> = BTreeMap::new();
+                let mut positions: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+                for p in placed.iter().chain(&rest) {
+                    *per_rank
+                        .entry((p.node, p.position % ranks[p.node]))
+                        .or_default() += 1;
+                    positions.entry(p.node).or_default().push(p.position);
+                }
+                let want = per_rank_count(n, 6, drop_last) as usize;
+                assert!(per_rank.values().all(|&c| c == want), "{per_rank:?}");
+                for (node, mut pos) in positions {
+                    pos.sort_unstable();
+                    let len = pos.len() as u32;
+                    assert_eq!(pos, (0..len).collect::<Vec<_>>(), "node {node}");
+                }
+            }
+        }
     }
 
     /// Every rank receives exactly ⌈N/W⌉ (or ⌊N/W⌋), the ranks' shares together are the epoch

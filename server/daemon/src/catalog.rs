@@ -28,6 +28,10 @@ use serde::{Deserialize, Serialize};
 const DATASETS: TableDefinition<&str, &[u8]> = TableDefinition::new("datasets");
 const INDEXES: TableDefinition<&str, &[u8]> = TableDefinition::new("indexes");
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
+/// A leader's journal (`cluster::leader::journal`): its generation, and its multi-node jobs
+/// by id (JSON), written before the leader answers the request that changed them.
+const CLUSTER: TableDefinition<&str, u64> = TableDefinition::new("cluster");
+const CLUSTER_JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("cluster_jobs");
 
 /// redb's page cache. The catalog is written once per dataset and read at start-up, so
 /// pages need not stay in memory (redb's default, 1 GiB, would keep a copy of every index
@@ -92,6 +96,8 @@ impl Catalog {
         tx.open_table(DATASETS)?;
         tx.open_table(INDEXES)?;
         tx.open_table(OBJECTS)?;
+        tx.open_table(CLUSTER)?;
+        tx.open_table(CLUSTER_JOBS)?;
         tx.commit()?;
         let indexes = dir.join(INDEX_DIR);
         std::fs::create_dir_all(&indexes)
@@ -256,6 +262,50 @@ impl Catalog {
                 |e| tracing::warn!(dataset = %name, error = %e, "unreadable stored objects"),
             )
             .ok())
+    }
+
+    /// A leader's next generation: one more than the last one stored (1 for the first start),
+    /// stored before it is returned, so that no two starts of a leader on this data directory
+    /// take the same one.
+    pub fn next_generation(&self) -> Result<u64> {
+        let tx = self.db.begin_write()?;
+        let next = {
+            let mut t = tx.open_table(CLUSTER)?;
+            let last = t.get("generation")?.map_or(0, |v| v.value());
+            let next = last + 1;
+            t.insert("generation", next)?;
+            next
+        };
+        tx.commit()?;
+        Ok(next)
+    }
+
+    /// Stores (or replaces) a leader's journal entry of multi-node job `id`.
+    pub fn put_cluster_job(&self, id: u64, entry: &[u8]) -> Result<()> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(CLUSTER_JOBS)?.insert(id, entry)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Removes a leader's journal entry of multi-node job `id`.
+    pub fn remove_cluster_job(&self, id: u64) -> Result<()> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(CLUSTER_JOBS)?.remove(id)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// A leader's journal entries of multi-node jobs, by id.
+    pub fn cluster_jobs(&self) -> Result<Vec<(u64, Vec<u8>)>> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(CLUSTER_JOBS)?;
+        let mut out = Vec::new();
+        for entry in t.iter()? {
+            let (k, v) = entry?;
+            out.push((k.value(), v.value().to_vec()));
+        }
+        Ok(out)
     }
 
     /// The stored index of a dataset: `None` if there is none, or if it was stored by an

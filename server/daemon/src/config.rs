@@ -126,6 +126,12 @@ pub struct Config {
     /// A node silent this long is lost (the leader fails its multi-node jobs); a leader
     /// unreachable this long makes a follower fail its multi-node jobs.
     pub node_timeout_ms: u64,
+    /// How long a leader restart may take (default: five `node_timeout_ms`). A follower that
+    /// loses its leader keeps its multi-node jobs paused this long, their rings open, and
+    /// resumes them with a leader that comes back (a new generation); a restarted leader
+    /// waits as long for the nodes of its journaled jobs. 0: a lost leader fails the jobs at
+    /// once.
+    pub leader_grace_ms: Option<u64>,
 }
 
 impl Default for Config {
@@ -175,6 +181,7 @@ impl Default for Config {
             leader_only: false,
             heartbeat_ms: 500,
             node_timeout_ms: 2000,
+            leader_grace_ms: None,
         }
     }
 }
@@ -252,6 +259,14 @@ impl Config {
             list_page: self.s3_list_page,
             ahead_bytes: self.s3_fetch_ahead_bytes,
         }
+    }
+
+    /// How long a leader restart may take ([`Config::leader_grace_ms`]).
+    pub fn leader_grace(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.leader_grace_ms
+                .unwrap_or(self.node_timeout_ms.saturating_mul(5)),
+        )
     }
 
     /// This node's name in the cluster.

@@ -107,6 +107,11 @@ codes! {
         "the resume state was saved on another version of the dataset (its fingerprint differs: \
          files added in its middle, replaced, relabelled, or the dataset re-indexed from other \
          files); resume with `allow_changed_dataset` to compute the rest on the new index"),
+    StaleGeneration = ("stale_generation", 409,
+        "a node and the leader disagree on the leader's generation: a node that has seen a \
+         newer leader refuses an older one (restored from an older data directory, or one \
+         that came back after being replaced), and a leader refuses a node's stream opened \
+         for another generation"),
     JobFailed = ("job_failed", 409,
         "the multi-node job failed (a node died or stopped heartbeating, the leader was lost, \
          or a rank left): DDP cannot go on without a rank; restart the job"),

@@ -80,10 +80,13 @@ pub async fn run(
     ));
     let state = Arc::new(AppState {
         registry: registry.clone(),
-        leader: config
-            .leader
-            .is_none()
-            .then(|| cluster::leader::Leader::new(&config)),
+        leader: match config.leader {
+            None => Some(cluster::leader::Leader::new(
+                &config,
+                registry.catalog().clone(),
+            )?),
+            Some(_) => None,
+        },
         leader_url: Some(
             config
                 .leader

@@ -150,6 +150,11 @@ pub struct ServeArgs {
     /// A node (or the leader) silent this long is lost: its multi-node jobs fail (default 2000).
     #[arg(long, env = "JOADER_NODE_TIMEOUT_MS")]
     pub node_timeout_ms: Option<u64>,
+    /// How long a leader restart may take (default: five node timeouts): followers keep their
+    /// multi-node jobs paused this long and resume them with the restarted leader, which
+    /// waits as long for them; 0 fails the jobs when the leader is lost.
+    #[arg(long, env = "JOADER_LEADER_GRACE_MS")]
+    pub leader_grace_ms: Option<u64>,
 }
 
 /// An octal mode: `660`, `0660` or `0o660`.
@@ -207,7 +212,8 @@ impl ServeArgs {
             s3_fetch_ahead_bytes, disk_cache_bytes, s3_retry_budget_s, s3_list_page, shm_mode,
             parquet_decoded_bytes, parquet_directory_bytes, parquet_field_bytes, parquet_spill_bytes,
             heartbeat_ms, node_timeout_ms);
-        overlay_optional!(a, c; disk_cache, token, shm_gid, leader, node_name, advertise);
+        overlay_optional!(a, c; disk_cache, token, shm_gid, leader, node_name, advertise,
+            leader_grace_ms);
         overlay_list!(a, c; allowed_roots, allowed_s3, allowed_s3_endpoints);
         c.leader_only |= a.leader_only;
         c.validate()?;

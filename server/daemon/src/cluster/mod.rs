@@ -54,6 +54,10 @@ pub struct NodeRegistered {
     pub name: String,
     pub heartbeat_ms: u64,
     pub timeout_ms: u64,
+    /// The leader's generation: one more at each of its starts (persisted in its catalog). A
+    /// node refuses a leader of an older generation than one it has seen.
+    #[serde(default)]
+    pub generation: u64,
 }
 
 /// A dataset as a node sees it.
@@ -205,6 +209,10 @@ pub struct Placements {
     /// Multi-node jobs of the node that failed elsewhere.
     #[serde(default)]
     pub failed: Vec<JobFailure>,
+    /// The generation of the leader that wrote the frame: a node refuses a frame of another
+    /// generation than the one it registered with.
+    #[serde(default)]
+    pub generation: u64,
 }
 
 impl Placements {
@@ -214,6 +222,67 @@ impl Placements {
             && self.failed.is_empty()
             && self.ahead.is_empty()
     }
+}
+
+/// What a node received of one epoch of a multi-node job (its resume report).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct EpochSeen {
+    pub epoch: u32,
+    /// Records placed on the node in this epoch (padding included): its positions `0..count`.
+    pub count: u32,
+    /// The elements of those records (each once).
+    pub elements: Vec<u32>,
+    /// The node received the epoch's end.
+    pub ended: bool,
+}
+
+/// A node's state of a multi-node job after losing its leader.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct JobSeen {
+    pub job: u64,
+    /// Its last epochs as the node received them (oldest first; the node keeps three).
+    pub epochs: Vec<EpochSeen>,
+    /// Records the node's rings have room for that the leader has not filled: the credit the
+    /// node's readers returned minus the records placed on the node.
+    pub room: u64,
+    /// Every local rank of the job has attached (its first credit was returned).
+    pub attached: bool,
+    /// The node received the job's last end.
+    pub finished: bool,
+}
+
+/// `POST /v1/nodes/{name}/resume`: a node that lost its leader and registered with a new one
+/// (a new generation) reports its multi-node jobs, paused meanwhile.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeReport {
+    /// The generation the node registered with (the leader's own, or the report is refused).
+    pub generation: u64,
+    pub jobs: Vec<JobSeen>,
+}
+
+/// The leader's answer to a resume report: the jobs it cannot resume, and why (the node fails
+/// them); the others resume once every node of theirs has reported.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ResumeReply {
+    pub failed: Vec<JobFailure>,
+}
+
+/// A multi-node job as the leader sees it (`GET /v1/nodes`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ClusterJobView {
+    pub id: u64,
+    pub name: String,
+    pub dataset: String,
+    /// `joining` (ranks still joining), `running`, `restoring` (the leader restarted and waits
+    /// for the job's nodes), `finished` or `failed`.
+    pub state: String,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Its nodes, with their global ranks.
+    #[schema(value_type = Object)]
+    pub nodes: std::collections::BTreeMap<String, Vec<u32>>,
 }
 
 /// A node as the leader sees it (`GET /v1/nodes`).
@@ -239,5 +308,10 @@ pub struct NodeList {
     /// This server's role: `leader` or `follower`.
     pub role: String,
     pub leader: Option<String>,
+    /// The leader's generation (one more at each of its starts).
+    pub generation: u64,
     pub nodes: Vec<NodeView>,
+    /// The multi-node jobs: running, restoring after a restart, and those that ended lately
+    /// (a failed one says why).
+    pub jobs: Vec<ClusterJobView>,
 }

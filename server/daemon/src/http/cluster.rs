@@ -8,7 +8,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use super::error::errors;
 use crate::cluster::{
     Heartbeat, HeartbeatReply, NodeJob, NodeJobAccepted, NodeList, NodeRegistered,
-    NodeRegistration, node,
+    NodeRegistration, ResumeReply, ResumeReport, node,
 };
 use crate::error::{Code, Error, Result};
 use crate::state::AppState;
@@ -16,7 +16,8 @@ use crate::state::AppState;
 errors!(ListErrors: NotALeader);
 errors!(RegisterErrors: InvalidRequest, NotALeader);
 errors!(NodeErrors: InvalidRequest, NodeNotFound, NotALeader);
-errors!(StreamErrors: InvalidRequest, NodeNotFound, NotALeader, ShuttingDown);
+errors!(StreamErrors: InvalidRequest, NodeNotFound, NotALeader, ShuttingDown, StaleGeneration);
+errors!(ResumeErrors: InvalidRequest, NodeNotFound, NotALeader, StaleGeneration, DatasetNotReady);
 errors!(JoinErrors: InvalidRequest, EmptySubset, DatasetNotFound, NodeNotFound, JobExists,
     DatasetNotReady, NotALeader, NodeMismatch);
 
@@ -28,11 +29,13 @@ errors!(JoinErrors: InvalidRequest, EmptySubset, DatasetNotFound, NodeNotFound, 
 )]
 #[get("/v1/nodes")]
 async fn list_nodes(state: web::Data<AppState>) -> Result<HttpResponse> {
-    let nodes = state.leader_role()?.nodes()?;
+    let l = state.leader_role()?;
     Ok(HttpResponse::Ok().json(NodeList {
         role: "leader".into(),
         leader: state.leader_url.clone(),
-        nodes,
+        generation: l.generation(),
+        nodes: l.nodes()?,
+        jobs: l.jobs()?,
     }))
 }
 
@@ -88,6 +91,34 @@ async fn join_job(
     Ok(HttpResponse::Ok().json(r))
 }
 
+/// A node that lost its leader reports its multi-node jobs to the restarted leader (a new
+/// generation), which answers those it cannot resume; the others resume once every node of
+/// theirs has reported.
+#[utoipa::path(
+    tag = "cluster",
+    request_body = ResumeReport,
+    params(("name" = String, Path, description = "the node's name", example = "node-a")),
+    responses((status = 200, description = "the jobs that cannot resume", body = ResumeReply), ResumeErrors)
+)]
+#[post("/v1/nodes/{name}/resume")]
+async fn resume(
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+    body: web::Json<ResumeReport>,
+) -> Result<HttpResponse> {
+    let l = state.leader_role()?.clone();
+    let r = l.resume(&state.registry, &name, body.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(r))
+}
+
+/// The generation a node opens its stream for.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+struct StreamQuery {
+    /// The leader generation the node registered with: another one is refused
+    /// (`stale_generation`).
+    generation: Option<u64>,
+}
+
 /// A node's stream, a WebSocket it keeps open while it has multi-node jobs: the leader writes
 /// the node's placements as its Samplers' passes make them (JSON text frames, `Placements`;
 /// a ping after a heartbeat with nothing to send), the node writes the credit its readers
@@ -95,7 +126,7 @@ async fn join_job(
 /// both sides fail the node's multi-node jobs.
 #[utoipa::path(
     tag = "cluster",
-    params(("name" = String, Path, description = "the node's name", example = "node-a")),
+    params(("name" = String, Path, description = "the node's name", example = "node-a"), StreamQuery),
     responses(
         (status = 101, description = "switching to the WebSocket: frames are `Placements` from the leader and `CreditReport` from the node"),
         StreamErrors
@@ -105,12 +136,13 @@ async fn join_job(
 async fn stream(
     state: web::Data<AppState>,
     name: web::Path<String>,
+    query: web::Query<StreamQuery>,
     req: HttpRequest,
     body: web::Payload,
 ) -> Result<HttpResponse> {
     let l = state.leader_role()?.clone();
     crate::registry::check_not_draining(&state.registry)?;
-    l.check_node(&name)?;
+    l.check_node(&name, query.generation)?;
     let (response, session, frames) = actix_ws::handle(&req, body).map_err(|e| {
         Error::new(
             Code::InvalidRequest,
@@ -134,5 +166,6 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(register_node)
         .service(heartbeat)
         .service(join_job)
+        .service(resume)
         .service(stream);
 }

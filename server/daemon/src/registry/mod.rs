@@ -103,6 +103,11 @@ impl Registry {
         &self.config
     }
 
+    /// The persistent catalog (a leader journals its multi-node jobs in it).
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
     /// The Cache actor's counters.
     pub fn stats(&self) -> &CacheStats {
         &self.stats

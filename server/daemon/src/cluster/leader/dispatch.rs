@@ -40,10 +40,31 @@ impl Leader {
                 end_epoch(&mut inner, end);
             }
             let mut per_node: BTreeMap<String, WireGroup> = BTreeMap::new();
+            // Records a node received before the leader restarted are not placed again
+            // (`journal`): their credit goes back, and they need the element no more.
+            let skipped = group
+                .items
+                .iter()
+                .filter(|item| {
+                    inner.jobs.get(&item.job).is_some_and(|j| {
+                        j.restored
+                            .get(&item.epoch)
+                            .is_some_and(|r| r.skip.contains(group.element))
+                    })
+                })
+                .count() as u32;
             for item in &group.items {
                 let Some(job) = inner.jobs.get_mut(&item.job).filter(|j| j.live()) else {
                     continue;
                 };
+                if job
+                    .restored
+                    .get(&item.epoch)
+                    .is_some_and(|r| r.skip.contains(group.element))
+                {
+                    credit_back.push(item.job);
+                    continue;
+                }
                 let Some((placer, names)) = job.placer.as_mut() else {
                     continue;
                 };
@@ -52,7 +73,7 @@ impl Leader {
                         .entry(names[p.node].clone())
                         .or_insert_with(|| WireGroup {
                             element: group.element,
-                            need: group.need,
+                            need: group.need.saturating_sub(skipped),
                             items: Vec::new(),
                         })
                         .items
@@ -108,8 +129,10 @@ fn ahead(inner: &mut Inner, all: &[u64], picks: &[(u32, ::actors::JobId)]) {
     }
 }
 
-/// A job's epoch ended: pad its nodes to their quota, then end the epoch on each.
-fn end_epoch(inner: &mut Inner, end: &::actors::EndAt) {
+/// A job's epoch ended: pad its nodes to their quota, then end the epoch on each (but on the
+/// nodes that had its end before the leader restarted, `journal`); the next epoch's placement
+/// goes on where such nodes had it.
+pub(super) fn end_epoch(inner: &mut Inner, end: &::actors::EndAt) {
     let Some(job) = inner.jobs.get_mut(&end.job).filter(|j| j.live()) else {
         return;
     };
@@ -117,12 +140,27 @@ fn end_epoch(inner: &mut Inner, end: &::actors::EndAt) {
         return;
     };
     let pad = placer.end_epoch();
+    if let Some(next) = job.restored.get(&(end.epoch + 1)) {
+        placer.restore(&next.filled, &next.first);
+    }
+    let had_end = job
+        .restored
+        .get(&end.epoch)
+        .map(|r| r.ended.clone())
+        .unwrap_or_default();
+    job.restored.retain(|&e, _| e > end.epoch);
+    let pad: Vec<_> = pad
+        .into_iter()
+        .filter(|p| !had_end.contains(&names[p.node]))
+        .collect();
     job.debt += pad.len() as u64;
     let names = names.clone();
     if end.finished {
         job.finished = true;
+        job.ended_at = Some(std::time::Instant::now());
         let name = job.name.clone();
         inner.names.remove(&name);
+        inner.journal(end.job);
     }
     for p in pad {
         if let Some(n) = inner.nodes.get_mut(&names[p.node]) {
@@ -137,7 +175,7 @@ fn end_epoch(inner: &mut Inner, end: &::actors::EndAt) {
             });
         }
     }
-    for name in &names {
+    for name in names.iter().filter(|n| !had_end.contains(*n)) {
         if let Some(n) = inner.nodes.get_mut(name) {
             n.outbox.ends.push(WireEnd {
                 after: n.outbox.groups.len(),

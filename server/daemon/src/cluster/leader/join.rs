@@ -62,6 +62,8 @@ impl Leader {
         if let Some(j) = inner.jobs.get_mut(&id) {
             j.remote = remote;
         }
+        // In the journal before the node hears of the job: a leader that restarts takes it back.
+        inner.journal(id);
         self.start_if_complete(&mut inner, id)?;
         tracing::info!(job = %identity.name, node, ranks = ?req.ranks, "node joined a multi-node job");
         Ok(NodeJobAccepted { job: id })
@@ -70,46 +72,20 @@ impl Leader {
     /// Once every rank has joined and attached: the placer over the job's nodes, and the job in its
     /// dataset's cluster Sampler.
     pub(super) fn start_if_complete(&self, inner: &mut Inner, id: u64) -> Result<()> {
-        let arbiter = self
-            .arbiter
-            .lock()
-            .map_err(Error::internal)?
-            .clone()
-            .ok_or_else(|| Error::internal("the leader is not started"))?;
-        let dispatch = self
-            .dispatch
-            .lock()
-            .map_err(Error::internal)?
-            .clone()
-            .ok_or_else(|| Error::internal("the dispatcher is not running"))?;
+        let (arbiter, dispatch) = self.started()?;
         let Some(job) = inner.jobs.get(&id) else {
             return Ok(());
         };
         let joined: u32 = job.nodes.values().map(|r| r.len() as u32).sum();
-        if joined < job.world || job.attached.len() < job.nodes.len() || job.placer.is_some() {
+        if joined < job.world
+            || job.attached.len() < job.nodes.len()
+            || job.placer.is_some()
+            || job.restoring.is_some()
+            || !job.live()
+        {
             return Ok(());
         }
-        let dataset = job.dataset.clone();
-        // An object-store dataset's Sampler samples its jobs ahead by the nodes' fetch time
-        // and sends its picks to fetch ahead to the nodes (see `dispatch`).
-        let clock = job
-            .remote
-            .then(|| super::fetch_clock(&self.fetch_ms, &dataset));
-        let sampler = inner
-            .samplers
-            .entry(dataset)
-            .or_insert_with(|| {
-                let tick = self.tick;
-                let stats = Arc::new(::actors::CacheStats::default());
-                SamplerActor::start_in_arbiter(&arbiter, move |_| {
-                    let s = SamplerActor::new(0, dispatch.recipient(), tick, stats);
-                    match clock {
-                        Some(clock) => s.with_fetch_clock(clock),
-                        None => s,
-                    }
-                })
-            })
-            .clone();
+        let sampler = self.sampler_of(inner, id, arbiter, dispatch)?;
         let job = inner
             .jobs
             .get_mut(&id)
@@ -123,28 +99,92 @@ impl Leader {
             placer = placer.resumed(rest.len());
         }
         job.placer = Some((placer, names));
-        sampler.do_send(AddJob {
-            job: id,
-            subset: job.subset.clone(),
-            seed: job.request.seed,
-            epochs: job.request.epochs,
-            sampler: job.request.sampler.unwrap_or(SamplerKind::Dsa),
-            credit: job.pending_credit.min(u64::from(u32::MAX)) as u32,
-            // No placement ahead of credit across the network: a node's credit is what its
-            // rings can take (the pace joins of one server need its Cache's queue). An
-            // object-store dataset's picks beyond it are held here, their nodes told to fetch
-            // them ahead (`with_fetch_clock` above).
-            step: 0,
-            stats: Arc::new(JobStats::default()),
-            resume: job.resume.clone(),
-            replay: None,
-            record: None,
-        });
-        job.pending_credit = 0;
-        job.sampler = Some(sampler);
-        tracing::info!(job = %job.name, nodes = job.nodes.len(), world = job.world, "multi-node job sampling");
+        let resume = job.resume.clone();
+        add_to_sampler(job, &sampler, resume);
+        inner.journal(id);
         Ok(())
     }
+
+    /// The cluster Sampler of job `id`'s dataset (started on the first job of the dataset).
+    pub(super) fn sampler_of(
+        &self,
+        inner: &mut Inner,
+        id: u64,
+        arbiter: actix::ArbiterHandle,
+        dispatch: actix::Addr<super::Dispatch>,
+    ) -> Result<actix::Addr<SamplerActor>> {
+        let job = inner
+            .jobs
+            .get(&id)
+            .ok_or_else(|| Error::internal("lost job"))?;
+        let dataset = job.dataset.clone();
+        // An object-store dataset's Sampler samples its jobs ahead by the nodes' fetch time
+        // and sends its picks to fetch ahead to the nodes (see `dispatch`).
+        let clock = job
+            .remote
+            .then(|| super::fetch_clock(&self.fetch_ms, &dataset));
+        Ok(inner
+            .samplers
+            .entry(dataset)
+            .or_insert_with(|| {
+                let tick = self.tick;
+                let stats = Arc::new(::actors::CacheStats::default());
+                SamplerActor::start_in_arbiter(&arbiter, move |_| {
+                    let s = SamplerActor::new(0, dispatch.recipient(), tick, stats);
+                    match clock {
+                        Some(clock) => s.with_fetch_clock(clock),
+                        None => s,
+                    }
+                })
+            })
+            .clone())
+    }
+
+    /// The leader's arbiter (where its Samplers run) and dispatcher, once started.
+    pub(super) fn started(&self) -> Result<(actix::ArbiterHandle, actix::Addr<super::Dispatch>)> {
+        let arbiter = self
+            .arbiter
+            .lock()
+            .map_err(Error::internal)?
+            .clone()
+            .ok_or_else(|| Error::internal("the leader is not started"))?;
+        let dispatch = self
+            .dispatch
+            .lock()
+            .map_err(Error::internal)?
+            .clone()
+            .ok_or_else(|| Error::internal("the dispatcher is not running"))?;
+        Ok((arbiter, dispatch))
+    }
+}
+
+/// Adds the job, its placer set, to its dataset's cluster Sampler with the credit its nodes
+/// returned so far, from `resume` (an epoch and what is left of it) or from its start.
+pub(super) fn add_to_sampler(
+    job: &mut ClusterJob,
+    sampler: &actix::Addr<SamplerActor>,
+    resume: Option<(u32, Arc<RoaringBitmap>)>,
+) {
+    sampler.do_send(AddJob {
+        job: job.id,
+        subset: job.subset.clone(),
+        seed: job.request.seed,
+        epochs: job.request.epochs,
+        sampler: job.request.sampler.unwrap_or(SamplerKind::Dsa),
+        credit: job.pending_credit.min(u64::from(u32::MAX)) as u32,
+        // No placement ahead of credit across the network: a node's credit is what its
+        // rings can take (the pace joins of one server need its Cache's queue). An
+        // object-store dataset's picks beyond it are held here, their nodes told to fetch
+        // them ahead (`with_fetch_clock`).
+        step: 0,
+        stats: Arc::new(JobStats::default()),
+        resume,
+        replay: None,
+        record: None,
+    });
+    job.pending_credit = 0;
+    job.sampler = Some(sampler.clone());
+    tracing::info!(job = %job.name, nodes = job.nodes.len(), world = job.world, "multi-node job sampling");
 }
 
 /// The leader's index of the job's dataset, once the node's request is checked against it:
@@ -188,7 +228,7 @@ fn joined_index(
 
 /// The job's subset, and for a resumed job the rest of its epoch (whole-index work: on the
 /// blocking pool).
-async fn job_order(
+pub(super) async fn job_order(
     index: Arc<DatasetIndex>,
     identity: &JobRequest,
 ) -> Result<(RoaringBitmap, Option<(u32, Arc<RoaringBitmap>)>)> {
@@ -281,26 +321,12 @@ impl Inner {
         self.next_id += 1;
         let id = self.next_id;
         self.names.insert(identity.name.clone(), id);
-        self.jobs.insert(
-            id,
-            ClusterJob {
-                name: identity.name.clone(),
-                dataset: identity.dataset.clone(),
-                request: identity.clone(),
-                world,
-                nodes: BTreeMap::from([(node.to_string(), ranks.to_vec())]),
-                subset: Arc::new(subset),
-                resume,
-                placer: None,
-                sampler: None,
-                pending_credit: 0,
-                attached: Default::default(),
-                debt: 0,
-                failed: None,
-                finished: false,
-                remote: false,
-            },
-        );
+        let mut job = ClusterJob::new(&identity.name, identity, world);
+        job.nodes = BTreeMap::from([(node.to_string(), ranks.to_vec())]);
+        job.subset = Arc::new(subset);
+        job.resume = resume;
+        job.id = id;
+        self.jobs.insert(id, job);
         id
     }
 }

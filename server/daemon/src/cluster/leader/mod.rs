@@ -22,6 +22,7 @@
 
 mod dispatch;
 mod join;
+mod journal;
 mod nodes;
 mod stream;
 
@@ -55,6 +56,7 @@ struct Node {
 }
 
 struct ClusterJob {
+    id: u64,
     name: String,
     dataset: String,
     request: JobRequest,
@@ -80,11 +82,44 @@ struct ClusterJob {
     /// Its dataset is read from an object store: its Sampler samples ahead, and the nodes
     /// fetch the picks' bytes before their placement (see `dispatch`).
     remote: bool,
+    /// Taken back from the journal after a restart: the nodes' reports, until every node of
+    /// the job has sent its own (`journal`).
+    restoring: Option<journal::Restoring>,
+    /// Epochs the job's nodes had received part of before a restart, by epoch: the records
+    /// to skip, where each node's positions go on, which nodes had the end (`journal`).
+    restored: BTreeMap<u32, journal::RestoredEpoch>,
+    /// When it failed or finished: kept a while for `GET /v1/nodes` and for the nodes that
+    /// report it after a restart.
+    ended_at: Option<Instant>,
 }
 
 impl ClusterJob {
     fn live(&self) -> bool {
         self.failed.is_none() && !self.finished
+    }
+
+    fn new(name: &str, request: &JobRequest, world: u32) -> Self {
+        Self {
+            id: 0,
+            name: name.to_string(),
+            dataset: request.dataset.clone(),
+            request: request.clone(),
+            world,
+            nodes: BTreeMap::new(),
+            subset: Arc::default(),
+            resume: None,
+            placer: None,
+            sampler: None,
+            pending_credit: 0,
+            attached: Default::default(),
+            debt: 0,
+            failed: None,
+            finished: false,
+            remote: false,
+            restoring: None,
+            restored: BTreeMap::new(),
+            ended_at: None,
+        }
     }
 }
 
@@ -97,6 +132,8 @@ struct Inner {
     next_id: u64,
     samplers: HashMap<String, Addr<SamplerActor>>,
     next_stream: u64,
+    /// Where the jobs are journaled (the server's catalog).
+    journal: Option<Arc<crate::catalog::Catalog>>,
 }
 
 impl Inner {
@@ -119,12 +156,14 @@ impl Inner {
         }
         tracing::warn!(job = %job.name, reason, "multi-node job failed");
         job.failed = Some(reason.to_string());
+        job.ended_at = Some(Instant::now());
         if let Some(s) = &job.sampler {
             s.do_send(RemoveJob { job: id });
         }
         self.names.remove(&job.name);
-        for node in job.nodes.keys() {
-            if let Some(n) = self.nodes.get_mut(node) {
+        let nodes: Vec<String> = job.nodes.keys().cloned().collect();
+        for node in nodes {
+            if let Some(n) = self.nodes.get_mut(&node) {
                 n.outbox.failed.push(JobFailure {
                     job: id,
                     reason: reason.to_string(),
@@ -132,6 +171,7 @@ impl Inner {
                 n.notify.notify_one();
             }
         }
+        self.journal(id);
     }
 
     fn fail_jobs_of(&mut self, node: &str, reason: &str) {
@@ -179,6 +219,10 @@ pub struct Leader {
     /// What each live node reports a fetch of each dataset takes there (ms), by dataset, then
     /// node: a cluster Sampler of an object-store dataset samples ahead by the slowest.
     fetch_ms: Arc<Mutex<FetchTimes>>,
+    /// This start's generation (`Catalog::next_generation`): nodes refuse an older one.
+    generation: u64,
+    /// How long the jobs taken back from the journal wait for their nodes.
+    grace: Duration,
 }
 
 /// Fetch times (ms) by dataset, then node.
@@ -199,16 +243,36 @@ fn lock(l: &Leader) -> Result<std::sync::MutexGuard<'_, Inner>> {
 }
 
 impl Leader {
-    pub fn new(config: &Config) -> Arc<Self> {
-        Arc::new(Self {
-            inner: Mutex::new(Inner::default()),
+    /// The leader of this start: a new generation, and the multi-node jobs its journal holds
+    /// (those that were running wait for their nodes, `journal`).
+    pub fn new(
+        config: &Config,
+        catalog: Arc<crate::catalog::Catalog>,
+    ) -> anyhow::Result<Arc<Self>> {
+        let generation = catalog.next_generation()?;
+        let grace = config.leader_grace();
+        let mut inner = Inner {
+            journal: Some(catalog.clone()),
+            ..Inner::default()
+        };
+        journal::load(&mut inner, &catalog, grace)?;
+        tracing::info!(generation, jobs = inner.jobs.len(), "leader started");
+        Ok(Arc::new(Self {
+            inner: Mutex::new(inner),
             heartbeat: Duration::from_millis(config.heartbeat_ms),
             timeout: Duration::from_millis(config.node_timeout_ms),
             tick: Duration::from_millis(config.sampler_tick_ms),
             dispatch: Mutex::new(None),
             arbiter: Mutex::new(None),
             fetch_ms: Arc::default(),
-        })
+            generation,
+            grace,
+        }))
+    }
+
+    /// This start's generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     fn node_mut<'a>(inner: &'a mut Inner, name: &str) -> Result<&'a mut Node> {

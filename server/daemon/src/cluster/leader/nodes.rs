@@ -46,6 +46,7 @@ impl Leader {
             name: reg.name,
             heartbeat_ms: self.heartbeat.as_millis() as u64,
             timeout_ms: self.timeout.as_millis() as u64,
+            generation: self.generation,
         })
     }
 
@@ -94,6 +95,11 @@ impl Leader {
         times.retain(|_, by_node| !by_node.is_empty());
     }
 
+    /// The multi-node jobs, for `GET /v1/nodes`.
+    pub fn jobs(&self) -> Result<Vec<crate::cluster::ClusterJobView>> {
+        Ok(lock(self)?.job_views())
+    }
+
     /// `GET /v1/nodes`.
     pub fn nodes(&self) -> Result<Vec<NodeView>> {
         let inner = lock(self)?;
@@ -120,8 +126,18 @@ impl Leader {
             .collect())
     }
 
-    /// Refuses a stream for a node the leader does not know (before the WebSocket upgrade).
-    pub fn check_node(&self, name: &str) -> Result<()> {
+    /// Refuses a stream for a node the leader does not know, or opened for another generation
+    /// of the leader (before the WebSocket upgrade).
+    pub fn check_node(&self, name: &str, generation: Option<u64>) -> Result<()> {
+        if let Some(g) = generation.filter(|&g| g != self.generation) {
+            return Err(crate::error::Error::new(
+                crate::error::Code::StaleGeneration,
+                format!(
+                    "node {name} opened its stream for leader generation {g}; this leader is                      generation {}",
+                    self.generation
+                ),
+            ));
+        }
         let mut inner = lock(self)?;
         Self::node_mut(&mut inner, name).map(|_| ())
     }
@@ -150,7 +166,9 @@ impl Leader {
             }
             inner.fail_jobs_of(&name, &format!("node {name} stopped heartbeating (lost)"));
         }
-        // Forget ended jobs (their nodes were told).
-        inner.jobs.retain(|_, j| j.live());
+        inner.expire_restoring(self.grace);
+        // Ended jobs are kept a while (their nodes were told), for `GET /v1/nodes` and for
+        // nodes that report them after a restart.
+        inner.forget_ended();
     }
 }

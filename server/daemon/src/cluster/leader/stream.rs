@@ -49,7 +49,9 @@ impl Leader {
             .iter()
             .map(|g| g.items.len() as u64)
             .sum::<u64>();
-        Some(std::mem::take(&mut node.outbox))
+        let mut out = std::mem::take(&mut node.outbox);
+        out.generation = self.generation;
+        Some(out)
     }
 
     /// The node's stream `id` ended: when it is still the node's, its jobs fail; a stream

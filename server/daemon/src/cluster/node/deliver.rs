@@ -22,6 +22,7 @@ impl NodeAgent {
             if let Some(t) = self.jobs.remove(&e.job) {
                 self.by_local.remove(&t.local);
                 self.credits.remove(&e.job);
+                self.keep_finished(e.job, t.progress);
             }
         }
         for f in &reply.failed {
@@ -35,27 +36,30 @@ impl NodeAgent {
         };
         let mut out: HashMap<DatasetId, Deliver> = HashMap::new();
         let mut ends = reply.ends.iter().peekable();
-        let end_to =
-            |out: &mut HashMap<DatasetId, Deliver>, jobs: &HashMap<u64, Tracked>, e: &WireEnd| {
-                if let Some(t) = jobs.get(&e.job) {
-                    let d = out.entry(t.dataset).or_insert_with(|| empty(t.dataset));
-                    d.ends.push(EndAt {
-                        after: d.groups.len(),
-                        job: t.local,
-                        epoch: e.epoch,
-                        finished: e.finished,
-                    });
-                }
-            };
+        let end_to = |out: &mut HashMap<DatasetId, Deliver>,
+                      jobs: &mut HashMap<u64, Tracked>,
+                      e: &WireEnd| {
+            if let Some(t) = jobs.get_mut(&e.job) {
+                t.progress.ended(e.epoch);
+                let d = out.entry(t.dataset).or_insert_with(|| empty(t.dataset));
+                d.ends.push(EndAt {
+                    after: d.groups.len(),
+                    job: t.local,
+                    epoch: e.epoch,
+                    finished: e.finished,
+                });
+            }
+        };
         for (gi, g) in reply.groups.iter().enumerate() {
             while let Some(e) = ends.next_if(|e| e.after <= gi) {
-                end_to(&mut out, &self.jobs, e);
+                end_to(&mut out, &mut self.jobs, e);
             }
             let mut per: HashMap<DatasetId, DeliverGroup> = HashMap::new();
             for it in &g.items {
-                let Some(t) = self.jobs.get(&it.job) else {
+                let Some(t) = self.jobs.get_mut(&it.job) else {
                     continue;
                 };
+                t.progress.placed(it.epoch, g.element, it.position);
                 t.stats.sampled.fetch_add(1, Relaxed);
                 t.stats.epoch.store(u64::from(it.epoch), Relaxed);
                 t.stats.position.store(u64::from(it.position), Relaxed);
@@ -77,7 +81,7 @@ impl NodeAgent {
             }
         }
         for e in ends {
-            end_to(&mut out, &self.jobs, e);
+            end_to(&mut out, &mut self.jobs, e);
         }
         // Picks to fetch ahead, for the Cache to ask its source for (as a local Sampler's).
         for a in &reply.ahead {
@@ -153,6 +157,9 @@ impl Handler<JobSignal> for NodeAgent {
                 // attached at once): kept under a placeholder key until `Track`.
                 let key = self.by_local.get(&job).copied().unwrap_or(u64::MAX - job);
                 *self.credits.entry(key).or_default() += n;
+                if let Some(t) = self.jobs.get_mut(&key) {
+                    t.progress.granted(n);
+                }
                 if self.by_local.contains_key(&job) {
                     self.send_credits();
                 }

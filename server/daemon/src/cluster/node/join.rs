@@ -53,18 +53,21 @@ impl Handler<Joined> for NodeAgent {
         self.joining = self.joining.saturating_sub(1);
         if let Some(t) = msg.0 {
             self.by_local.insert(t.local, t.cluster);
+            let mut progress = super::pause::Progress::default();
+            // Credit granted before the job was tracked.
+            if let Some(n) = self.credits.remove(&(u64::MAX - t.local)) {
+                *self.credits.entry(t.cluster).or_default() += n;
+                progress.granted(n);
+            }
             self.jobs.insert(
                 t.cluster,
                 Tracked {
                     local: t.local,
                     dataset: t.dataset,
                     stats: t.stats,
+                    progress,
                 },
             );
-            // Credit granted before the job was tracked.
-            if let Some(n) = self.credits.remove(&(u64::MAX - t.local)) {
-                *self.credits.entry(t.cluster).or_default() += n;
-            }
             self.connect(ctx);
             self.send_credits();
         }

@@ -36,7 +36,10 @@ impl NodeAgent {
         self.links += 1;
         let id = self.links;
         let (reports, rx) = tokio::sync::mpsc::unbounded_channel();
-        let url = self.url(&format!("/v1/nodes/{}/stream", self.name));
+        let url = self.url(&format!(
+            "/v1/nodes/{}/stream?generation={}",
+            self.name, self.generation
+        ));
         let task = actix_web::rt::spawn(run_link(
             ctx.address(),
             id,
@@ -67,6 +70,16 @@ impl Handler<Placed> for NodeAgent {
         if self.link.as_ref().map(|l| l.id) != Some(msg.link) {
             return;
         }
+        if msg.placements.generation != self.generation {
+            let why = format!(
+                "a frame of leader generation {} on a stream of generation {}: refused",
+                msg.placements.generation, self.generation
+            );
+            tracing::error!("{why}");
+            self.link = None;
+            self.leader_lost(&why);
+            return;
+        }
         self.last_contact = Instant::now();
         if self.joining > 0 {
             self.held.push(msg.placements);
@@ -94,10 +107,11 @@ impl Handler<LinkEnded> for NodeAgent {
         }
         self.link = None;
         tracing::warn!(why = %msg.why, "the stream to the leader ended");
-        // Frames may have been lost either way: the jobs it carried cannot go on exactly.
-        self.fail_all(&format!("the stream to the leader ended: {}", msg.why));
-        if msg.unknown {
-            self.unregistered();
+        // Frames may have been lost either way: the jobs it carried pause, and the node
+        // registers again; a leader that comes back resumes them from what the node reports
+        // (`pause`), a leader that went on fails them.
+        if !self.jobs.is_empty() || msg.unknown {
+            self.leader_lost(&format!("the stream to the leader ended: {}", msg.why));
         } else {
             // Failures still to report (a new job joining) go on a new stream, after a pause
             // that keeps a refusing leader from being asked in a loop.

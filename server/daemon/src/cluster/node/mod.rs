@@ -24,6 +24,7 @@ mod call;
 mod deliver;
 mod join;
 mod link;
+mod pause;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
@@ -48,6 +49,8 @@ struct Tracked {
     local: JobId,
     dataset: DatasetId,
     stats: Arc<JobStats>,
+    /// What the node received of the job, for a restarted leader.
+    progress: pause::Progress,
 }
 
 /// See the module docs.
@@ -77,6 +80,20 @@ pub struct NodeAgent {
     /// Registrations being forwarded, and the fetched placements held back meanwhile.
     joining: u32,
     held: Vec<Placements>,
+    /// How long multi-node jobs stay paused when the leader is lost (`Config::leader_grace`).
+    grace: Duration,
+    /// The newest leader generation this node registered with (0: none yet).
+    generation: u64,
+    /// Since when, and why, the multi-node jobs are paused (the leader was lost).
+    paused: Option<pause::Paused>,
+    /// A report of the paused jobs is due to the leader (after each registration), and on
+    /// its way.
+    report_due: bool,
+    resuming: bool,
+    /// Why the leader's last answer was refused (a stale generation).
+    stale: Option<String>,
+    /// Jobs that finished here lately, with what the node received of them.
+    finished: std::collections::VecDeque<(u64, pause::Progress)>,
 }
 
 impl NodeAgent {
@@ -105,6 +122,13 @@ impl NodeAgent {
             dataset_errors: HashMap::new(),
             joining: 0,
             held: Vec::new(),
+            grace: c.leader_grace(),
+            generation: 0,
+            paused: None,
+            report_due: false,
+            resuming: false,
+            stale: None,
+            finished: Default::default(),
         }
     }
 
@@ -136,13 +160,12 @@ impl NodeAgent {
     }
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
-        if self.last_contact.elapsed() > self.timeout {
-            if !self.jobs.is_empty() {
-                let reason = format!("the leader {} is unreachable", self.leader);
-                self.fail_all(&reason);
-            }
-            self.unregistered();
+        if self.registered && self.last_contact.elapsed() > self.timeout {
+            let reason = format!("the leader {} is unreachable", self.leader);
+            self.leader_lost(&reason);
         }
+        self.check_grace();
+        self.resume(ctx);
         if self.registered {
             if self.needs_link() {
                 self.idle = 0;
@@ -179,15 +202,15 @@ impl NodeAgent {
             ctx.spawn(fut.into_actor(self).map(|res, act, ctx| {
                 act.beating = false;
                 match res {
-                    Ok(_) => {
-                        tracing::info!(leader = %act.leader, node = %act.name, "registered with the leader");
-                        // A leader that lost this node lost its jobs too.
-                        act.fail_all("the node registered again with the leader");
-                        act.registered = true;
-                        act.last_contact = Instant::now();
-                        act.connect(ctx);
+                    Ok(reg) => {
+                        if act.registered_with(&reg, ctx) {
+                            tracing::info!(leader = %act.leader, node = %act.name,
+                                generation = reg.generation, "registered with the leader");
+                        }
                     }
-                    Err(e) => tracing::debug!(error = %e.message, "cannot register with the leader"),
+                    Err(e) => {
+                        tracing::debug!(error = %e.message, "cannot register with the leader")
+                    }
                 }
             }));
         } else {
@@ -204,8 +227,7 @@ impl NodeAgent {
                         act.sync_datasets(reply.datasets, ctx);
                     }
                     Err(e) if e.status == Some(404) => {
-                        act.fail_all("the leader no longer knows this node (it restarted)");
-                        act.unregistered();
+                        act.leader_lost("the leader no longer knows this node (it restarted)");
                     }
                     Err(e) => tracing::debug!(error = %e.message, "heartbeat failed"),
                 }
