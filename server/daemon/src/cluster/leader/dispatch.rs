@@ -28,7 +28,7 @@ impl Leader {
     }
 
     /// Places the deliveries of one pass of a cluster Sampler.
-    fn place(&self, msg: Deliver) {
+    pub(super) fn place(&self, msg: Deliver) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };

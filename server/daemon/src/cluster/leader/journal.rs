@@ -666,6 +666,117 @@ mod tests {
         assert_eq!((p.first, p.end), (1, 2));
     }
 
+    /// The dispatch of a restored job: a record a node received before the restart is not
+    /// placed again (its credit goes back), an epoch's end is not sent again to the node
+    /// that had it, and the next epoch's placement goes on at the positions a node had begun.
+    /// A leader with nodes `a` and `b` and a job restored in epoch 0: `a` had its 6 records
+    /// and its end, `b` 4 records; of epoch 1, `a` had 2.
+    fn restored_leader() -> (tempfile::TempDir, Arc<Leader>) {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(Catalog::open(dir.path()).unwrap());
+        let leader = Leader::new(&crate::config::Config::default(), catalog).unwrap();
+        for name in ["a", "b"] {
+            leader
+                .register(crate::cluster::NodeRegistration {
+                    name: name.into(),
+                    address: "http://127.0.0.1:1".into(),
+                    instance: "i".into(),
+                })
+                .unwrap();
+        }
+        {
+            let mut inner = leader.inner.lock().unwrap();
+            let mut j = job(3);
+            j.id = 1;
+            let names = vec!["a".to_string(), "b".to_string()];
+            let keys = names.iter().map(|n| node_key(n)).collect();
+            let mut placer = EpochPlacer::new(12, keys, vec![1, 1], false);
+            placer.restore(&[6, 4], &[0, 1]);
+            j.placer = Some((placer, names));
+            j.restored = BTreeMap::from([
+                (
+                    0,
+                    RestoredEpoch {
+                        skip: (0..10).collect(),
+                        filled: vec![6, 4],
+                        first: vec![0, 1],
+                        ended: BTreeSet::from(["a".to_string()]),
+                    },
+                ),
+                (
+                    1,
+                    RestoredEpoch {
+                        skip: [4u32, 9].into_iter().collect(),
+                        filled: vec![2, 0],
+                        first: vec![4, 9],
+                        ended: BTreeSet::new(),
+                    },
+                ),
+            ]);
+            inner.jobs.insert(1, j);
+        }
+        (dir, leader)
+    }
+
+    #[test]
+    fn a_restored_job_skips_what_its_nodes_received_and_ends_each_epoch_once() {
+        use ::actors::{Deliver, DeliverGroup, DeliverItem};
+        let (_dir, leader) = restored_leader();
+        let group = |element: u32, epoch: u32| DeliverGroup {
+            element,
+            need: 1,
+            items: vec![DeliverItem {
+                job: 1,
+                epoch,
+                position: 0,
+            }],
+        };
+        // The Sampler's pass: epoch 0's last two elements, its end, then epoch 1 begins with
+        // an element `a` received already, and another.
+        leader.place(Deliver {
+            dataset: 0,
+            groups: vec![group(10, 0), group(11, 0), group(4, 1), group(5, 1)],
+            ends: vec![EndAt {
+                after: 2,
+                job: 1,
+                epoch: 0,
+                finished: false,
+            }],
+            ahead: Vec::new(),
+            grown: Vec::new(),
+        });
+        let inner = leader.inner.lock().unwrap();
+        let (a, b) = (&inner.nodes["a"].outbox, &inner.nodes["b"].outbox);
+        let placed = |o: &crate::cluster::Placements, epoch: u32| -> Vec<(u32, u32)> {
+            o.groups
+                .iter()
+                .flat_map(|g| {
+                    g.items
+                        .iter()
+                        .filter(move |i| i.epoch == epoch)
+                        .map(move |i| (g.element, i.position))
+                })
+                .collect()
+        };
+        // `a` was full: the rest of epoch 0 goes to `b`, at its next positions.
+        assert_eq!(placed(b, 0), vec![(10, 4), (11, 5)]);
+        assert!(placed(a, 0).is_empty());
+        assert_eq!(a.ends.len(), 0, "a had epoch 0's end");
+        assert_eq!(b.ends.len(), 1);
+        // Epoch 1: element 4 is not placed again; 5 goes on at a's position 2 or b's 0.
+        let e1: Vec<(u32, u32)> = [placed(a, 1), placed(b, 1)].concat();
+        assert_eq!(e1.len(), 1, "{e1:?}");
+        assert!(
+            placed(a, 1) == vec![(5, 2)] || placed(b, 1) == vec![(5, 0)],
+            "{e1:?}"
+        );
+        assert_eq!(
+            inner.jobs[&1].pending_credit, 1,
+            "the skipped record's credit"
+        );
+        assert!(!inner.jobs[&1].restored.contains_key(&0));
+    }
+
     #[test]
     fn a_node_that_no_longer_holds_an_epoch_to_complete_is_an_error() {
         let r = reports(

@@ -186,6 +186,19 @@ impl Inner {
         }
     }
 
+    /// [`Inner::fail_jobs_of`], but for the jobs restoring after a restart.
+    fn fail_running_jobs_of(&mut self, node: &str, reason: &str) {
+        let ids: Vec<u64> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.live() && j.restoring.is_none() && j.nodes.contains_key(node))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.fail(id, reason);
+        }
+    }
+
     fn give_credit(&mut self, id: u64, mut n: u64) {
         let Some(job) = self.jobs.get_mut(&id) else {
             return;

@@ -21,8 +21,11 @@ impl Leader {
         let mut inner = lock(self)?;
         // The node's count goes on across its restarts (a counter never goes down).
         let placed = inner.nodes.get(&reg.name).map_or(0, |n| n.placed);
+        // Jobs taken back from the journal wait for the node's report instead: a
+        // registration repeated at a restarted leader (its answer was lost) must not fail
+        // them.
         if inner.nodes.contains_key(&reg.name) {
-            inner.fail_jobs_of(
+            inner.fail_running_jobs_of(
                 &reg.name,
                 &format!("node {} restarted (it registered again)", reg.name),
             );

@@ -215,7 +215,7 @@ impl NodeAgent {
                     for f in reply.failed {
                         act.fail_local(
                             f.job,
-                            &format!("the restarted leader cannot resume it: {}", f.reason),
+                            &format!("the leader cannot resume it: {}", f.reason),
                         );
                     }
                     if let Some(p) = act.paused.take() {
