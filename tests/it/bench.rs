@@ -141,8 +141,8 @@ fn bench_scale_quick_prints_every_figure() {
 
 /// A tiny `joader bench cluster`: a leader and three followers as processes; it prints every
 /// row and a JSON line whose counts are consistent (decodes between the union and the sum of
-/// the subsets; the placement rule's count between N and 2N). The speed figures are the
-/// benchmark's business.
+/// the subsets; the placement rule's count between N and 2N; a job whose leader was killed
+/// and restarted exact in every epoch). The speed figures are the benchmark's business.
 #[test]
 fn bench_cluster_quick_prints_every_figure() {
     let dir = TempDir::new("bench-cluster");
@@ -162,6 +162,7 @@ fn bench_cluster_quick_prints_every_figure() {
         "| jobs on nodes {0,1} and {1,2}: decodes per epoch |",
         "| per-rank samples/s: 3-rank job on 3 nodes / on one server |",
         "| leader CPU |",
+        "| leader restart: 3-rank job, 3 epochs (",
     ] {
         assert!(stdout.contains(row), "missing {row} in\n{stdout}");
     }
@@ -178,6 +179,21 @@ fn bench_cluster_quick_prints_every_figure() {
     assert!((120..=240).contains(&rule), "{v}");
     assert!(v["node_sets_loads"].as_u64().unwrap() >= 120, "{v}");
     assert_eq!(v["cluster_rank_samples_per_s"].as_array().unwrap().len(), 3);
+    // Part 5: the job whose leader was killed and restarted finished every epoch exactly (the
+    // bench fails otherwise) and decoded every element at least once, as the undisturbed one.
+    let restart = &v["restart"];
+    assert_eq!(restart["union"], 120, "{v}");
+    for run in ["restarted", "steady"] {
+        let r = &restart[run];
+        assert_eq!(r["exact"], true, "{run}: {v}");
+        assert_eq!(
+            r["rank_pause_s"].as_array().map(Vec::len),
+            Some(3),
+            "{run}: {v}"
+        );
+        assert!(r["loads"].as_u64().unwrap() >= 120, "{run}: {v}");
+    }
+    assert!(restart["resumed_ms"].as_f64().unwrap() > 0.0, "{v}");
     // Part 4 runs where the tests have s3s-fs (tests/all.sh installs it).
     if crate::s3::s3s_fs("bench_cluster_quick_prints_every_figure (part 4)").is_some() {
         assert!(

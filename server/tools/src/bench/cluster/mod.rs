@@ -23,13 +23,20 @@
 //!    pipeline from `s3s-fs` behind a delay proxy (30 ms by default), beside the same job on
 //!    local disk, and again on nodes that do not fetch ahead: samples/s per rank, the leader's
 //!    picks fetched ahead on the nodes and taken by their loads, CPU per sample (`store.rs`).
+//! 5. **Leader restart:** a 3-rank job (a rank per node) of a few epochs, undisturbed, and
+//!    again with the leader SIGKILLed a third into the run and restarted at once on its
+//!    address, instance and data folder: each rank's pause, the wall times, decodes per epoch
+//!    against the union, and every epoch of the restart run checked exact (`restart.rs`).
 //!
-//! Parts 2 and 3 run on a second cluster whose followers' caches hold the dataset (part 2
-//! compares with the rule, which counts an element once per node that any job places it on).
+//! Part 5 runs on part 1's cluster, after part 1 (its caches hold less than each node's
+//! share, so that every epoch decodes again). Parts 2 and 3 run on a second cluster whose
+//! followers' caches hold the dataset (part 2 compares with the rule, which counts an element
+//! once per node that any job places it on).
 //! Every part uses a dataset of its own (the same folder), so that no part is served from
 //! another's cache. The machine's cores are shared by every process: the figures are the
 //! cluster's overhead on one machine, not a network's.
 
+mod restart;
 mod store;
 
 use std::collections::BTreeSet;
@@ -91,6 +98,13 @@ pub struct ClusterArgs {
     /// 0: every process shares every CPU (the store's work then slows the nodes).
     #[arg(long, default_value_t = 1)]
     pub store_cpus: usize,
+    /// Part 5's epochs (the leader is restarted about a third into the run).
+    #[arg(long, default_value_t = 3)]
+    pub restart_epochs: u32,
+    /// Part 5's training step per sample (µs) each rank sleeps; default: a rank's steps
+    /// last about 2 s over the run.
+    #[arg(long)]
+    pub restart_step_us: Option<u64>,
 }
 
 struct Cluster {
@@ -285,8 +299,9 @@ pub fn run(mut args: ClusterArgs) -> Result<()> {
     let floor = 2 * u64::from(args.jobs) * BATCH * largest;
     let small = args.part1_cache_bytes.unwrap_or(quarter.max(floor));
     eprintln!("part 1: a leader and {NODES} followers with {small}-byte caches…");
-    let cluster = Cluster::start(&images, small, "cluster1")?;
+    let mut cluster = Cluster::start(&images, small, "cluster1")?;
     let shared = same_nodes(&cluster, &args, out.path())?;
+    let restart = restart::leader_restart(&mut cluster, &args, out.path())?;
     let caches = Caches {
         node: small,
         quarter,
@@ -325,6 +340,7 @@ pub fn run(mut args: ClusterArgs) -> Result<()> {
             leader_cpu,
         },
         &far,
+        &restart,
     );
     Ok(())
 }
@@ -530,6 +546,7 @@ fn report(
     p: &Sets,
     t: &Speed,
     far: &std::result::Result<store::Far, String>,
+    restart: &restart::Restart,
 ) {
     let min_cluster = t.cluster.iter().copied().fold(f64::INFINITY, f64::min);
     let per_rank = min_cluster / mean(&t.alone).max(1e-9);
@@ -589,11 +606,14 @@ fn report(
     let (far_rows, far_json) =
         store::report(far.as_ref().ok(), far.as_ref().err().map_or("", |e| e));
     print!("{far_rows}");
+    let (restart_row, restart_json) = restart::report(restart);
+    print!("{restart_row}");
     println!(
         "{}",
         json!({
             "bench": "cluster",
             "store": far_json,
+            "restart": restart_json,
             "images": args.images,
             "jobs": args.jobs,
             "same_nodes_loads": s.loads,

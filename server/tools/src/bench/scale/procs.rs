@@ -2,6 +2,7 @@
 //! `joader consume` children of the current executable, their memory and CPU read from
 //! `/proc/<pid>` (with `procfs`), and the generated manifest of hard links.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
 
 use crate::client::Client;
-use crate::serve_process::spawn_serve;
+use crate::serve_process::{ServeChild, spawn_serve};
 
 /// How long the bench waits for a state (a server up, a job past some batches) before it
 /// gives up with an error naming what it waited for.
@@ -58,7 +59,21 @@ pub struct ServerProc {
     child: Child,
     pub url: String,
     pub instance: String,
+    /// Its flags but `--bind` (instance and data folder included) and its `AWS_*`
+    /// environment: what [`ServerProc::restart`] starts again.
+    flags: Vec<OsString>,
+    env: Vec<(String, String)>,
     _data: tempfile::TempDir,
+}
+
+/// `joader serve --bind <bind>` with `flags` and `env`, logging at `info`.
+fn spawn(bind: &str, flags: &[OsString], env: &[(String, String)]) -> Result<ServeChild> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["serve", "--bind", bind])
+        .args(flags)
+        .env("JOADER_LOG", "info");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    spawn_serve(cmd, &env, 200, DEADLINE)
 }
 
 impl ServerProc {
@@ -79,28 +94,44 @@ impl ServerProc {
         let data = tempfile::Builder::new()
             .prefix("joader-bench-scale-catalog")
             .tempdir()?;
-        let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.args(["serve", "--bind", "127.0.0.1:0", "--instance", &instance])
-            .args([
-                "--cache-bytes",
-                &cache_bytes.to_string(),
-                "--drain-grace-s",
-                "1",
-            ])
-            .arg("--data-dir")
-            .arg(data.path())
-            .env("JOADER_LOG", "info");
+        let mut flags: Vec<OsString> = vec![
+            "--instance".into(),
+            instance.clone().into(),
+            "--cache-bytes".into(),
+            cache_bytes.to_string().into(),
+            "--drain-grace-s".into(),
+            "1".into(),
+            "--data-dir".into(),
+            data.path().into(),
+        ];
         for r in roots {
-            cmd.arg("--allowed-root").arg(r);
+            flags.extend(["--allowed-root".into(), r.into()]);
         }
-        cmd.args(args);
-        let started = spawn_serve(cmd, env, 200, DEADLINE)?;
+        flags.extend(args.iter().map(OsString::from));
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let started = spawn("127.0.0.1:0", &flags, &env)?;
         Ok(ServerProc {
             child: started.child,
             url: started.url,
             instance,
+            flags,
+            env,
             _data: data,
         })
+    }
+
+    /// Kills the server (SIGKILL: a crash) and starts it again at once on its address,
+    /// instance and data folder, with its flags; returns when it was dead.
+    pub fn restart(&mut self) -> Result<Instant> {
+        let addr = self.url.trim_start_matches("http://").to_owned();
+        let _ = self.child.kill();
+        self.child.wait()?;
+        let killed = Instant::now();
+        self.child = spawn(&addr, &self.flags, &self.env)?.child;
+        Ok(killed)
     }
 
     pub fn pid(&self) -> u32 {
