@@ -66,7 +66,7 @@ struct Placed {
 
 impl Handler<Placed> for NodeAgent {
     type Result = ();
-    fn handle(&mut self, msg: Placed, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Placed, ctx: &mut Context<Self>) {
         if self.link.as_ref().map(|l| l.id) != Some(msg.link) {
             return;
         }
@@ -77,7 +77,7 @@ impl Handler<Placed> for NodeAgent {
             );
             tracing::error!("{why}");
             self.link = None;
-            self.leader_lost(&why);
+            self.leader_lost(&why, ctx);
             return;
         }
         self.last_contact = Instant::now();
@@ -111,7 +111,7 @@ impl Handler<LinkEnded> for NodeAgent {
         // registers again; a leader that comes back resumes them from what the node reports
         // (`pause`), a leader that went on fails them.
         if !self.jobs.is_empty() || msg.unknown {
-            self.leader_lost(&format!("the stream to the leader ended: {}", msg.why));
+            self.leader_lost(&format!("the stream to the leader ended: {}", msg.why), ctx);
         } else {
             // Failures still to report (a new job joining) go on a new stream, after a pause
             // that keeps a refusing leader from being asked in a loop.

@@ -92,6 +92,8 @@ pub struct NodeAgent {
     resuming: bool,
     /// Why the leader's last answer was refused (a stale generation).
     stale: Option<String>,
+    /// A registration retry is scheduled before the next heartbeat (`pause::retry_soon`).
+    retrying: bool,
     /// Jobs that finished here lately, with what the node received of them.
     finished: std::collections::VecDeque<(u64, pause::Progress)>,
 }
@@ -126,6 +128,7 @@ impl NodeAgent {
             generation: 0,
             paused: None,
             report_due: false,
+            retrying: false,
             resuming: false,
             stale: None,
             finished: Default::default(),
@@ -162,7 +165,7 @@ impl NodeAgent {
     fn tick(&mut self, ctx: &mut Context<Self>) {
         if self.registered && self.last_contact.elapsed() > self.timeout {
             let reason = format!("the leader {} is unreachable", self.leader);
-            self.leader_lost(&reason);
+            self.leader_lost(&reason, ctx);
         }
         self.check_grace();
         self.resume(ctx);
@@ -209,7 +212,8 @@ impl NodeAgent {
                         }
                     }
                     Err(e) => {
-                        tracing::debug!(error = %e.message, "cannot register with the leader")
+                        tracing::debug!(error = %e.message, "cannot register with the leader");
+                        act.retry_soon(ctx);
                     }
                 }
             }));
@@ -227,7 +231,7 @@ impl NodeAgent {
                         act.sync_datasets(reply.datasets, ctx);
                     }
                     Err(e) if e.status == Some(404) => {
-                        act.leader_lost("the leader no longer knows this node (it restarted)");
+                        act.leader_lost("the leader no longer knows this node (it restarted)", ctx);
                     }
                     Err(e) => tracing::debug!(error = %e.message, "heartbeat failed"),
                 }

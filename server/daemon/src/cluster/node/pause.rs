@@ -111,7 +111,7 @@ pub(super) struct Paused {
 impl NodeAgent {
     /// The leader is lost (`why`): the node's multi-node jobs pause for the grace period (or
     /// fail at once without one), and the node registers again.
-    pub(super) fn leader_lost(&mut self, why: &str) {
+    pub(super) fn leader_lost(&mut self, why: &str, ctx: &mut Context<Self>) {
         if !self.jobs.is_empty() {
             if self.grace.is_zero() {
                 self.fail_all(why);
@@ -125,6 +125,24 @@ impl NodeAgent {
             }
         }
         self.unregistered();
+        self.retry_soon(ctx);
+    }
+
+    /// While jobs are paused, a failed registration is tried again after a fifth of a
+    /// heartbeat (at least 50 ms) rather than a heartbeat: the ranks' pause is the leader's
+    /// restart plus this.
+    pub(super) fn retry_soon(&mut self, ctx: &mut Context<Self>) {
+        if self.paused.is_none() || self.retrying {
+            return;
+        }
+        self.retrying = true;
+        let after = (self.heartbeat / 5).max(Duration::from_millis(50));
+        ctx.run_later(after, |act, ctx| {
+            act.retrying = false;
+            if !act.registered {
+                act.tick(ctx);
+            }
+        });
     }
 
     /// Fails the paused jobs once the grace period is over.
