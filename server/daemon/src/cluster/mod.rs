@@ -230,10 +230,30 @@ pub struct EpochSeen {
     pub epoch: u32,
     /// Records placed on the node in this epoch (padding included): its positions `0..count`.
     pub count: u32,
-    /// The elements of those records (each once).
-    pub elements: Vec<u32>,
+    /// The elements of those records (each once): a serialized roaring bitmap, base64 (as a
+    /// resume state's `consumed`).
+    pub elements: String,
     /// The node received the epoch's end.
     pub ended: bool,
+}
+
+/// `ids` as a resume report carries them: a serialized roaring bitmap, base64.
+pub fn encode_ids(ids: &roaring::RoaringBitmap) -> String {
+    use base64::Engine;
+    let mut bytes = Vec::with_capacity(ids.serialized_size());
+    // Writing into a Vec cannot fail.
+    let _ = ids.serialize_into(&mut bytes);
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// The ids [`encode_ids`] wrote.
+pub fn decode_ids(text: &str) -> std::result::Result<roaring::RoaringBitmap, String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|e| format!("elements are not base64: {e}"))?;
+    roaring::RoaringBitmap::deserialize_from(&bytes[..])
+        .map_err(|e| format!("elements are not a serialized roaring bitmap: {e}"))
 }
 
 /// A node's state of a multi-node job after losing its leader.
@@ -245,6 +265,9 @@ pub struct JobSeen {
     /// Records the node's rings have room for that the leader has not filled: the credit the
     /// node's readers returned minus the records placed on the node.
     pub room: u64,
+    /// The credit the node's readers returned so far (a report sent again after the leader
+    /// resumed the job gives it the credit returned since the first).
+    pub granted: u64,
     /// Every local rank of the job has attached (its first credit was returned).
     pub attached: bool,
     /// The node received the job's last end.

@@ -35,7 +35,28 @@ impl Leader {
         let remote = registry
             .dataset(&identity.dataset)
             .is_ok_and(|d| matches!(d.record.source, joader_storage::SourceSpec::S3 { .. }));
-        let (subset, resume) = job_order(index, &identity).await?;
+        let items = index.len() as u64;
+        let order = job_order(index, &identity, None).await?;
+        let (id, restored) = self.join_locked(node, &req, &identity, order, (remote, items))?;
+        tracing::info!(job = %identity.name, node, ranks = ?req.ranks, "node joined a multi-node job");
+        if restored {
+            self.rebuild_or_fail(registry, id).await?;
+        }
+        Ok(NodeJobAccepted { job: id })
+    }
+
+    /// The join under the lock: the job (new, or this node's ranks added to it), journaled,
+    /// started if complete. Returns its id, and whether it waited after a restart for this
+    /// node only (it is rebuilt then).
+    fn join_locked(
+        &self,
+        node: &str,
+        req: &NodeJob,
+        identity: &JobRequest,
+        (subset, resume): (RoaringBitmap, Option<(u32, Arc<RoaringBitmap>)>),
+        (remote, items): (bool, u64),
+    ) -> Result<(u64, bool)> {
+        let world = identity.world_size.unwrap_or(1);
         let mut inner = lock(self)?;
         Self::node_mut(&mut inner, node)?;
         // A node registers a job's name again only once its own copy of that job has failed or
@@ -54,19 +75,24 @@ impl Leader {
         }
         let id = match inner.names.get(&identity.name).copied() {
             Some(id) => {
-                inner.add_ranks(id, node, &req.ranks, &identity)?;
+                inner.add_ranks(id, node, &req.ranks, identity)?;
                 id
             }
-            None => inner.add_job(node, &req.ranks, &identity, world, subset, resume),
+            None => inner.add_job(node, &req.ranks, identity, world, subset, resume),
         };
+        let mut restored = false;
         if let Some(j) = inner.jobs.get_mut(&id) {
             j.remote = remote;
+            if j.items == 0 {
+                j.items = items;
+            }
+            // A node that joins a job restoring after a restart has nothing of it to report.
+            restored = j.joined_while_restoring(node);
         }
         // In the journal before the node hears of the job: a leader that restarts takes it back.
         inner.journal(id);
         self.start_if_complete(&mut inner, id)?;
-        tracing::info!(job = %identity.name, node, ranks = ?req.ranks, "node joined a multi-node job");
-        Ok(NodeJobAccepted { job: id })
+        Ok((id, restored))
     }
 
     /// Once every rank has joined and attached: the placer over the job's nodes, and the job in its
@@ -231,6 +257,7 @@ fn joined_index(
 pub(super) async fn job_order(
     index: Arc<DatasetIndex>,
     identity: &JobRequest,
+    items: Option<u64>,
 ) -> Result<(RoaringBitmap, Option<(u32, Arc<RoaringBitmap>)>)> {
     let (spec, resume, epochs) = (
         identity.subset.clone(),
@@ -238,7 +265,9 @@ pub(super) async fn job_order(
         identity.epochs,
     );
     actix_web::rt::task::spawn_blocking(move || {
-        let len = index.len() as u32;
+        // A restored job keeps the items it joined with (a dataset appended to since then
+        // grows no multi-node job).
+        let len = items.map_or(index.len(), |n| (n as usize).min(index.len())) as u32;
         let subset = match &spec {
             None => (0..len).collect::<RoaringBitmap>(),
             Some(s) => s.resolve(len, |e| index.label(e).unwrap_or(-1), index.classes())?,

@@ -54,6 +54,9 @@ struct Journaled {
     started: bool,
     finished: bool,
     failed: Option<String>,
+    /// Items of the dataset when the job joined.
+    #[serde(default)]
+    items: u64,
 }
 
 /// A job taken back from the journal, waiting for its nodes' reports.
@@ -95,6 +98,7 @@ impl Inner {
             started: job.placer.is_some() || job.restoring.as_ref().is_some_and(|r| r.started),
             finished: job.finished,
             failed: job.failed.clone(),
+            items: job.items,
         };
         let written = serde_json::to_vec(&entry)
             .map_err(anyhow::Error::from)
@@ -135,8 +139,14 @@ impl Inner {
             })
             .collect();
         for (id, missing) in late {
-            if let Some(j) = self.jobs.get_mut(&id) {
-                j.restoring = None;
+            if let Some(j) = self.jobs.get_mut(&id)
+                && j.restoring.take().is_some_and(|r| r.finished)
+            {
+                // It had finished: a node that did not come back had its end, or lost it.
+                j.finished = true;
+                j.ended_at = Some(now);
+                self.journal(id);
+                continue;
             }
             self.fail(
                 id,
@@ -179,6 +189,12 @@ impl Inner {
 /// until `grace` from now.
 pub(super) fn load(inner: &mut Inner, catalog: &Catalog, grace: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + grace;
+    // Ids go on above the journal's and the clock's (`add_job`): a job id never repeats, even
+    // one that was forgotten (a node may still report it).
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_secs());
+    inner.next_id = inner.next_id.max(secs << 20);
     for (id, bytes) in catalog.cluster_jobs()? {
         let j: Journaled = match serde_json::from_slice(&bytes) {
             Ok(j) => j,
@@ -193,6 +209,7 @@ pub(super) fn load(inner: &mut Inner, catalog: &Catalog, grace: Duration) -> any
         job.id = id;
         job.nodes = j.nodes;
         job.remote = j.remote;
+        job.items = j.items;
         match j.failed {
             Some(reason) => {
                 job.failed = Some(reason);
@@ -239,38 +256,24 @@ impl Leader {
         let (complete, reply) = {
             let mut inner = lock(self)?;
             Self::node_mut(&mut inner, node)?;
-            for seen in &report.jobs {
-                if let Some(j) = inner.jobs.get(&seen.job).filter(|j| j.restoring.is_some())
-                    && registry
-                        .dataset(&j.dataset)
-                        .ok()
-                        .and_then(|d| d.index.clone())
-                        .is_none()
-                {
-                    return Err(Error::new(
-                        Code::DatasetNotReady,
-                        format!(
-                            "dataset '{}' is not ready on the restarted leader yet: report again",
-                            j.dataset
-                        ),
-                    ));
-                }
-            }
+            check_datasets(&mut inner, registry, &report.jobs)?;
             self.record_reports(&mut inner, node, report.jobs)
         };
         for id in complete {
-            if let Err(e) = self.rebuild(registry, id).await {
-                let mut inner = lock(self)?;
-                if let Some(j) = inner.jobs.get_mut(&id) {
-                    j.restoring = None;
-                }
-                inner.fail(
-                    id,
-                    &format!("the restarted leader cannot resume it: {}", e.message),
-                );
-            }
+            self.rebuild_or_fail(registry, id).await?;
         }
         Ok(reply)
+    }
+
+    /// Rebuilds restored job `id` (every node of it reported), failing it if it cannot be.
+    pub(super) async fn rebuild_or_fail(&self, registry: &Registry, id: u64) -> Result<()> {
+        if let Err(e) = self.rebuild(registry, id).await {
+            lock(self)?.fail(
+                id,
+                &format!("the restarted leader cannot resume it: {}", e.message),
+            );
+        }
+        Ok(())
     }
 
     /// Keeps a node's reports of restoring jobs; answers the jobs it cannot resume. Returns the
@@ -305,6 +308,16 @@ impl Leader {
                 }
                 continue;
             }
+            // A report sent again after the job was rebuilt (the answer to the first was
+            // lost): the credit returned since the first is the job's.
+            if job.live()
+                && let Some(before) = job.reported.get_mut(node)
+            {
+                let since = seen.granted.saturating_sub(*before);
+                *before = (*before).max(seen.granted);
+                inner.give_credit(id, since);
+                continue;
+            }
             let reason = match (&job.failed, job.finished) {
                 (Some(why), _) => why.clone(),
                 (None, true) if seen.finished => continue,
@@ -319,58 +332,20 @@ impl Leader {
             });
             inner.fail(id, &format!("on node {node}: {reason}"));
         }
-        // Restoring jobs of this node that it did not report: it lost them (or, finished, it
-        // forgot them: nothing of them is left to deliver there).
-        let missing: Vec<(u64, bool)> = inner
-            .jobs
-            .iter()
-            .filter(|(id, j)| j.nodes.contains_key(node) && !reported.contains(id))
-            .filter_map(|(id, j)| {
-                let r = j.restoring.as_ref()?;
-                (!r.reports.contains_key(node)).then_some((*id, r.finished))
-            })
-            .collect();
-        for (id, finished) in missing {
-            if !finished {
-                inner.fail(
-                    id,
-                    &format!(
-                        "node {node} came back without it (it failed there, or the node's \
-                         grace period ended)"
-                    ),
-                );
-                continue;
-            }
-            if let Some(j) = inner.jobs.get_mut(&id)
-                && let Some(r) = j.restoring.as_mut()
-            {
-                r.reports.insert(
-                    node.to_string(),
-                    JobSeen {
-                        job: id,
-                        epochs: Vec::new(),
-                        room: 0,
-                        attached: true,
-                        finished: true,
-                    },
-                );
-                if r.reports.len() == j.nodes.len() {
-                    complete.push(id);
-                }
-            }
-        }
+        missing_reports(inner, node, &reported, &mut complete);
         (complete, reply)
     }
 
     /// Rebuilds restored job `id` from its nodes' reports (see the module docs).
     async fn rebuild(&self, registry: &Registry, id: u64) -> Result<()> {
-        let request = {
+        let (request, items) = {
             let inner = lock(self)?;
             let job = inner
                 .jobs
                 .get(&id)
-                .ok_or_else(|| Error::internal("lost job"))?;
-            job.request.clone()
+                .filter(|j| j.live() && j.restoring.is_some())
+                .ok_or_else(|| Error::internal("the job is no longer restoring"))?;
+            (job.request.clone(), (job.items > 0).then_some(job.items))
         };
         let index = registry
             .dataset(&request.dataset)?
@@ -382,10 +357,14 @@ impl Leader {
                     format!("dataset '{}' is not ready on the leader", request.dataset),
                 )
             })?;
-        let (subset, resume) = super::join::job_order(index, &request).await?;
+        let (subset, resume) = super::join::job_order(index, &request, items).await?;
         let (arbiter, dispatch) = self.started()?;
         let mut inner = lock(self)?;
-        let Some(job) = inner.jobs.get_mut(&id).filter(|j| j.restoring.is_some()) else {
+        let Some(job) = inner
+            .jobs
+            .get_mut(&id)
+            .filter(|j| j.live() && j.restoring.is_some())
+        else {
             return Ok(());
         };
         let Some(restoring) = job.restoring.take() else {
@@ -395,11 +374,18 @@ impl Leader {
         job.resume = resume;
         // Credit returned on the nodes' new streams since their reports comes on top.
         job.pending_credit += restoring.reports.values().map(|s| s.room).sum::<u64>();
-        job.attached = restoring
+        // Nodes whose first credit came on their new stream attached already.
+        job.attached.extend(
+            restoring
+                .reports
+                .iter()
+                .filter(|(_, s)| s.attached)
+                .map(|(n, _)| n.clone()),
+        );
+        job.reported = restoring
             .reports
             .iter()
-            .filter(|(_, s)| s.attached)
-            .map(|(n, _)| n.clone())
+            .map(|(n, s)| (n.clone(), s.granted))
             .collect();
         job.debt = 0;
         if !restoring.started {
@@ -477,6 +463,114 @@ impl Leader {
     }
 }
 
+/// Restoring jobs of `node` that its report (of `reported`) did not name: it lost them (or,
+/// finished, it forgot them: nothing of them is left to deliver there, and an empty report
+/// stands for it). Jobs every node of which has now reported join `complete`.
+fn missing_reports(
+    inner: &mut Inner,
+    node: &str,
+    reported: &BTreeSet<u64>,
+    complete: &mut Vec<u64>,
+) {
+    let missing: Vec<(u64, bool)> = inner
+        .jobs
+        .iter()
+        .filter(|(id, j)| j.nodes.contains_key(node) && !reported.contains(id))
+        .filter_map(|(id, j)| {
+            let r = j.restoring.as_ref()?;
+            (!r.reports.contains_key(node)).then_some((*id, r.finished))
+        })
+        .collect();
+    for (id, finished) in missing {
+        if !finished {
+            inner.fail(
+                id,
+                &format!(
+                    "node {node} came back without it (it failed there, or the node's \
+                         grace period ended)"
+                ),
+            );
+            continue;
+        }
+        if let Some(j) = inner.jobs.get_mut(&id)
+            && let Some(r) = j.restoring.as_mut()
+        {
+            r.reports.insert(
+                node.to_string(),
+                JobSeen {
+                    job: id,
+                    epochs: Vec::new(),
+                    room: 0,
+                    granted: 0,
+                    attached: true,
+                    finished: true,
+                },
+            );
+            if r.reports.len() == j.nodes.len() {
+                complete.push(id);
+            }
+        }
+    }
+}
+
+/// The datasets of the restoring jobs a node reports: one still indexing on the leader makes
+/// the node report again later (`dataset_not_ready`); a job whose dataset is gone or failed
+/// fails.
+fn check_datasets(inner: &mut Inner, registry: &Registry, jobs: &[JobSeen]) -> Result<()> {
+    let mut gone = Vec::new();
+    for seen in jobs {
+        let Some(j) = inner.jobs.get(&seen.job).filter(|j| j.restoring.is_some()) else {
+            continue;
+        };
+        match registry.dataset(&j.dataset) {
+            Ok(d) if d.index.is_some() => {}
+            Ok(d) if d.record.state != "failed" => {
+                return Err(Error::new(
+                    Code::DatasetNotReady,
+                    format!(
+                        "dataset '{}' is {} on the restarted leader: report again",
+                        j.dataset, d.record.state
+                    ),
+                ));
+            }
+            Ok(d) => gone.push((
+                seen.job,
+                format!(
+                    "its dataset '{}' failed on the leader: {}",
+                    j.dataset,
+                    d.record.error.unwrap_or_default()
+                ),
+            )),
+            Err(e) => gone.push((seen.job, e.message)),
+        }
+    }
+    for (id, reason) in gone {
+        inner.fail(id, &reason);
+    }
+    Ok(())
+}
+
+impl ClusterJob {
+    /// Node `node` joined this job while it waits for its nodes after a restart: it has
+    /// nothing of it to report (an empty report stands for it). Returns whether every node of
+    /// the job has now reported.
+    pub(super) fn joined_while_restoring(&mut self, node: &str) -> bool {
+        let nodes = self.nodes.len();
+        let Some(r) = self.restoring.as_mut() else {
+            return false;
+        };
+        r.reports.entry(node.to_string()).or_insert(JobSeen {
+            job: self.id,
+            epochs: Vec::new(),
+            room: 0,
+            granted: 0,
+            attached: false,
+            finished: false,
+        });
+        r.reports.len() == nodes
+    }
+}
+
 /// How a restored job goes on (see the module docs).
 struct Plan {
     /// The earliest epoch some node has not ended.
@@ -538,7 +632,8 @@ fn plan(
             match seen.epochs.iter().find(|x| x.epoch == epoch) {
                 Some(x) => {
                     r.filled[i] = u64::from(x.count);
-                    r.skip.extend(x.elements.iter().copied());
+                    r.skip |= crate::cluster::decode_ids(&x.elements)
+                        .map_err(|e| format!("node {n}'s report of epoch {epoch}: {e}"))?;
                     if x.ended {
                         r.ended.insert((*n).clone());
                     }
@@ -600,11 +695,12 @@ mod tests {
                 .map(|&(epoch, elements, ended)| EpochSeen {
                     epoch,
                     count: elements.len() as u32,
-                    elements: elements.to_vec(),
+                    elements: crate::cluster::encode_ids(&elements.iter().copied().collect()),
                     ended,
                 })
                 .collect(),
             room: 2,
+            granted: 8,
             attached: true,
             finished,
         }
@@ -775,6 +871,41 @@ mod tests {
             "the skipped record's credit"
         );
         assert!(!inner.jobs[&1].restored.contains_key(&0));
+    }
+
+    /// A job that failed while it waited for its nodes is answered failed to a node that
+    /// reports it later (never recorded as waiting); a report sent again after the rebuild (the
+    /// answer to the first was lost) gives the job the credit returned since, and fails
+    /// nothing.
+    #[test]
+    fn late_and_repeated_reports() {
+        let (_dir, leader) = restored_leader();
+        let mut inner = leader.inner.lock().unwrap();
+        let mut waiting = job(3);
+        waiting.id = 2;
+        waiting.restoring = Some(Restoring {
+            deadline: Instant::now() + Duration::from_secs(60),
+            started: true,
+            finished: false,
+            reports: BTreeMap::new(),
+        });
+        inner.jobs.insert(2, waiting);
+        inner.fail(2, "node a came back without it");
+        let mut late = seen(&[(0, &[1], false)], false);
+        late.job = 2;
+        let (complete, reply) = leader.record_reports(&mut inner, "b", vec![late]);
+        assert!(complete.is_empty());
+        assert_eq!(reply.failed.len(), 1);
+        assert!(reply.failed[0].reason.contains("came back without it"));
+        // Job 1 was rebuilt with `a`'s report of 8 granted; `a` reports again with 11.
+        inner.jobs.get_mut(&1).unwrap().reported = BTreeMap::from([("a".to_string(), 8)]);
+        let before = inner.jobs[&1].pending_credit;
+        let mut again = seen(&[(0, &[1], false)], false);
+        again.granted = 11;
+        let (complete, reply) = leader.record_reports(&mut inner, "a", vec![again]);
+        assert!(complete.is_empty() && reply.failed.is_empty(), "{reply:?}");
+        assert_eq!(inner.jobs[&1].pending_credit, before + 3);
+        assert!(inner.jobs[&1].live());
     }
 
     #[test]

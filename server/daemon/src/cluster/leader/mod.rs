@@ -91,6 +91,11 @@ struct ClusterJob {
     /// When it failed or finished: kept a while for `GET /v1/nodes` and for the nodes that
     /// report it after a restart.
     ended_at: Option<Instant>,
+    /// Items of the dataset when the job joined (a restored job keeps them).
+    items: u64,
+    /// After a rebuild: the credit each node had been granted when it reported (`journal`: a
+    /// report sent again adds what was granted since).
+    reported: BTreeMap<String, u64>,
 }
 
 impl ClusterJob {
@@ -119,6 +124,8 @@ impl ClusterJob {
             restoring: None,
             restored: BTreeMap::new(),
             ended_at: None,
+            items: 0,
+            reported: BTreeMap::new(),
         }
     }
 }
@@ -157,6 +164,7 @@ impl Inner {
         tracing::warn!(job = %job.name, reason, "multi-node job failed");
         job.failed = Some(reason.to_string());
         job.ended_at = Some(Instant::now());
+        job.restoring = None;
         if let Some(s) = &job.sampler {
             s.do_send(RemoveJob { job: id });
         }

@@ -102,6 +102,11 @@ impl NodeAgent {
         let Some(link) = &self.link else {
             return;
         };
+        // Until the leader has the report that follows a registration: the credit returned
+        // meanwhile is in the report's room, or in the next one's if this one is sent again.
+        if self.report_due {
+            return;
+        }
         let ready: Vec<u64> = self
             .credits
             .keys()

@@ -91,11 +91,12 @@ impl Progress {
                 .map(|s| EpochSeen {
                     epoch: s.epoch,
                     count: s.count,
-                    elements: s.elements.iter().collect(),
+                    elements: crate::cluster::encode_ids(&s.elements),
                     ended: s.ended,
                 })
                 .collect(),
             room: self.granted.saturating_sub(self.received),
+            granted: self.granted,
             attached: self.granted > 0,
             finished,
         }
@@ -161,6 +162,12 @@ impl NodeAgent {
             reason = format!("{reason}; {stale}");
         }
         self.paused = None;
+        // The leader hears of it on the next stream (it may be waiting for this node's report).
+        self.failures
+            .extend(self.jobs.keys().map(|&job| crate::cluster::JobFailure {
+                job,
+                reason: reason.clone(),
+            }));
         self.fail_all(&reason);
     }
 
