@@ -2,7 +2,8 @@
 //! restarted on its address and data folder within the followers' grace period, with a
 //! 6-rank job on three nodes and an overlapping 2-node job, finishes every epoch exactly; a
 //! leader back after the grace period finds its jobs failed and says why; a stale leader (an
-//! older generation) is refused.
+//! older generation) is refused; a job whose ranks were still joining starts once the last
+//! one joins the restarted leader (registered while its node had not seen the restart yet).
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -249,4 +250,31 @@ fn a_stale_leader_is_refused() {
         assert!(!out.status.success(), "rank {r} went on");
         assert!(err.contains("a stale leader is refused"), "rank {r}: {err}");
     }
+}
+
+#[test]
+fn a_leader_restarted_while_ranks_join_starts_the_job_once_the_last_one_joins() {
+    let grace = "60000";
+    let mut nodes = cluster_with(
+        "joining",
+        2,
+        &["--leader-grace-ms", grace],
+        &["--leader-only"],
+    );
+    let n = crate::server::CLASSES * crate::server::PER_CLASS;
+    let body = |r: u32| job("jn", 2, 1, r, json!({"epochs": 2}));
+    let first = consumer(&nodes[1].server.url, &body(0), &["--rank", "0"]);
+    wait_for("the leader to hold the job, joining", || {
+        let (_, jobs) = leader_jobs(&nodes)?;
+        jobs.iter()
+            .any(|j| j["name"] == "jn" && j["state"] == "joining")
+            .then_some(())
+    });
+    restart_leader(&mut nodes, None, grace);
+    let second = consumer(&nodes[2].server.url, &body(1), &["--rank", "1"]);
+    let got = [finish(first), finish(second)];
+    exact_epochs(&got, 2, (n / 2) as usize, &(0..n).collect());
+    let (_, jobs) = leader_jobs(&nodes).unwrap();
+    let j = jobs.iter().find(|j| j["name"] == "jn").unwrap();
+    assert_eq!(j["state"], "finished", "{j}");
 }

@@ -145,7 +145,21 @@ impl ClusterNode for AgentHandle {
         Box::pin(async move {
             let body = NodeJob { job, ranks, items };
             self.agent.send(Joining).await.map_err(Error::internal)?;
-            let joined = join_leader(&self.leader, config, body).await;
+            // A leader away (restarting) or that does not know this node yet (it restarted and
+            // the node has not registered again): tried again for a while, as the node's paused
+            // jobs wait for it, so that a rank registering during a restart waits too.
+            let patience = config.leader_grace().min(Duration::from_secs(8));
+            let start = std::time::Instant::now();
+            let joined = loop {
+                let joined = join_leader(&self.leader, config, body.clone()).await;
+                match &joined {
+                    Err(e) if e.code == Code::LeaderUnreachable && start.elapsed() < patience => {
+                        tracing::debug!(error = %e.message, "joining a multi-node job: the leader is away, trying again");
+                        actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    _ => break joined,
+                }
+            };
             let track = joined.as_ref().ok().map(|&cluster| Track {
                 cluster,
                 local: local.job,

@@ -142,7 +142,12 @@ async fn run_link(
         let framed = match req.connect().await {
             Ok((_, framed)) => framed,
             Err(awc::error::WsClientError::InvalidResponseStatus(s)) => {
-                return (format!("the leader refused it ({s})"), s.as_u16() == 404);
+                // 404: the leader does not know this node; 409: another generation (or no
+                // leader): register again either way.
+                return (
+                    format!("the leader refused it ({s})"),
+                    matches!(s.as_u16(), 404 | 409),
+                );
             }
             Err(e) => return (format!("cannot open it: {e}"), false),
         };
