@@ -145,6 +145,17 @@ fn a_leader_killed_mid_epoch_and_restarted_within_the_grace_period_is_a_pause() 
         let j = jobs.iter().find(|j| j["name"] == name).unwrap();
         assert_eq!(j["state"], "finished", "{j}");
     }
+    // The same in the leader's metrics.
+    let url = format!("{}/metrics", nodes[0].server.url);
+    let (status, text) = crate::observability::get_text(&url, None);
+    assert_eq!(status, 200, "{text}");
+    let (_, samples) = crate::observability::parse_prometheus(&text);
+    let v = |name: &str, labels: &[(&str, &str)]| {
+        crate::observability::value(&samples, name, labels).unwrap_or_else(|| panic!("{name}"))
+    };
+    assert_eq!(v("joader_cluster_generation", &[]), 2.0);
+    assert_eq!(v("joader_cluster_jobs", &[("state", "finished")]), 2.0);
+    assert_eq!(v("joader_cluster_jobs", &[("state", "failed")]), 0.0);
     eprintln!(
         "loads {} for the union of {n} over 3 epochs (the sum of the jobs' epochs: {})",
         loads(&nodes[1..]),

@@ -302,6 +302,8 @@ fn metrics_count_what_the_jobs_did() {
         ("joader_job_running", "gauge"),
         ("joader_jobs", "gauge"),
         ("joader_cluster_nodes", "gauge"),
+        ("joader_cluster_generation", "gauge"),
+        ("joader_cluster_jobs", "gauge"),
     ] {
         assert_eq!(
             types.get(family).map(String::as_str),

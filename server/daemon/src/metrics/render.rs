@@ -135,6 +135,14 @@ pub(super) fn describe_all() {
         "joader_cluster_nodes",
         "nodes registered with this leader, by state (alive, lost)"
     );
+    describe_gauge!(
+        "joader_cluster_generation",
+        "this leader's generation: one more at each of its starts (a restart is a pause for multi-node jobs)"
+    );
+    describe_gauge!(
+        "joader_cluster_jobs",
+        "multi-node jobs of this leader by state (joining, running, restoring, finished, failed; ended ones for ten minutes)"
+    );
     describe_counter!(
         "joader_cluster_placements_total",
         "samples of multi-node jobs this leader placed on a node and sent on its stream, by node"

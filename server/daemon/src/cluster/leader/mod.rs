@@ -319,5 +319,11 @@ impl Leader {
             metrics::counter!("joader_cluster_placements_total", "node" => name.clone())
                 .absolute(n.placed);
         }
+        metrics::gauge!("joader_cluster_generation").set(self.generation as f64);
+        let views = inner.job_views();
+        for state in ["joining", "running", "restoring", "finished", "failed"] {
+            let count = views.iter().filter(|v| v.state == state).count();
+            metrics::gauge!("joader_cluster_jobs", "state" => state).set(count as f64);
+        }
     }
 }
