@@ -113,6 +113,9 @@ impl NodeAgent {
     /// The leader is lost (`why`): the node's multi-node jobs pause for the grace period (or
     /// fail at once without one), and the node registers again.
     pub(super) fn leader_lost(&mut self, why: &str, ctx: &mut Context<Self>) {
+        // Frames held back while a rank joins were never applied: they are not in the report,
+        // and a restarted leader places their records again.
+        self.held.clear();
         if !self.jobs.is_empty() {
             if self.grace.is_zero() {
                 self.fail_all(why);
