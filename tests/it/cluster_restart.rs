@@ -17,15 +17,22 @@ use crate::server::{dataset, epoch_ids};
 /// Kills the leader (`nodes[0]`, SIGKILL) and starts it again on its address and instance,
 /// with the data folder `dir` (its own when `None`); returns when it was killed.
 fn restart_leader(nodes: &mut [Node], dir: Option<&std::path::Path>, grace: &str) -> Instant {
+    let mut leader = nodes[0].server.child.take().unwrap();
+    leader.kill().unwrap();
+    leader.wait().unwrap();
+    let killed = Instant::now();
+    start_leader(nodes, dir, grace);
+    killed
+}
+
+/// Starts the (killed) leader `nodes[0]` again on its address and instance, `--leader-only`,
+/// with the data folder `dir` (its own when `None`).
+fn start_leader(nodes: &mut [Node], dir: Option<&std::path::Path>, grace: &str) {
     let addr = nodes[0]
         .server
         .url
         .trim_start_matches("http://")
         .to_string();
-    let mut leader = nodes[0].server.child.take().unwrap();
-    leader.kill().unwrap();
-    leader.wait().unwrap();
-    let killed = Instant::now();
     let instance = nodes[0].server.instance.clone();
     let dir = dir.unwrap_or(&nodes[0]._dir.0).to_path_buf();
     let args = [
@@ -35,7 +42,36 @@ fn restart_leader(nodes: &mut [Node], dir: Option<&std::path::Path>, grace: &str
     ]
     .concat();
     nodes[0].server = TestServer::start(&instance, &dir, dataset(), &args);
-    killed
+}
+
+/// A 2-rank job `name` (a rank on each of `node-1` and `node-2`, small rings, slow readers),
+/// once it runs.
+fn slow_two_rank_job(nodes: &[Node], name: &str) -> Vec<std::process::Child> {
+    let ranks = (0..2u32)
+        .map(|r| {
+            consumer(
+                &nodes[1 + r as usize].server.url,
+                &job(name, 2, 1, r, json!({"batch_size": 2, "ring_capacity": 4})),
+                &["--rank", &r.to_string(), "--sample-us", "20000"],
+            )
+        })
+        .collect();
+    let c1 = nodes[1].server.client();
+    wait_for("the job to run", || {
+        let j = c1.ok("GET", &format!("/v1/jobs/{name}"), None).ok()?;
+        (j["acknowledged"].as_u64()? > 0).then_some(())
+    });
+    ranks
+}
+
+/// Every rank of `ranks` fails, saying each of `why`.
+fn every_rank_fails(ranks: Vec<std::process::Child>, why: &[&str]) {
+    for (r, child) in ranks.into_iter().enumerate() {
+        let out = outcome(child);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {r} went on");
+        assert!(why.iter().all(|w| err.contains(w)), "rank {r}: {err}");
+    }
 }
 
 /// The leader's view of its multi-node jobs, by name.
@@ -167,52 +203,16 @@ fn a_leader_killed_mid_epoch_and_restarted_within_the_grace_period_is_a_pause() 
 fn a_leader_back_after_the_grace_period_finds_its_jobs_failed() {
     let grace = "1500";
     let mut nodes = cluster_with("late", 2, &["--leader-grace-ms", grace], &["--leader-only"]);
-    let ranks: Vec<_> = (0..2u32)
-        .map(|r| {
-            consumer(
-                &nodes[1 + r as usize].server.url,
-                &job(
-                    "late",
-                    2,
-                    1,
-                    r,
-                    json!({"batch_size": 2, "ring_capacity": 4}),
-                ),
-                &["--rank", &r.to_string(), "--sample-us", "20000"],
-            )
-        })
-        .collect();
-    let c1 = nodes[1].server.client();
-    wait_for("the job to run", || {
-        let j = c1.ok("GET", "/v1/jobs/late", None).ok()?;
-        (j["acknowledged"].as_u64()? > 0).then_some(())
-    });
+    let ranks = slow_two_rank_job(&nodes, "late");
     let mut leader = nodes[0].server.child.take().unwrap();
     leader.kill().unwrap();
     leader.wait().unwrap();
-    for (r, child) in ranks.into_iter().enumerate() {
-        let out = outcome(child);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "rank {r} went on");
-        assert!(
-            err.contains("job_failed") && err.contains("did not come back within the grace period"),
-            "rank {r}: {err}"
-        );
-    }
+    every_rank_fails(
+        ranks,
+        &["job_failed", "did not come back within the grace period"],
+    );
     // Back too late: its journaled job is failed, the reason given.
-    let addr = nodes[0]
-        .server
-        .url
-        .trim_start_matches("http://")
-        .to_string();
-    let args = [
-        &["--node-name", "node-0", "--bind", &addr, "--leader-only"][..],
-        &NO_TIMEOUT,
-        &["--leader-grace-ms", grace],
-    ]
-    .concat();
-    let instance = nodes[0].server.instance.clone();
-    nodes[0].server = TestServer::start(&instance, &nodes[0]._dir.0, dataset(), &args);
+    start_leader(&mut nodes, None, grace);
     let job = wait_for("the leader to list the job failed", || {
         let (_, jobs) = leader_jobs(&nodes)?;
         jobs.into_iter()
@@ -237,30 +237,12 @@ fn a_stale_leader_is_refused() {
     c0.wait_ready("imgs", crate::common::DEADLINE).unwrap();
     ready_everywhere(&c0, 2, |_| true);
     assert_eq!(leader_jobs(&nodes).unwrap().0, 2);
-    let ranks: Vec<_> = (0..2u32)
-        .map(|r| {
-            consumer(
-                &nodes[1 + r as usize].server.url,
-                &job("st", 2, 1, r, json!({"batch_size": 2, "ring_capacity": 4})),
-                &["--rank", &r.to_string(), "--sample-us", "20000"],
-            )
-        })
-        .collect();
-    let c1 = nodes[1].server.client();
-    wait_for("the job to run", || {
-        let j = c1.ok("GET", "/v1/jobs/st", None).ok()?;
-        (j["acknowledged"].as_u64()? > 0).then_some(())
-    });
+    let ranks = slow_two_rank_job(&nodes, "st");
     // Replaced by a leader of an older journal (a fresh data folder: generation 1).
     let old = TempDir::new("stale-old");
     restart_leader(&mut nodes, Some(&old.0), grace);
     assert_eq!(leader_jobs(&nodes).unwrap().0, 1);
-    for (r, child) in ranks.into_iter().enumerate() {
-        let out = outcome(child);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "rank {r} went on");
-        assert!(err.contains("a stale leader is refused"), "rank {r}: {err}");
-    }
+    every_rank_fails(ranks, &["a stale leader is refused"]);
 }
 
 #[test]

@@ -42,17 +42,7 @@ impl Leader {
             let mut per_node: BTreeMap<String, WireGroup> = BTreeMap::new();
             // Records a node received before the leader restarted are not placed again
             // (`journal`): their credit goes back, and they need the element no more.
-            let skipped = group
-                .items
-                .iter()
-                .filter(|item| {
-                    inner.jobs.get(&item.job).is_some_and(|j| {
-                        j.restored
-                            .get(&item.epoch)
-                            .is_some_and(|r| r.skip.contains(group.element))
-                    })
-                })
-                .count() as u32;
+            let mut skipped = 0u32;
             for item in &group.items {
                 let Some(job) = inner.jobs.get_mut(&item.job).filter(|j| j.live()) else {
                     continue;
@@ -63,6 +53,7 @@ impl Leader {
                     .is_some_and(|r| r.skip.contains(group.element))
                 {
                     credit_back.push(item.job);
+                    skipped += 1;
                     continue;
                 }
                 let Some((placer, names)) = job.placer.as_mut() else {
@@ -73,7 +64,7 @@ impl Leader {
                         .entry(names[p.node].clone())
                         .or_insert_with(|| WireGroup {
                             element: group.element,
-                            need: group.need.saturating_sub(skipped),
+                            need: group.need,
                             items: Vec::new(),
                         })
                         .items
@@ -86,7 +77,8 @@ impl Leader {
                     None => credit_back.push(item.job),
                 }
             }
-            for (node, g) in per_node {
+            for (node, mut g) in per_node {
+                g.need = g.need.saturating_sub(skipped);
                 if let Some(n) = inner.nodes.get_mut(&node) {
                     n.outbox.groups.push(g);
                 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use ::actors::{AddJob, JobStats, SamplerActor};
 use actix::Actor;
-use joader_core::cluster::{EpochPlacer, node_key};
 use joader_core::sampling::SamplerKind;
 
 use super::{ClusterJob, Inner, Leader, lock};
@@ -116,15 +115,7 @@ impl Leader {
             .jobs
             .get_mut(&id)
             .ok_or_else(|| Error::internal("lost job"))?;
-        let names: Vec<String> = job.nodes.keys().cloned().collect();
-        let keys = names.iter().map(|n| node_key(n)).collect();
-        let ranks = job.nodes.values().map(|r| r.len() as u32).collect();
-        // Placed over the nodes that run the job now, whatever nodes ran it before a resume.
-        let mut placer = EpochPlacer::new(job.subset.len(), keys, ranks, job.request.drop_last);
-        if let Some((_, rest)) = &job.resume {
-            placer = placer.resumed(rest.len());
-        }
-        job.placer = Some((placer, names));
+        job.placer = Some(job.placer(true));
         let resume = job.resume.clone();
         add_to_sampler(job, &sampler, resume);
         inner.journal(id);

@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::actors::EndAt;
-use joader_core::cluster::{EpochPlacer, node_key};
 use roaring::RoaringBitmap;
 use serde::{Deserialize, Serialize};
 
@@ -412,15 +411,8 @@ impl Leader {
             .jobs
             .get_mut(&id)
             .ok_or_else(|| Error::internal("lost job"))?;
-        let names: Vec<String> = job.nodes.keys().cloned().collect();
-        let keys = names.iter().map(|n| node_key(n)).collect();
-        let ranks = job.nodes.values().map(|r| r.len() as u32).collect();
-        let mut placer = EpochPlacer::new(job.subset.len(), keys, ranks, job.request.drop_last);
-        if let Some((e, rest)) = &job.resume
-            && *e == plan.first
-        {
-            placer = placer.resumed(rest.len());
-        }
+        let resumed = job.resume.as_ref().is_some_and(|(e, _)| *e == plan.first);
+        let (mut placer, names) = job.placer(resumed);
         if let Some(r) = plan.epochs.get(&plan.first) {
             placer.restore(&r.filled, &r.first);
         }
@@ -675,6 +667,7 @@ fn plan(
 mod tests {
     use super::*;
     use crate::cluster::EpochSeen;
+    use joader_core::cluster::{EpochPlacer, node_key};
 
     /// A started job of 12 elements on nodes `a` and `b` (one rank each), `epochs` epochs.
     fn job(epochs: u32) -> ClusterJob {

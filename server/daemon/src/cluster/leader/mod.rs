@@ -103,6 +103,20 @@ impl ClusterJob {
         self.failed.is_none() && !self.finished
     }
 
+    /// A placer over the nodes that run the job now (whatever nodes ran it before a resume),
+    /// in the order of `nodes`, with their names; `resumed`: its first epoch is the rest of
+    /// the resumed one.
+    fn placer(&self, resumed: bool) -> (EpochPlacer, Vec<String>) {
+        let names: Vec<String> = self.nodes.keys().cloned().collect();
+        let keys = names.iter().map(|n| node_key(n)).collect();
+        let ranks = self.nodes.values().map(|r| r.len() as u32).collect();
+        let mut placer = EpochPlacer::new(self.subset.len(), keys, ranks, self.request.drop_last);
+        if let Some((_, rest)) = self.resume.as_ref().filter(|_| resumed) {
+            placer = placer.resumed(rest.len());
+        }
+        (placer, names)
+    }
+
     fn new(name: &str, request: &JobRequest, world: u32) -> Self {
         Self {
             id: 0,

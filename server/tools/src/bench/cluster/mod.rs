@@ -452,17 +452,7 @@ fn throughput_cluster(c: &Cluster, args: &ClusterArgs, out: &Path) -> Result<(Ve
 /// A rank of the job `body` on each node (`{name}-{r}`), read to its end: each rank's
 /// samples/s, and the samples the ranks read together.
 fn rank_per_node(c: &Cluster, body: &Value, name: &str, out: &Path) -> Result<(Vec<f64>, f64)> {
-    let mut consumers = Consumers::default();
-    for r in 0..NODES {
-        consumers.start_rank(
-            &format!("{name}-{r}"),
-            &c.nodes[r].url,
-            &ranked(body, r),
-            r as u32,
-            0,
-            out,
-        )?;
-    }
+    let mut consumers = start_ranks(c, body, name, 0, out)?;
     let (mut rates, mut samples) = (Vec::new(), 0.0);
     for r in 0..NODES {
         let s = consumers.finish(&format!("{name}-{r}"))?;
@@ -470,6 +460,29 @@ fn rank_per_node(c: &Cluster, body: &Value, name: &str, out: &Path) -> Result<(V
         rates.push(rate(&s)?);
     }
     Ok((rates, samples))
+}
+
+/// Starts a rank of the job `body` on each node (`{name}-{r}`), each sleeping `step_us` per
+/// sample.
+fn start_ranks(
+    c: &Cluster,
+    body: &Value,
+    name: &str,
+    step_us: u64,
+    out: &Path,
+) -> Result<Consumers> {
+    let mut consumers = Consumers::default();
+    for r in 0..NODES {
+        consumers.start_rank(
+            &format!("{name}-{r}"),
+            &c.nodes[r].url,
+            &ranked(body, r),
+            r as u32,
+            step_us,
+            out,
+        )?;
+    }
+    Ok(consumers)
 }
 
 /// Part 3 on one standalone server: the same job, every rank local.

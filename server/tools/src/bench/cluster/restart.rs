@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use super::{BATCH, Cluster, ClusterArgs, NODES, job, ranked};
-use crate::bench::scale::procs::{Consumers, wait_for};
+use super::{BATCH, Cluster, ClusterArgs, NODES, job};
+use crate::bench::scale::procs::wait_for;
 
 /// About how long a rank's steps last over the run, when `--restart-step-us` is not given.
 const RUN: Duration = Duration::from_secs(2);
@@ -123,17 +123,7 @@ fn run(
     let name = body["name"].as_str().context("a job without a name")?;
     let before = c.loads()?;
     let start = Instant::now();
-    let mut consumers = Consumers::default();
-    for r in 0..NODES {
-        consumers.start_rank(
-            &format!("{name}-{r}"),
-            &c.nodes[r].url,
-            &ranked(body, r),
-            r as u32,
-            step_us,
-            out,
-        )?;
-    }
+    let mut consumers = super::start_ranks(c, body, name, step_us, out)?;
     let kill = match kill_after {
         Some(at) => Some(kill_leader(c, name, at)?),
         None => None,
