@@ -6,6 +6,7 @@
 #   bash server/tools/gpu/check.sh run       # there: writes everything to $OUT (or ./gpu-out)
 #   bash server/tools/gpu/check.sh ab A.whl B.whl   # there: two builds of the Python package
 #   bash server/tools/gpu/check.sh depth            # there: joader's prefetch and ring depth
+#   bash server/tools/gpu/check.sh probe            # there: where joader's K = 1 run waits
 #
 # `ab` measures a change of the Python package before and after in one call: the tests with B,
 # then `joader bench train` (ResNet-18, K = 1 and K = 4, joader and joader-device; the
@@ -188,10 +189,49 @@ depth() {
   step done
 }
 
+# probe: where joader at K = 1 waits (an H200's server used under 6 of its 16 threads there):
+# `probe.py` polls the bench's server (pending loads, the Loader's queue, payloads waiting for
+# room, records between server and training loop, busy loader threads, the client's time on an
+# empty ring, CPU by thread) through joader at K = 1 with the defaults, with a cache that holds
+# the whole decoded set, and with a deeper prefetch and ring, then at K = 4; the synthetic limit
+# once per K. PROBE_ALTERNATE=1 runs the default depth and the deep one at K = 1 in turn, twice.
+probe() {
+  begin "(probe)"
+  install_wheel /tmp/joader-site "$dev"/joader-*.whl
+  export PYTHONPATH=/tmp/joader-site
+  local steps=${GPU_STEPS:-300} n=0
+  run_probed() { # NAME K ARGS...: one bench train run with the probe beside it
+    local name=$1 k=$2
+    shift 2
+    step "bench train $name (K=$k $*)"
+    python3 server/tools/gpu/probe.py "$out/probe-$name.txt" &
+    local poller=$!
+    limit "${PROBE_LIMIT:-90}" joader bench train --model "${GPU_MODEL:-resnet18}" --jobs "$k" --steps "$steps" \
+      --bench-data /tmp/joader-bench-data --out "/tmp/joader-gpu/probe-$name" "$@" || echo "bench train $name: exit $?"
+    sleep 0.5; kill "$poller" 2>/dev/null; wait "$poller" 2>/dev/null
+    grep -h '^#' "$out/probe-$name.txt"
+  }
+  if [ "${PROBE_ALTERNATE:-0}" = 1 ]; then
+    # The default depth against prefetch 6 and a ring of 1024 at K = 1, in turn, twice: the
+    # first run on a fresh machine tends to be the slowest, so one pair cannot settle it.
+    for round in 1 2; do
+      run_probed "k1-default-$round" 1 --systems joader
+      run_probed "k1-deep-$round" 1 --systems joader --prefetch 6 --ring-capacity 1024
+    done
+  else
+    run_probed k1 1 --systems synthetic,joader
+    run_probed k1-whole-cache 1 --systems joader --cache-bytes 2GiB
+    run_probed k1-deep 1 --systems joader --prefetch 6 --ring-capacity 1024
+    [ $((SECONDS - start)) -lt "${PROBE_K4_BEFORE:-200}" ] && run_probed k4 4 --systems synthetic,joader
+  fi
+  step done
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   run) run ;;
   ab) ab "$2" "$3" ;;
   depth) depth ;;
-  *) echo "usage: $0 prepare|run|ab A.whl B.whl|depth" >&2; exit 2 ;;
+  probe) probe ;;
+  *) echo "usage: $0 prepare|run|ab A.whl B.whl|depth|probe" >&2; exit 2 ;;
 esac
