@@ -12,6 +12,8 @@ with the server's default settings (nothing in its environment that a user's lac
   cache holds whole; a first epoch without a step fills the cache (the server's decode rate and
   CPU per decode), the second has a 100 ms step per batch (the training process's CPU per
   delivered image, the server's CPU per delivered image);
+- the isolated crop: `BIN bench dataplane`'s RandomResizedCrop(224) + flip, one thread's CPU per
+  image, and the paced loop's client CPU over it in the same round;
 - indexing: a manifest of `--items` entries (ImageNet's 1,281,167 by default: hard links to a
   few small JPEGs, made once in the work folder) indexed by a fresh server: seconds until ready,
   and the growth of the server's RssAnon once it has settled.
@@ -175,6 +177,17 @@ def training_loop(binary: str, python: str, work: Path, images: Path, n: int) ->
     }
 
 
+def isolated_crop(binary: str) -> Dict[str, float]:
+    """`BIN bench dataplane`'s RandomResizedCrop(224) + flip to uint8, one thread's CPU per image
+    on one hot image (the same Rust code as the package's, without the loop around it): what the
+    issue's bound on the paced loop is relative to."""
+    out = subprocess.run([binary, "bench", "dataplane"], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"RandomResizedCrop\(224\) \+ flip from 341x256, one thread's CPU: ([0-9.]+) ms/image", out)
+    if not m:
+        raise SystemExit(f"{binary} bench dataplane printed no crop figure")
+    return {"isolated crop + flip ms per image (bench dataplane)": float(m[1])}
+
+
 def manifest(binary: str, work: Path, items: int) -> Path:
     """A CSV manifest of `items` distinct hard links to a few small JPEGs (made once)."""
     root = work / f"manifest-{items}"
@@ -247,6 +260,10 @@ def main() -> None:
         for name, binary, python in (sides if r % 2 == 0 else sides[::-1]):
             print(f"round {r + 1}: {name}", file=sys.stderr, flush=True)
             got = training_loop(binary, python, work, images, a.images)
+            got.update(isolated_crop(binary))
+            got["the paced loop's client CPU / the isolated crop"] = (
+                got["client CPU ms per delivered image (paced, cached)"]
+                / got["isolated crop + flip ms per image (bench dataplane)"])
             if csv:
                 got.update(indexing(binary, work, csv))
             for k, v in got.items():
