@@ -85,21 +85,27 @@ def gauges(text):
     return out
 
 
-def threads_cpu(pid):
-    """{thread name: CPU seconds} of one process (threads of one name added)."""
-    out = {}
+def tasks(pid):
+    """(thread id, thread name, CPU seconds) of each thread of a process (/proc)."""
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        ids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return out
-    for t in tasks:
+        return []
+    out = []
+    for t in ids:
         try:
             stat = open(f"/proc/{pid}/task/{t}/stat").read()
         except OSError:
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
         rest = stat[stat.rindex(")") + 2:].split()
-        cpu = (int(rest[11]) + int(rest[12])) / HZ
+        out.append((t, stat[stat.index("(") + 1:stat.rindex(")")], (int(rest[11]) + int(rest[12])) / HZ))
+    return out
+
+
+def threads_cpu(pid):
+    """{thread name: CPU seconds} of one process (threads of one name but a number added)."""
+    out = {}
+    for _, name, cpu in tasks(pid):
         name = re.sub(r"\d+$", "#", name)
         out[name] = out.get(name, 0.0) + cpu
     return out
@@ -118,23 +124,9 @@ def job_pids():
     return pids
 
 
-def per_thread_busy(pid, before):
-    """Per-thread CPU seconds of the loader threads, by thread id (to count the busy ones)."""
-    now = {}
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return now
-    for t in tasks:
-        try:
-            stat = open(f"/proc/{pid}/task/{t}/stat").read()
-        except OSError:
-            continue
-        if "joader-loader" not in stat[:stat.rindex(")")]:
-            continue
-        rest = stat[stat.rindex(")") + 2:].split()
-        now[t] = (int(rest[11]) + int(rest[12])) / HZ
-    return now
+def loader_threads_cpu(pid):
+    """{thread id: CPU seconds} of the server's loader threads (to count the busy ones)."""
+    return {t: cpu for t, name, cpu in tasks(pid) if name.startswith("joader-loader")}
 
 
 def main():
@@ -154,7 +146,7 @@ def main():
                 time.sleep(0.2)
         out.write(f"# server pid {pid} port {port}\n")
         samples, cpu0, jobs0, t0 = [], threads_cpu(pid), {}, time.monotonic()
-        last_busy, last_t, last_dec = per_thread_busy(pid, None), t0, None
+        last_busy, last_t, last_dec = loader_threads_cpu(pid), t0, None
         while os.path.exists(f"/proc/{pid}"):
             time.sleep(interval)
             try:
@@ -163,7 +155,7 @@ def main():
             except (OSError, ValueError, KeyError):
                 continue
             now = time.monotonic()
-            busy = per_thread_busy(pid, None)
+            busy = loader_threads_cpu(pid)
             dt = now - last_t
             busy_n = sum(min(1.0, (busy[t] - last_busy.get(t, busy[t])) / dt) for t in busy)
             last_busy, last_t = busy, now
