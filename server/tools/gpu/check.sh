@@ -24,7 +24,8 @@
 #      crop in the client, joader with the crop on the device, the tuned DataLoader);
 #   3. `joader bench dataplane` on that machine's CPU;
 #   4. `joader bench decode` on 300 of the training images (the bare pipeline's rate);
-#   5. with time left, the ResNet-18 + ResNet-50 mix at K = 4.
+#   5. with time left, the ResNet-18 + ResNet-50 mix at K = 4 (150 window steps, GPU_MIX_STEPS:
+#      60 gave windows of 2-3 s, too short for the ResNet-50 jobs' rates to settle).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 cd "$root"
@@ -134,7 +135,7 @@ for f in sys.argv[1:]:
 
   if [ $((SECONDS - start)) -lt "${GPU_MIX_BEFORE:-330}" ]; then
     step "5. the ResNet-18 + ResNet-50 mix at K = 4"
-    limit $((480 - (SECONDS - start))) joader bench train --models resnet18,resnet50 --jobs 4 --steps 60 \
+    limit $((480 - (SECONDS - start))) joader bench train --models resnet18,resnet50 --jobs 4 --steps "${GPU_MIX_STEPS:-150}" \
       --systems synthetic,joader,joader-device --bench-data /tmp/joader-bench-data --out /tmp/joader-gpu/train-mix \
       || echo "bench train mix: exit $?"
     cp /tmp/joader-gpu/train-mix/train.md "$out/train-mix.md" 2>/dev/null
