@@ -56,6 +56,35 @@ fn names_and_check_reads(ix: &DatasetIndex) -> Vec<String> {
 }
 
 #[test]
+fn the_whole_fingerprint_is_kept_once_computed_and_changes_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("ds");
+    for f in ["a/1.jpg", "a/2.jpg", "b/3.jpg"] {
+        write(&root.join(f), &content(f));
+    }
+    let ix = index_ok(&folder(&root), std::slice::from_ref(&root));
+    let fresh = DatasetIndex::from_bytes(&ix.to_bytes()).unwrap();
+    let whole = ix.fingerprint(3).unwrap();
+    assert!(whole.starts_with("3:"));
+    // Kept: asked again, from a clone, it is the same, and a copy that never computed it
+    // (read back from the bytes) computes the same.
+    assert_eq!(ix.fingerprint(3).unwrap(), whole);
+    assert_eq!(ix.clone().fingerprint(3).unwrap(), whole);
+    assert_eq!(fresh.fingerprint(3).unwrap(), whole);
+    // Not part of the index's value or bytes; the first items' fingerprint is its own.
+    assert_eq!(DatasetIndex::from_bytes(&ix.to_bytes()).unwrap(), ix);
+    assert_eq!(fresh.to_bytes(), ix.to_bytes());
+    let first = ix.fingerprint(2).unwrap();
+    assert_ne!(first, whole);
+    assert!(ix.fingerprint_matches(&first) && ix.fingerprint_matches(&whole));
+    // An index with another item has another whole fingerprint.
+    write(&root.join("b/4.jpg"), &content("b/4.jpg"));
+    let grown = index_ok(&folder(&root), std::slice::from_ref(&root));
+    assert_ne!(grown.fingerprint(4).unwrap(), whole);
+    assert!(grown.fingerprint_matches(&whole));
+}
+
+#[test]
 fn image_folder_labels_follow_sorted_class_names() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("ds");

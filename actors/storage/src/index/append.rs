@@ -51,6 +51,7 @@ impl DatasetIndex {
             classes,
             shards: [self.shards.as_slice(), &part.shards].concat(),
             sample,
+            whole_fingerprint: Default::default(),
         })
     }
 
