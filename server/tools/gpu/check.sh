@@ -200,7 +200,7 @@ probe() {
   begin "(probe)"
   install_wheel /tmp/joader-site "$dev"/joader-*.whl
   export PYTHONPATH=/tmp/joader-site
-  local steps=${GPU_STEPS:-300} n=0
+  local steps=${GPU_STEPS:-300}
   run_probed() { # NAME K ARGS...: one bench train run with the probe beside it
     local name=$1 k=$2
     shift 2

@@ -145,13 +145,16 @@ def main():
             if port is None:
                 time.sleep(0.2)
         out.write(f"# server pid {pid} port {port}\n")
-        samples, cpu0, jobs0, t0 = [], threads_cpu(pid), {}, time.monotonic()
+        samples, t0 = [], time.monotonic()
+        # CPU by thread name of the server and of the job processes (found once, when the
+        # first job runs): at the first running sample, and at the latest.
+        jobs, cpu0, cpu1, jcpu0, jcpu1 = [], {}, {}, {}, {}
         last_busy, last_t, last_dec = loader_threads_cpu(pid), t0, None
         while os.path.exists(f"/proc/{pid}"):
             time.sleep(interval)
             try:
                 g = gauges(get(port, "/metrics"))
-                jobs = json.loads(get(port, "/v1/jobs"))["jobs"]
+                views = json.loads(get(port, "/v1/jobs"))["jobs"]
             except (OSError, ValueError, KeyError):
                 continue
             now = time.monotonic()
@@ -159,13 +162,12 @@ def main():
             dt = now - last_t
             busy_n = sum(min(1.0, (busy[t] - last_busy.get(t, busy[t])) / dt) for t in busy)
             last_busy, last_t = busy, now
-            running = [j for j in jobs if j["state"] == "running"]
+            running = [j for j in views if j["state"] == "running"]
             if not running:
                 continue
-            if not jobs0:
-                jobs0 = {j["name"]: (now, j["stall_s"]) for j in running}
-                cpu0 = threads_cpu(pid)
-                jcpu0 = {p: threads_cpu(p) for p in job_pids()}
+            if not samples:
+                jobs = job_pids()
+                cpu0, jcpu0 = threads_cpu(pid), {p: threads_cpu(p) for p in jobs}
             dec = g.get("joader_decodes_total", 0.0)
             rate = (dec - last_dec) / dt if last_dec is not None else float("nan")
             last_dec = dec
@@ -176,9 +178,10 @@ def main():
             samples.append(s)
             out.write("t %.2f pending %d queue %d waiting %d slots %d inflight %d decodes/s %.0f busy_loaders %.1f "
                       "stall_s %.3f acked %d\n" % s)
-            jcpu1 = {p: threads_cpu(p) for p in job_pids()}
             cpu1 = threads_cpu(pid)
-        summary(out, samples, cpu0, cpu1 if samples else {}, jcpu0 if samples else {}, jcpu1 if samples else {})
+            for p in jobs:  # a job that has ended keeps its last reading
+                jcpu1[p] = threads_cpu(p) or jcpu1.get(p, {})
+        summary(out, samples, cpu0, cpu1, jcpu0, jcpu1)
         out.flush()
 
 
