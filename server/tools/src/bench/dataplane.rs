@@ -238,26 +238,7 @@ fn padded_bench(rounds: usize) -> Result<Duration> {
             .iter()
             .zip(&imgs)
             .enumerate()
-            .map(|(k, (&(height, width), img))| {
-                let meta = ItemMeta {
-                    element_id: k as u32,
-                    label: k as i64,
-                    epoch: r as u64,
-                    position: k as u64,
-                    slot: k as u32,
-                    generation: 1,
-                    format: Format::HwcU8 {
-                        height,
-                        width,
-                        channels: 3,
-                    },
-                    offset: 0,
-                    len: img.len() as u64,
-                    fields_len: 0,
-                    source: (0, 0),
-                };
-                (meta, &img[..])
-            })
+            .map(|(k, (&(h, w), img))| (cached_item(h, w, r as u64, k), &img[..]))
             .collect();
         crops.clear();
         let t = thread_cpu();
