@@ -314,3 +314,34 @@ def test_states_carry_the_dataset_fingerprint_to_the_server(writer):
     with pytest.raises(ValueError, match="different versions of the dataset"):
         joader.merge_states([a, b])
     assert joader.merge_states([a, {**b, "dataset_fingerprint": a["dataset_fingerprint"]}])["ranks"] == [0, 1]
+
+
+def test_a_forked_child_allocates_in_the_extension_while_the_prefetch_runs(writer, fake):
+    # The extension allocates with mimalloc (lib.rs); a process may fork while the Loader's
+    # augmentation threads are cropping (a DataLoader's workers, a subprocess), and the child's
+    # own crops must then allocate and free in the extension without hanging.
+    import os
+    import time
+
+    w = writer(rings="f", elements=64, height=64, width=80, epochs=4, capacity=16)
+    srv = fake((200, registration(w.instance, "f")))
+    aug = joader.RandomResizedCrop(32)
+    image = pattern(7, (64, 80, 3))
+    expected = aug.apply(image, seed=5, position=2)
+    with joader.Loader(server=srv.url, dataset="d", job="f", batch_size=4, epochs=4,
+                       transform=aug, rank=0, world_size=1) as loader:
+        batches = iter(loader)
+        for _ in range(12):
+            next(batches)  # the prefetch keeps cropping the next batches meanwhile
+            pid = os.fork()
+            if pid == 0:
+                ok = all(np.array_equal(aug.apply(image, seed=5, position=2), expected) for _ in range(20))
+                os._exit(0 if ok else 3)
+            deadline = time.monotonic() + 20
+            while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if done == (0, 0):
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("a forked child hung in the extension")
+            assert os.waitstatus_to_exitcode(done[1]) == 0
