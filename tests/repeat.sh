@@ -6,7 +6,8 @@
 #
 #   N           how many runs
 #   (no filter) each run is the whole test command, `bash tests/all.sh`
-#   FILTER...   each run is `cargo test --workspace -- FILTER...` (libtest name filters,
+#   FILTER...   each run is `cargo test --workspace --exclude joader-python -- FILTER...`
+#               (libtest name filters,
 #               substrings such as `service::tests` or `metrics_count_what_the_jobs_did`)
 #   --py EXPR   each run also runs the Python suites with `pytest -k EXPR`
 #               (dataplane/python/tests and tests/python)
@@ -60,7 +61,7 @@ one_run() {
         return "$status"
     fi
     if [ ${#filters[@]} -gt 0 ]; then
-        cargo test --workspace -- "${filters[@]}" >>"$log" 2>&1 || status=$?
+        cargo test --workspace --exclude joader-python -- "${filters[@]}" >>"$log" 2>&1 || status=$?
     fi
     if [ -n "$py_expr" ]; then
         local s=0
@@ -85,7 +86,7 @@ failed_tests() {
 
 if [ ${#filters[@]} -gt 0 ] || [ -n "$py_expr" ]; then
     # Build once, outside the runs, so that a run measures the tests and not the compiler.
-    cargo test --workspace --no-run --quiet || exit 1
+    cargo test --workspace --exclude joader-python --no-run --quiet || exit 1
     [ -n "$py_expr" ] && cargo build --quiet -p joader-tools --bin joader
 fi
 
