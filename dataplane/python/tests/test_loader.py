@@ -317,9 +317,10 @@ def test_states_carry_the_dataset_fingerprint_to_the_server(writer):
 
 
 def test_a_forked_child_allocates_in_the_extension_while_the_prefetch_runs(writer, fake):
-    # The extension allocates with mimalloc (lib.rs); a process may fork while the Loader's
-    # augmentation threads are cropping (a DataLoader's workers, a subprocess), and the child's
-    # own crops must then allocate and free in the extension without hanging.
+    # The extension allocates with mimalloc 2 (lib.rs), which registers no fork handlers; a
+    # process may fork while the Loader's augmentation threads start, crop and end (a
+    # DataLoader's workers, `multiprocessing`), and the child's own crops must then allocate and
+    # free in the extension without hanging.
     import os
     import time
 
