@@ -22,12 +22,13 @@ use pyo3::prelude::*;
 /// random resized crop has fast_image_resize build its coefficient tables anew: a few
 /// allocations of some KiB per image, on augmentation threads that start and end with each
 /// batch, and glibc's malloc spends 5-10% of the crop on them. mimalloc took the training loop's
-/// CPU per image to 0.92-0.93x (`server/tools/regress/regress.py`, 5-7 alternating rounds).
+/// CPU per image to 0.93x (`server/tools/regress/regress.py`, 15 alternating rounds).
 /// Version 2 (the workspace's daemon uses 3): version 3 takes locks on its heap lists where a
 /// thread starts and ends, and registers no `pthread_atfork` handler, so a training process that
 /// forked (a DataLoader's workers, `multiprocessing`) while an augmentation thread held one would
 /// leave its child a lock no thread releases; version 2's allocation, free, thread start and exit
-/// take none (its locks guard only OS-allocated segments, statistics output and process start).
+/// take none (its locks guard OS-allocated segments, explicit collection, statistics output and
+/// process start).
 /// `local_dynamic_tls`: this library is loaded by `dlopen`, where initial-exec thread-locals may
 /// not fit glibc's static TLS reserve.
 #[global_allocator]
