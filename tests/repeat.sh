@@ -7,8 +7,8 @@
 #   N           how many runs
 #   (no filter) each run is the whole test command, `bash tests/all.sh`
 #   FILTER...   each run is `cargo test --workspace --exclude joader-python -- FILTER...`
-#               (libtest name filters,
-#               substrings such as `service::tests` or `metrics_count_what_the_jobs_did`)
+#               (libtest name filters, substrings such as `service::tests` or
+#               `metrics_count_what_the_jobs_did`)
 #   --py EXPR   each run also runs the Python suites with `pytest -k EXPR`
 #               (dataplane/python/tests and tests/python)
 #   --hog       keep every core busy with a spinning process for the whole time

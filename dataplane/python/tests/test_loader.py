@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Dict, List, Tuple
 
@@ -321,9 +323,6 @@ def test_a_forked_child_allocates_in_the_extension_while_the_prefetch_runs(write
     # process may fork while the Loader's augmentation threads start, crop and end (a
     # DataLoader's workers, `multiprocessing`), and the child's own crops must then allocate and
     # free in the extension without hanging.
-    import os
-    import time
-
     w = writer(rings="f", elements=64, height=64, width=80, epochs=4, capacity=16)
     srv = fake((200, registration(w.instance, "f")))
     aug = joader.RandomResizedCrop(32)
